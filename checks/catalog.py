@@ -1,0 +1,141 @@
+"""The one catalog of finding codes: default severity, stickiness, meaning.
+
+Every code a check can report is listed here (or belongs to a family: `XID_<n>`,
+`DCGM_<TEST>`). The config overrides severity and stickiness per code through
+`Catalog(overrides)`; nothing else decides what a code means.
+
+Sticky codes clear only through `healthd.io/clear` followed by a passing run.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from checks.base import Severity
+
+S = Severity
+
+
+@dataclass(frozen=True)
+class CodeSpec:
+    code: str
+    severity: Severity
+    sticky: bool
+    description: str
+
+
+def _spec(code: str, severity: Severity, description: str, sticky: bool = False) -> CodeSpec:
+    return CodeSpec(code, severity, sticky, description)
+
+
+DEFAULT_CODES: dict[str, CodeSpec] = {
+    s.code: s
+    for s in (
+        _spec("REMAP_PENDING", S.ERR, "row remapping pending: the GPU needs a reset"),
+        _spec("REMAP_FAILURE", S.EVICT, "row remapping failed: the GPU needs service", True),
+        _spec("HW_SLOWDOWN", S.WARN, "hardware slowdown, power brake or thermal slowdown"),
+        _spec("PCIE_LINK_DEGRADED", S.WARN, "PCIe link below its maximum generation or width"),
+        _spec("PCIE_REPLAYS", S.WARN, "PCIe replay counter rising"),
+        _spec("PCIE_BW_LOW", S.WARN, "PCIe bandwidth below the link's expected rate"),
+        _spec("ECC_UNCORRECTED", S.ERR, "volatile uncorrected ECC errors"),
+        _spec("PAGES_PENDING", S.ERR, "retired pages pending (needs a reset)"),
+        _spec("NVLINK_DOWN", S.ERR, "an NVLink that should be up is down"),
+        _spec("GPU_MISSING", S.EVICT, "a GPU is lost or fewer GPUs than expected", True),
+        _spec("PEER_UNREACHABLE", S.WARN, "a peer node does not answer ping"),
+        _spec("NETWORK_ISOLATED", S.ERR, "this node cannot reach most of its peers"),
+        _spec("PVC_NOT_BOUND", S.WARN, "a test PVC did not bind in time"),
+        _spec("PVC_PROVISION_ERROR", S.WARN, "the provisioner reported an error"),
+        _spec("DCGM_ISOLATE", S.EVICT, "DCGM asks to isolate the GPU (exit 205)", True),
+    )
+}
+
+# XID codes by NVIDIA's published meaning (XID catalog, r580). Application-caused
+# XIDs are PASS: reported, never raise the verdict.
+_XID_INFO = {13, 31, 32, 43, 45, 68, 69}
+_XID_DEFAULT: dict[int, tuple[Severity, bool, str]] = {
+    8: (S.ERR, False, "GPU stopped processing"),
+    48: (S.ERR, False, "double-bit ECC error"),
+    61: (S.WARN, False, "internal micro-controller breakpoint/warning"),
+    62: (S.ERR, False, "internal micro-controller halt"),
+    63: (S.WARN, False, "ECC page retirement or row remapping recorded"),
+    64: (S.ERR, False, "ECC page retirement or row remapping failure"),
+    74: (S.ERR, False, "NVLink error"),
+    79: (S.EVICT, True, "GPU has fallen off the bus"),
+    92: (S.WARN, False, "high single-bit ECC error rate"),
+    94: (S.ERR, False, "contained ECC error: affected application must restart"),
+    95: (S.EVICT, False, "uncontained ECC error: GPU must be reset"),
+    109: (S.ERR, False, "context switch timeout"),
+    119: (S.ERR, False, "GSP RPC timeout"),
+    120: (S.ERR, False, "GSP error"),
+    123: (S.ERR, False, "SPI PMU RPC failure"),
+    140: (S.EVICT, False, "unrecovered ECC error"),
+    154: (S.EVICT, False, "GPU recovery action changed: reset or reboot required"),
+}
+
+# DCGM tests whose failure means the GPU cannot be trusted with work (sticky EVICT).
+FATAL_DCGM_TESTS = frozenset({"PCIE", "NVLINK", "MEMORY", "GPU_MEMORY", "ECC"})
+
+_XID_RE = re.compile(r"^XID_(\d+)$")
+_DCGM_RE = re.compile(r"^DCGM_([A-Z0-9_]+)$")
+
+
+def xid_spec(xid: int) -> CodeSpec:
+    code = f"XID_{xid}"
+    if xid in _XID_INFO:
+        return CodeSpec(code, S.PASS, False, "application-caused XID (informational)")
+    severity, sticky, meaning = _XID_DEFAULT.get(xid, (S.WARN, False, "unlisted XID"))
+    return CodeSpec(code, severity, sticky, meaning)
+
+
+def dcgm_spec(test: str) -> CodeSpec:
+    code = f"DCGM_{test}"
+    if test in FATAL_DCGM_TESTS:
+        return CodeSpec(code, S.EVICT, True, f"DCGM diagnostic {test} failed (fatal)")
+    return CodeSpec(code, S.ERR, False, f"DCGM diagnostic {test} failed")
+
+
+def default_spec(code: str) -> CodeSpec | None:
+    """The built-in meaning of a code, including the XID_ and DCGM_ families."""
+    if code in DEFAULT_CODES:
+        return DEFAULT_CODES[code]
+    if m := _XID_RE.match(code):
+        return xid_spec(int(m.group(1)))
+    if m := _DCGM_RE.match(code):
+        return dcgm_spec(m.group(1))
+    return None
+
+
+def is_known_code(code: str) -> bool:
+    return default_spec(code) is not None
+
+
+@dataclass(frozen=True)
+class Override:
+    severity: Severity | None = None
+    sticky: bool | None = None
+
+
+class Catalog:
+    """Default code meanings with the config's overrides applied."""
+
+    def __init__(self, overrides: Mapping[str, Override] | None = None) -> None:
+        self.overrides = dict(overrides or {})
+        unknown = sorted(c for c in self.overrides if not is_known_code(c))
+        if unknown:
+            raise ValueError(f"unknown finding code(s) in overrides: {', '.join(unknown)}")
+
+    def lookup(self, code: str) -> CodeSpec:
+        spec = default_spec(code)
+        if spec is None:
+            # A code a check invented without cataloguing it: loud, but never fatal.
+            spec = CodeSpec(code, S.WARN, False, "uncatalogued code")
+        over = self.overrides.get(code)
+        if over is None:
+            return spec
+        return replace(
+            spec,
+            severity=over.severity or spec.severity,
+            sticky=spec.sticky if over.sticky is None else over.sticky,
+        )

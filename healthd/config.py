@@ -1,0 +1,176 @@
+"""Configuration: one YAML file plus a few environment overrides, loaded into frozen,
+typed models and validated once at start.
+
+Errors name the field and the fix (`checks.pciebw.params.min_fraction: Input should
+be less than or equal to 1`). `healthd config validate FILE` runs the same code
+offline. Only this module reads the environment; everything else gets the built
+`Config` passed down.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+import checks
+from checks.base import Check, Severity
+from checks.catalog import Catalog, Override, is_known_code
+
+ENV_OVERRIDES = {
+    "NODE_NAME": "node_name",
+    "POD_NAMESPACE": "namespace",
+}
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from `30`, `30s`, `5m`, `1h`, `250ms`."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration like 30s, 5m or 1h")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str) and (m := _DURATION.match(value)):
+        return float(m.group(1)) * _UNIT_S[m.group(2)]
+    raise ValueError(f"expected a duration like 30s, 5m or 1h, got {value!r}")
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CodeOverride(_Frozen):
+    severity: Severity | None = None
+    sticky: bool | None = None
+
+    @field_validator("severity")
+    @classmethod
+    def _ordered_only(cls, value: Severity | None) -> Severity | None:
+        if value is not None and not value.ordered:
+            raise ValueError("severity must be one of PASS, WARN, ERR, EVICT")
+        return value
+
+
+class CheckConfig(_Frozen):
+    """One check's schedule and parameters. Unset interval/timeout: the check's default."""
+
+    enabled: bool = True
+    interval: Duration | None = None
+    cron: str | None = Field(None, description="cron expression, instead of interval")
+    timeout: Duration | None = None
+    params: dict[str, Any] = {}
+
+
+class Config(_Frozen):
+    node_name: str = ""
+    namespace: str = "healthd-system"
+    expected_gpus: int | None = Field(None, ge=0, le=64)
+    label_prefix: str = "autopilot.ibm.com/"
+    own_prefix: str = "healthd.io/"
+    codes: dict[str, CodeOverride] = {}
+    checks: dict[str, CheckConfig] = {}
+
+    @field_validator("codes")
+    @classmethod
+    def _known_codes(cls, codes: dict[str, CodeOverride]) -> dict[str, CodeOverride]:
+        unknown = sorted(c for c in codes if not is_known_code(c))
+        if unknown:
+            raise ValueError(
+                f"unknown finding code(s) {', '.join(unknown)}: use a code from the catalog "
+                "(e.g. REMAP_PENDING, XID_79, DCGM_PCIE)"
+            )
+        return codes
+
+    @field_validator("label_prefix", "own_prefix")
+    @classmethod
+    def _prefix_shape(cls, prefix: str) -> str:
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/", prefix):
+            raise ValueError("must be a DNS subdomain followed by '/', e.g. healthd.io/")
+        return prefix
+
+    @model_validator(mode="after")
+    def _checks_and_params(self) -> Config:
+        for name, section in self.checks.items():
+            cls = checks.REGISTRY.get(name)
+            if cls is None:
+                known = ", ".join(sorted(checks.REGISTRY))
+                raise ValueError(f"checks.{name}: unknown check; known checks: {known}")
+            try:
+                cls.Params.model_validate(section.params)
+            except ValidationError as exc:
+                raise ValueError(f"checks.{name}.params: {_explain(exc)}") from None
+        return self
+
+    def catalog(self) -> Catalog:
+        return Catalog({code: Override(o.severity, o.sticky) for code, o in self.codes.items()})
+
+    def check_section(self, name: str) -> CheckConfig:
+        return self.checks.get(name, CheckConfig())
+
+    def build_check(self, name: str, arg: str | None = None) -> Check:
+        """An instance of check `name` with the configured params, plus the command-line
+        argument (`dcgm:3` sets the check's ARG parameter)."""
+        cls = checks.REGISTRY[name]
+        params = dict(self.check_section(name).params)
+        if arg is not None:
+            if cls.ARG is None:
+                raise ValueError(f"check {name} takes no argument (got {name}:{arg})")
+            params[cls.ARG] = arg
+        try:
+            return cls(cls.Params.model_validate(params))
+        except ValidationError as exc:
+            raise ValueError(f"check {name}: {_explain(exc)}") from None
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the field and the fix."""
+
+
+def _explain(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"])
+        message = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{where}: {message}" if where else message)
+    return "; ".join(parts)
+
+
+def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """Build the config from a YAML file (None: defaults) and the environment."""
+    raw: Any = {}
+    if path is not None:
+        try:
+            raw = yaml.safe_load(Path(path).read_text()) or {}
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config {path} is not valid YAML: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config {path}: expected a mapping at the top level")
+    env = os.environ if env is None else env
+    for var, field_name in ENV_OVERRIDES.items():
+        if env.get(var):
+            raw[field_name] = env[var]
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        origin = path or "defaults"
+        raise ConfigError(f"config {origin}: {_explain(exc)}") from exc

@@ -1,0 +1,1 @@
+"""Thin helpers over the official kubernetes client."""

@@ -1,0 +1,230 @@
+"""The simulated machine spec: a YAML description of a GPU node and its faults.
+
+This is a public interface (tests, the demo, benchmarks and users write it); the
+format is documented in docs/machine-spec.md. The fake NVML library
+(healthd.sim.fakenvml) serves exactly what a spec describes, underneath the real
+pynvml. Every fault may start `at` seconds after the machine starts and end at
+`until`, so a spec can describe faults that appear and go away mid-run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+ClockReason = Literal[
+    "gpu_idle",
+    "applications_clocks_setting",
+    "sw_power_cap",
+    "hw_slowdown",
+    "sync_boost",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "display_clock_setting",
+]
+
+# NVML error names a spec may inject (NVML_ERROR_<NAME> in nvml.h).
+NvmlErrorName = Literal[
+    "UNINITIALIZED",
+    "INVALID_ARGUMENT",
+    "NOT_SUPPORTED",
+    "NO_PERMISSION",
+    "NOT_FOUND",
+    "INSUFFICIENT_POWER",
+    "DRIVER_NOT_LOADED",
+    "TIMEOUT",
+    "IRQ_ISSUE",
+    "LIBRARY_NOT_FOUND",
+    "FUNCTION_NOT_FOUND",
+    "CORRUPTED_INFOROM",
+    "GPU_IS_LOST",
+    "RESET_REQUIRED",
+    "OPERATING_SYSTEM",
+    "LIB_RM_VERSION_MISMATCH",
+    "MEMORY",
+    "UNKNOWN",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PcieSpec(_Strict):
+    gen: int = Field(5, ge=1, le=7)
+    width: int = Field(16, ge=1, le=32)
+    max_gen: int | None = Field(None, ge=1, le=7, description="defaults to gen")
+    max_width: int | None = Field(None, ge=1, le=32, description="defaults to width")
+
+
+class PcieLinkFault(_Strict):
+    """Current link state; unset fields keep the GPU's values."""
+
+    gen: int | None = Field(None, ge=1, le=7)
+    width: int | None = Field(None, ge=1, le=32)
+
+
+class PowerSpec(_Strict):
+    usage_w: float = Field(95.0, ge=0)
+    limit_w: float = Field(700.0, gt=0)
+
+
+class BandwidthSpec(_Strict):
+    """Host<->device copy bandwidth the simulated pciebw measurement reports (GB/s).
+    Unset: what the current link carries at a healthy 85% efficiency."""
+
+    h2d: float | None = Field(None, gt=0)
+    d2h: float | None = Field(None, gt=0)
+
+
+class GpuDefaults(_Strict):
+    count: int = Field(8, ge=0, le=64)
+    model: str = "NVIDIA H100 80GB HBM3"
+    uuids: list[str] | None = Field(None, description="one per GPU; generated when unset")
+    pcie: PcieSpec = PcieSpec()
+    power: PowerSpec = PowerSpec()
+    nvlinks: int = Field(18, ge=0, le=18, description="NVLinks per GPU; 0 = no NVLink")
+    ecc_enabled: bool = True
+    memory_mib: int = 81559
+    pcie_bandwidth_gbps: BandwidthSpec = BandwidthSpec()
+
+
+class RemappedRowsFault(_Strict):
+    correctable: int = Field(0, ge=0)
+    uncorrectable: int = Field(0, ge=0)
+    pending: bool = False
+    failure: bool = False
+
+
+class EccFault(_Strict):
+    corrected_volatile: int = Field(0, ge=0)
+    uncorrected_volatile: int = Field(0, ge=0)
+    retired_pages_pending: bool = False
+
+
+class XidSpec(_Strict):
+    code: int = Field(ge=1)
+    at: float = Field(0.0, ge=0, description="seconds after machine start")
+
+
+class NvmlErrorSpec(_Strict):
+    function: str = Field(pattern=r"^nvml[A-Za-z0-9_]+$")
+    error: NvmlErrorName
+    times: int | None = Field(None, ge=1, description="fail this many calls, then recover")
+
+
+class GpuFault(_Strict):
+    """Faults on one GPU. Active from `at` until `until` seconds after start."""
+
+    gpu: int = Field(ge=0)
+    at: float = Field(0.0, ge=0)
+    until: float | None = Field(None, gt=0)
+    remapped_rows: RemappedRowsFault | None = None
+    clock_event_reasons: list[ClockReason] = []
+    power: PowerSpec | None = None
+    pcie: PcieLinkFault | None = None
+    pcie_replays: int | None = Field(None, ge=0, description="replay counter value")
+    pcie_replay_rate: float = Field(0.0, ge=0, description="replay counter rise per second")
+    pcie_bandwidth_gbps: BandwidthSpec | None = None
+    ecc: EccFault | None = None
+    nvlink_down: list[int] = []
+    lost: bool = Field(False, description="every call on this GPU returns GPU_IS_LOST")
+    missing: bool = Field(False, description="the GPU is not enumerated at all")
+    mig: bool = False
+    xid: list[XidSpec] = []
+    nvml_errors: list[NvmlErrorSpec] = []
+
+
+class MachineSpec(_Strict):
+    """A simulated GPU node."""
+
+    node: str = Field("sim-node", min_length=1)
+    driver_present: bool = Field(True, description="false: NVML library not found")
+    driver_version: str = "580.65.06"
+    cuda_driver_version: int = 13000
+    gpus: GpuDefaults = GpuDefaults()
+    faults: list[GpuFault] = []
+
+    @model_validator(mode="after")
+    def _faults_name_real_gpus(self) -> MachineSpec:
+        for fault in self.faults:
+            if fault.gpu >= self.gpus.count:
+                raise ValueError(
+                    f"fault names gpu {fault.gpu} but the machine has {self.gpus.count} "
+                    f"GPUs (indices 0..{self.gpus.count - 1})"
+                )
+            for link in fault.nvlink_down:
+                if link >= self.gpus.nvlinks:
+                    raise ValueError(
+                        f"gpu {fault.gpu}: nvlink_down names link {link} but GPUs have "
+                        f"{self.gpus.nvlinks} links"
+                    )
+        if self.gpus.uuids is not None and len(self.gpus.uuids) != self.gpus.count:
+            raise ValueError(f"gpus.uuids has {len(self.gpus.uuids)} entries, count is "
+                             f"{self.gpus.count}")
+        return self
+
+    def uuid(self, index: int) -> str:
+        """The GPU's UUID: from the spec, or stable per node name and index."""
+        if self.gpus.uuids is not None:
+            return self.gpus.uuids[index]
+        digest = hashlib.sha1(f"{self.node}/{index}".encode()).hexdigest()
+        return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+    def pci_bus_id(self, index: int) -> str:
+        # Real H100 boxes spread GPUs over buses like this; only uniqueness matters.
+        return f"00000000:{0x18 + 0x10 * index:02X}:00.0"
+
+    def faults_for(self, index: int) -> list[GpuFault]:
+        return [f for f in self.faults if f.gpu == index]
+
+
+class MachineSpecError(ValueError):
+    """A machine spec that cannot be used; the message names the field and the fix."""
+
+
+def load_machine_spec(source: str | Path) -> MachineSpec:
+    """Read a machine spec from a YAML file (or a bundled name such as `healthy-8xh100`)."""
+    path = resolve_bundled(source)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise MachineSpecError(f"cannot read machine spec {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise MachineSpecError(f"machine spec {path} is not valid YAML: {exc}") from exc
+    return parse_machine_spec(raw, origin=str(path))
+
+
+def parse_machine_spec(raw: object, origin: str = "<spec>") -> MachineSpec:
+    if not isinstance(raw, dict):
+        raise MachineSpecError(f"machine spec {origin}: expected a mapping at the top level")
+    try:
+        return MachineSpec.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise MachineSpecError(f"machine spec {origin}: {problems}") from exc
+
+
+BUNDLED_DIR = Path(__file__).parent / "machines"
+
+
+def bundled_specs() -> list[str]:
+    """Names of the example specs shipped with healthd."""
+    return sorted(p.stem for p in BUNDLED_DIR.glob("*.yaml"))
+
+
+def resolve_bundled(source: str | Path) -> Path:
+    """A path as given, or a bundled spec by name (`remap-pending`)."""
+    path = Path(source)
+    if path.exists() or path.suffix:
+        return path
+    bundled = BUNDLED_DIR / f"{source}.yaml"
+    return bundled if bundled.exists() else path

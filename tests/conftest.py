@@ -1,0 +1,49 @@
+"""Shared test set-up: the anyio backend, and visible skips for tests that need root,
+a real GPU or a real cluster."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    # The daemons run on asyncio (APScheduler 3, aiohttp, kubernetes.aio).
+    return "asyncio"
+
+
+def _gpu_present() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        return True
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    is_root = os.geteuid() == 0
+    has_gpu = None
+    for item in items:
+        if "root" in item.keywords and not is_root:
+            item.add_marker(pytest.mark.skip(reason="needs root (network namespaces, raw sockets)"))
+        if "e2e" in item.keywords and not os.environ.get("KUBECONFIG"):
+            item.add_marker(pytest.mark.skip(reason="needs a real cluster: set KUBECONFIG"))
+        if "gpu" in item.keywords:
+            if has_gpu is None:
+                has_gpu = _gpu_present()
+            if not has_gpu:
+                item.add_marker(pytest.mark.skip(reason="needs a real NVIDIA GPU and driver"))
+
+
+def require_binary(name: str) -> str:
+    """Path of a binary the test needs, or a visible skip naming the Debian package."""
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"needs `{name}` on PATH (install it: the README test command does, as root)")
+    return path
