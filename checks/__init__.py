@@ -1,11 +1,29 @@
 """The check library: one module per check, listed in the static REGISTRY below.
 
 Knows GPUs, networks and storage; knows nothing of labels, schedules or the agent
-(it never imports `healthd`).
+(it never imports `healthd`). Order matters: it is the order of `healthd check`'s
+output and of the default (`all`) set.
 """
 
 from __future__ import annotations
 
 from checks.base import Check
+from checks.ecc import EccCheck
+from checks.gpus import GpusCheck
+from checks.nvlink import NvlinkCheck
+from checks.pcie import PcieCheck
+from checks.power import PowerCheck
+from checks.remapped import RemappedCheck
+from checks.xid import XidCheck
 
-REGISTRY: dict[str, type[Check]] = {}
+_ALL: tuple[type[Check], ...] = (
+    GpusCheck,
+    RemappedCheck,
+    PowerCheck,
+    PcieCheck,
+    EccCheck,
+    NvlinkCheck,
+    XidCheck,
+)
+
+REGISTRY: dict[str, type[Check]] = {cls.NAME: cls for cls in _ALL}

@@ -1,0 +1,46 @@
+"""The `remapped` check: HBM row remapping state, per GPU.
+
+Ampere and later GPUs repair bad memory rows by remapping them. A remap waits for
+the next GPU reset (REMAP_PENDING: unfit for new work until reset); a remap that
+could not be done means the GPU has run out of spare rows (REMAP_FAILURE: sticky,
+the GPU needs service). Autopilot looks only at "pending"; we judge both and report
+the counts on every GPU so trends show before anything fails.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from checks.base import Entity, NoParams, ResultBuilder
+from checks.gpucheck import GpuCheck, unwrap
+from checks.nvml import GpuSnapshot, RemappedRows
+
+
+class RemappedCheck(GpuCheck[NoParams]):
+    NAME: ClassVar[str] = "remapped"
+    DESCRIPTION: ClassVar[str] = "GPU memory row remapping: pending remaps and remap failures"
+    DEFAULT_INTERVAL_S: ClassVar[float] = 30.0
+    DEFAULT_TIMEOUT_S: ClassVar[float] = 10.0
+
+    def judge(self, gpu: GpuSnapshot, entity: Entity, builder: ResultBuilder) -> None:
+        rows = unwrap(gpu.remapped, "remapped rows", entity, builder)
+        if rows is None:
+            return
+        builder.seen(
+            entity,
+            correctable=rows.correctable,
+            uncorrectable=rows.uncorrectable,
+            pending=rows.pending,
+            failure=rows.failure,
+        )
+        if rows.failure:
+            message = f"row remapping failed ({_counts(rows)}): the GPU needs service"
+            builder.finding("REMAP_FAILURE", entity, message)
+        if rows.pending:
+            builder.finding(
+                "REMAP_PENDING", entity, f"row remapping pending ({_counts(rows)}): reset the GPU"
+            )
+
+
+def _counts(rows: RemappedRows) -> str:
+    return f"{rows.uncorrectable} uncorrectable, {rows.correctable} correctable rows remapped"
