@@ -321,6 +321,9 @@ class Check(Protocol):
     @property
     def exclusive(self) -> bool: ...
 
+    @property
+    def timeout_s(self) -> float: ...
+
     async def run(self, ctx: CheckContext) -> CheckResult: ...
 
 
@@ -344,7 +347,13 @@ class BaseCheck:
 
     @property
     def exclusive(self) -> bool:
+        """Whether this instance needs the GPUs to itself (may depend on params)."""
         return self.EXCLUSIVE
+
+    @property
+    def timeout_s(self) -> float:
+        """This instance's deadline (may depend on params, e.g. the DCGM level)."""
+        return self.DEFAULT_TIMEOUT_S
 
     async def run(self, ctx: CheckContext) -> CheckResult:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -356,7 +365,7 @@ class BaseCheck:
 async def run_check(check: Check, ctx: CheckContext, timeout_s: float | None = None) -> CheckResult:
     """Run one check under a deadline. An exception or a timeout becomes UNKNOWN with
     the reason; the result is stamped with its start time and duration."""
-    limit = check.DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+    limit = check.timeout_s if timeout_s is None else timeout_s
     started_wall, started = time.time(), time.monotonic()
     result: CheckResult | None = None
     try:

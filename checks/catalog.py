@@ -75,7 +75,7 @@ _XID_DEFAULT: dict[int, tuple[Severity, bool, str]] = {
 }
 
 # DCGM tests whose failure means the GPU cannot be trusted with work (sticky EVICT).
-FATAL_DCGM_TESTS = frozenset({"PCIE", "NVLINK", "MEMORY", "GPU_MEMORY", "ECC"})
+FATAL_DCGM_TESTS = frozenset({"PCIE", "NVLINK", "MEMORY", "ECC"})
 
 _XID_RE = re.compile(r"^XID_(\d+)$")
 _DCGM_RE = re.compile(r"^DCGM_([A-Z0-9_]+)$")

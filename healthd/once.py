@@ -59,7 +59,7 @@ def plan(config: Config, selection: Sequence[tuple[str, str | None]]) -> list[Pl
     planned = []
     for name, arg in selection:
         check = config.build_check(name, arg)
-        timeout = config.check_section(name).timeout or check.DEFAULT_TIMEOUT_S
+        timeout = config.check_section(name).timeout or check.timeout_s
         planned.append(Planned(check, timeout))
     return planned
 

@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""A stand-in for `dcgmi` that replays a recorded `dcgmi diag -j` output.
+
+It exercises the real subprocess path of the dcgm check (process groups, deadlines,
+exit statuses, parsing) with no GPU and no DCGM installed. Its own options come
+first, then the dcgmi arguments it stands in for (which must start with `diag`):
+
+    fake_dcgmi.py --output v4-fail-r3 [--exit 226] [--sleep 5] [--noise]
+                  [--stderr TEXT] [--pid-file F] [--grandchild]  diag -r 3 -j
+
+`--output` is a recorded name (a file in `outputs/`, see `outputs/index.json`) or a
+path. Without `--exit` it exits with the status the recording was taken with.
+`--sleep inf` never finishes (for timeout tests); `--grandchild` first starts a
+sleeping child in the same process group, and `--pid-file` records both pids, so a
+test can prove the whole group dies. Standard library only: it must start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+OUTPUTS = Path(__file__).resolve().parent / "outputs"
+INDEX = OUTPUTS / "index.json"
+EXIT_BAD_ARGS = 254  # what dcgmi returns for arguments it does not understand
+
+BANNER = "Successfully ran diagnostic for group.\n"
+TRAILER = "Note: the full diagnostic log is in the DCGM log directory.\n"
+
+
+def recorded_names() -> dict[str, dict[str, object]]:
+    """name -> {"file", "exit", "about"} for every recording."""
+    loaded: dict[str, dict[str, object]] = json.loads(INDEX.read_text())
+    return loaded
+
+
+def resolve(output: str) -> tuple[Path, int]:
+    """The file to print and its recorded exit status (0 for an ad-hoc path)."""
+    entry = recorded_names().get(output)
+    if entry is not None:
+        return OUTPUTS / str(entry["file"]), int(str(entry["exit"]))
+    path = Path(output)
+    if not path.is_file():
+        raise FileNotFoundError(f"no recorded output or file named {output!r}")
+    return path, 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fake-dcgmi", description=__doc__.splitlines()[0])
+    parser.add_argument("--output", required=True, help="recorded name or file path")
+    parser.add_argument("--exit", type=int, default=None, help="exit status to use")
+    parser.add_argument("--sleep", type=float, default=0.0, help="seconds to wait first")
+    parser.add_argument("--noise", action="store_true", help="print junk around the JSON")
+    parser.add_argument("--stderr", default="", help="text to print on stderr")
+    parser.add_argument("--pid-file", default=None, help="append own (and grandchild) pid")
+    parser.add_argument("--grandchild", action="store_true", help="start a sleeping child")
+    parser.add_argument("dcgmi_args", nargs=argparse.REMAINDER, help="diag -r N -j ...")
+    return parser
+
+
+def _spawn_grandchild() -> int:
+    child = subprocess.Popen(  # same process group: it must die with us
+        [sys.executable, "-c", "import time; time.sleep(3600)"],
+        stdin=subprocess.DEVNULL,
+        stdout=sys.stdout,
+        stderr=sys.stderr,
+    )
+    return child.pid
+
+
+def _record_pids(pid_file: str | None, pids: list[int]) -> None:
+    if pid_file:
+        with open(pid_file, "a") as fh:
+            fh.write("".join(f"{p}\n" for p in pids))
+
+
+def _sleep(seconds: float) -> None:
+    while seconds > 0:
+        step = min(seconds, 3600.0)
+        time.sleep(step)
+        seconds -= step
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if not args.dcgmi_args or args.dcgmi_args[0] != "diag":
+        print("Error: fake dcgmi only knows `diag`", file=sys.stderr)
+        return EXIT_BAD_ARGS
+    try:
+        path, recorded_exit = resolve(args.output)
+    except (OSError, ValueError) as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return EXIT_BAD_ARGS
+    pids = [os.getpid()]
+    if args.grandchild:
+        pids.append(_spawn_grandchild())
+    _record_pids(args.pid_file, pids)
+    _sleep(args.sleep)
+    body = path.read_text()
+    out = f"{BANNER}{body}\n{TRAILER}" if args.noise else body
+    sys.stdout.write(out)
+    sys.stdout.flush()
+    if args.stderr:
+        print(args.stderr, file=sys.stderr)
+    return recorded_exit if args.exit is None else args.exit
+
+
+if __name__ == "__main__":
+    sys.exit(main())
