@@ -10,13 +10,28 @@ NVML themselves. NVML outcomes are mapped here, once:
 - `GPU_IS_LOST` -> `GpuSnapshot.lost` (the `gpus` check reports GPU_MISSING)
 - any other NVML error for a property -> that reading is `Failed` (UNKNOWN)
 
-Blocking NVML calls run in a worker thread (anyio) under the caller's deadline.
+Blocking NVML calls run in a worker thread (anyio) under the caller's deadline,
+one at a time (a CapacityLimiter of 1 shared by every call of a source). XID waits
+are short (100 ms by default) and looped, so cancelling a caller never leaves a
+blocking C call running for long.
+
+The pass itself lives in checks.nvml_reader (`NvmlReader`, also importable from
+here); this module holds the snapshot types and `NvmlGpuSource`, the async
+`GpuSource` the agent and `healthd check` hand to checks.
 """
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+import anyio
+import anyio.to_thread
+
+if TYPE_CHECKING:
+    from checks.nvml_reader import NvmlReader
 
 T = TypeVar("T")
 
@@ -135,3 +150,110 @@ class GpuSource(Protocol):
     async def xid_events(self, window_s: float) -> list[XidEvent]:
         """XID events received during the next `window_s` seconds (or already queued)."""
         ...
+
+
+class NvmlGpuSource:
+    """The real `GpuSource`: NVML read through pynvml in worker threads.
+
+    `snapshot()` reads once per round (`new_round()` starts the next one);
+    `xid_events(window_s)` returns the XIDs received during the window plus any that
+    arrived while nobody was collecting; `watch_xids()` streams them as they come.
+    Every XID reaches every running `watch_xids()`, and every `xid_events()` window
+    open when it arrives (or, when none is open, the next window).
+    """
+
+    def __init__(self, reader: NvmlReader | None = None, *, poll_ms: int = 100,
+                 backlog: int = 1000) -> None:
+        if reader is None:
+            from checks.nvml_reader import NvmlReader
+
+            reader = NvmlReader()
+        self.reader = reader
+        self.poll_ms = poll_ms
+        self._limiter: anyio.CapacityLimiter | None = None
+        self._round_lock: anyio.Lock | None = None
+        self._cached: NodeSnapshot | None = None
+        self._backlog: deque[XidEvent] = deque(maxlen=backlog)
+        self._collectors: list[list[XidEvent]] = []
+        self._watchers: list[deque[XidEvent]] = []
+
+    def new_round(self) -> None:
+        """Forget the cached snapshot: the next `snapshot()` reads NVML again."""
+        self._cached = None
+
+    async def snapshot(self) -> NodeSnapshot:
+        if self._round_lock is None:
+            self._round_lock = anyio.Lock()
+        async with self._round_lock:  # concurrent checks share one read
+            if self._cached is None:
+                self._cached = await self._in_thread(self.reader.read)
+            return self._cached
+
+    async def xid_events(self, window_s: float) -> list[XidEvent]:
+        mine: list[XidEvent] = list(self._backlog)
+        self._backlog.clear()
+        self._collectors.append(mine)
+        try:
+            deadline = anyio.current_time() + max(0.0, window_s)
+            await self._receive(0)  # what NVML queued before the window
+            while (left := deadline - anyio.current_time()) > 0:
+                await self._receive(min(self.poll_ms, max(1, int(left * 1000))))
+        finally:
+            self._collectors.remove(mine)
+        return mine
+
+    async def watch_xids(self) -> AsyncIterator[XidEvent]:
+        """XID events as they arrive, until the caller stops iterating."""
+        queue: deque[XidEvent] = deque()
+        self._watchers.append(queue)
+        try:
+            while True:
+                while queue:
+                    yield queue.popleft()
+                await self._receive(self.poll_ms)
+        finally:
+            self._watchers.remove(queue)
+
+    async def aclose(self) -> None:
+        """End the NVML session (frees the XID event set)."""
+        await self._in_thread(self.reader.close)
+
+    async def _receive(self, timeout_ms: int) -> None:
+        """One short wait for XIDs; hand what arrives to collectors and watchers.
+        When events cannot be received (no driver), sleep instead of spinning."""
+        from checks.nvml_reader import XidUnavailable
+
+        while True:
+            try:
+                event = await self._in_thread(self.reader.wait_xid, timeout_ms)
+            except XidUnavailable:
+                await anyio.sleep(timeout_ms / 1000)
+                return
+            if event is None:
+                return
+            self._publish(event)
+            timeout_ms = 0  # drain whatever else is queued without waiting
+
+    def _publish(self, event: XidEvent) -> None:
+        if self._collectors:
+            for collected in self._collectors:
+                collected.append(event)
+        else:
+            self._backlog.append(event)
+        for queue in self._watchers:
+            queue.append(event)
+
+    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(1)
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+
+
+def __getattr__(name: str) -> Any:
+    # NvmlReader lives in checks.nvml_reader (which imports this module's types);
+    # importing it lazily keeps `from checks.nvml import NvmlReader` working.
+    if name in ("NvmlReader", "XidUnavailable"):
+        from checks import nvml_reader
+
+        return getattr(nvml_reader, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,6 +16,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from healthd.sim.dcgm import DcgmSim
+
 ClockReason = Literal[
     "gpu_idle",
     "applications_clocks_setting",
@@ -90,7 +92,13 @@ class GpuDefaults(_Strict):
     power: PowerSpec = PowerSpec()
     nvlinks: int = Field(18, ge=0, le=18, description="NVLinks per GPU; 0 = no NVLink")
     ecc_enabled: bool = True
-    memory_mib: int = 81559
+    memory_mib: int = Field(81559, ge=1)
+    mig_capable: bool = Field(True, description="false: MIG queries return NOT_SUPPORTED")
+    page_retirement: bool = Field(
+        False,
+        description="true: pre-Ampere page retirement (V100); Ampere and later remap rows "
+        "instead, and retired-page queries return NOT_SUPPORTED",
+    )
     pcie_bandwidth_gbps: BandwidthSpec = BandwidthSpec()
 
 
@@ -108,7 +116,7 @@ class EccFault(_Strict):
 
 
 class XidSpec(_Strict):
-    code: int = Field(ge=1)
+    code: int = Field(ge=1, le=0xFFFF)
     at: float = Field(0.0, ge=0, description="seconds after machine start")
 
 
@@ -149,6 +157,7 @@ class MachineSpec(_Strict):
     cuda_driver_version: int = 13000
     gpus: GpuDefaults = GpuDefaults()
     faults: list[GpuFault] = []
+    dcgm: DcgmSim = Field(DcgmSim(), description="what the fake dcgmi answers")
 
     @model_validator(mode="after")
     def _faults_name_real_gpus(self) -> MachineSpec:
@@ -158,6 +167,14 @@ class MachineSpec(_Strict):
                     f"fault names gpu {fault.gpu} but the machine has {self.gpus.count} "
                     f"GPUs (indices 0..{self.gpus.count - 1})"
                 )
+            if fault.ecc is not None and fault.ecc.retired_pages_pending \
+                    and not self.gpus.page_retirement:
+                raise ValueError(
+                    f"gpu {fault.gpu}: ecc.retired_pages_pending needs gpus.page_retirement: "
+                    "true (Ampere and later GPUs remap rows instead of retiring pages)"
+                )
+            if fault.mig and not self.gpus.mig_capable:
+                raise ValueError(f"gpu {fault.gpu}: mig: true needs gpus.mig_capable: true")
             for link in fault.nvlink_down:
                 if link >= self.gpus.nvlinks:
                     raise ValueError(
@@ -194,7 +211,10 @@ def load_machine_spec(source: str | Path) -> MachineSpec:
     try:
         raw = yaml.safe_load(path.read_text())
     except OSError as exc:
-        raise MachineSpecError(f"cannot read machine spec {path}: {exc.strerror}") from exc
+        raise MachineSpecError(
+            f"cannot read machine spec {path}: {exc.strerror} "
+            f"(bundled specs: {', '.join(bundled_specs())})"
+        ) from exc
     except yaml.YAMLError as exc:
         raise MachineSpecError(f"machine spec {path} is not valid YAML: {exc}") from exc
     return parse_machine_spec(raw, origin=str(path))

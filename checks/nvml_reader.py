@@ -1,0 +1,396 @@
+"""The NVML pass: reads every GPU once through the real `pynvml` and maps each outcome
+to a plain value (see checks.nvml for the rules), plus the XID event subscription.
+
+This module and healthd's simulator are the only code that imports pynvml. The
+reader is synchronous and thread-safe; checks.nvml.NvmlGpuSource runs it in a worker
+thread. NVML is initialised once and reused; when the driver is missing the pass
+reports it, and the next pass tries again, so a driver that appears later is used.
+
+Per GPU, one property failing never hides the others: each reading is taken on its
+own. Only GPU_IS_LOST ends the GPU's pass early, since every further call on a lost
+GPU fails the same way.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import pynvml
+
+from checks.nvml import (
+    DRIVER_NOT_FOUND,
+    Ecc,
+    Failed,
+    GpuSnapshot,
+    NodeSnapshot,
+    NvLink,
+    Ok,
+    PcieLink,
+    Power,
+    Reading,
+    RemappedRows,
+    Unsupported,
+    XidEvent,
+)
+
+T = TypeVar("T")
+Handle = Any  # pynvml.c_nvmlDevice_t
+
+_DRIVER_GONE = frozenset({
+    pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
+    pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+    pynvml.NVML_ERROR_UNINITIALIZED,
+})
+_DRIVER_MISSING = frozenset({
+    pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
+    pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+})
+_LOST = "GPU is lost"
+
+
+class _Lost(Exception):
+    """A call said GPU_IS_LOST: the whole GPU is gone, not one property."""
+
+
+class _Unreadable(Exception):
+    """One call failed; `reading` is what the property becomes."""
+
+    def __init__(self, reading: Unsupported | Failed, nvml_code: int | None) -> None:
+        super().__init__(reading)
+        self.reading = reading
+        self.code = nvml_code
+
+
+class XidUnavailable(Exception):
+    """XID events cannot be received now (no driver, or the event set failed)."""
+
+
+def _call(fn: Callable[..., T], *args: Any) -> T:
+    """Call one pynvml function, turning its failure into _Lost or _Unreadable that
+    name the function (`nvmlDeviceGetPowerUsage: Unknown Error`)."""
+    name = getattr(fn, "__name__", "nvml")
+    try:
+        return fn(*args)
+    except pynvml.NVMLError as exc:
+        if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+            raise _Lost(f"{name}: {exc}") from exc
+        if exc.value == pynvml.NVML_ERROR_NOT_SUPPORTED:
+            raise _Unreadable(Unsupported(f"{name}: not supported"), exc.value) from exc
+        raise _Unreadable(Failed(f"{name}: {exc}"), exc.value) from exc
+    except Exception as exc:  # a binding or ctypes surprise must not end the pass
+        raise _Unreadable(Failed(f"{name}: {type(exc).__name__}: {exc}"), None) from exc
+
+
+def _reading(read: Callable[[Handle], T], handle: Handle) -> Reading[T]:
+    try:
+        return Ok(read(handle))
+    except _Unreadable as exc:
+        return exc.reading
+
+
+# -- one reader per property (each takes a device handle) ---------------------------
+
+def _remapped(h: Handle) -> RemappedRows:
+    corr, unc, pending, failure = _call(pynvml.nvmlDeviceGetRemappedRows, h)
+    return RemappedRows(int(corr), int(unc), bool(pending), bool(failure))
+
+
+def _clock_reasons(h: Handle) -> int:
+    try:
+        return int(_call(pynvml.nvmlDeviceGetCurrentClocksEventReasons, h))
+    except _Unreadable as exc:
+        if exc.code != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+            raise
+    # Drivers older than the "clocks event" rename only have the throttle name.
+    return int(_call(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons, h))
+
+
+def _power(h: Handle) -> Power:
+    usage_mw = _call(pynvml.nvmlDeviceGetPowerUsage, h)
+    limit_mw = _call(pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
+    return Power(usage_w=usage_mw / 1000, limit_w=limit_mw / 1000)
+
+
+def _pcie(h: Handle) -> PcieLink:
+    return PcieLink(
+        gen=int(_call(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h)),
+        width=int(_call(pynvml.nvmlDeviceGetCurrPcieLinkWidth, h)),
+        max_gen=int(_call(pynvml.nvmlDeviceGetMaxPcieLinkGeneration, h)),
+        max_width=int(_call(pynvml.nvmlDeviceGetMaxPcieLinkWidth, h)),
+    )
+
+
+def _pcie_replays(h: Handle) -> int:
+    return int(_call(pynvml.nvmlDeviceGetPcieReplayCounter, h))
+
+
+def _ecc(h: Handle) -> Ecc:
+    current, _pending = _call(pynvml.nvmlDeviceGetEccMode, h)
+    if not current:
+        raise _Unreadable(Unsupported("ECC is disabled"), None)
+
+    def total(kind: int) -> int:
+        return int(_call(pynvml.nvmlDeviceGetTotalEccErrors, h, kind, pynvml.NVML_VOLATILE_ECC))
+
+    return Ecc(
+        corrected_volatile=total(pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+        uncorrected_volatile=total(pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+    )
+
+
+def _pages_pending(h: Handle) -> bool:
+    return bool(_call(pynvml.nvmlDeviceGetRetiredPagesPendingStatus, h))
+
+
+def _nvlinks(h: Handle) -> tuple[NvLink, ...]:
+    """Every link the GPU has: NVML has no cheap link count, so read link states
+    until one past the last answers INVALID_ARGUMENT (or NOT_SUPPORTED)."""
+    links: list[NvLink] = []
+    for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+        try:
+            state = _call(pynvml.nvmlDeviceGetNvLinkState, h, link)
+        except _Unreadable as exc:
+            ends = exc.code in (pynvml.NVML_ERROR_INVALID_ARGUMENT,
+                                pynvml.NVML_ERROR_NOT_SUPPORTED)
+            if links and ends:
+                break
+            raise
+        links.append(NvLink(link, bool(state)))
+    return tuple(links)
+
+
+def _mig_enabled(h: Handle) -> bool:
+    try:
+        current, _pending = _call(pynvml.nvmlDeviceGetMigMode, h)
+    except _Unreadable:  # not MIG-capable (or unreadable): treat as off
+        return False
+    return bool(current == pynvml.NVML_DEVICE_MIG_ENABLE)
+
+
+_PROPERTIES: dict[str, Callable[[Handle], Any]] = {
+    "remapped": _remapped,
+    "clock_event_reasons": _clock_reasons,
+    "power": _power,
+    "pcie": _pcie,
+    "pcie_replays": _pcie_replays,
+    "ecc": _ecc,
+    "retired_pages_pending": _pages_pending,
+    "nvlinks": _nvlinks,
+}
+
+
+def _optional(fn: Callable[..., Any], *args: Any) -> str:
+    """A string property that may fail (but not with GPU_IS_LOST): "" on failure."""
+    try:
+        return str(_call(fn, *args))
+    except _Unreadable:
+        return ""
+
+
+def _handle_address(handle: Handle) -> int:
+    return ctypes.cast(handle, ctypes.c_void_p).value or 0
+
+
+class NvmlReader:
+    """Reads the whole node through pynvml: `read()` for a snapshot, `wait_xid()` for
+    XID events. Safe to call from several threads; NVML is initialised on first use
+    and shut down by `close()`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._initialized = False
+        self._count_seen = -1
+        self._handles: dict[int, Handle] = {}
+        self._identity: dict[int, tuple[str, str, str]] = {}  # index -> uuid, bus id, model
+        self._event_set: Any = None
+        self._event_gpus: dict[int, tuple[int, str]] = {}  # handle address -> index, uuid
+
+    # -- the pass --------------------------------------------------------------
+
+    def read(self) -> NodeSnapshot:
+        """One pass over every GPU. Never raises: problems become readings."""
+        taken_at, started = time.time(), time.perf_counter()
+        with self._lock:
+            snapshot = self._read()
+        return replace(snapshot, taken_at=taken_at, duration_s=time.perf_counter() - started)
+
+    def _read(self) -> NodeSnapshot:
+        count, error = self._count()
+        if error:
+            return NodeSnapshot(driver_error=error)
+        return NodeSnapshot(
+            driver_version=_optional(pynvml.nvmlSystemGetDriverVersion),
+            nvml_version=_optional(pynvml.nvmlSystemGetNVMLVersion),
+            gpus=tuple(self._read_gpu(index) for index in range(count)),
+        )
+
+    def _count(self) -> tuple[int, str]:
+        """The GPU count, (re)initialising NVML when needed; or the driver error."""
+        for _attempt in range(2):
+            error = self._ensure_init()
+            if error:
+                return 0, error
+            try:
+                count = int(_call(pynvml.nvmlDeviceGetCount))
+            except _Unreadable as exc:
+                if exc.code in _DRIVER_GONE:  # the driver went away: start over once
+                    self._forget_session()
+                    continue
+                return 0, exc.reading.reason
+            if count != self._count_seen:
+                self._handles.clear()  # GPUs came or went: indices may have moved
+                self._identity.clear()
+                self._count_seen = count
+            return count, ""
+        return 0, DRIVER_NOT_FOUND
+
+    def _ensure_init(self) -> str:
+        if self._initialized:
+            return ""
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            return DRIVER_NOT_FOUND if exc.value in _DRIVER_MISSING else f"nvmlInit: {exc}"
+        except Exception as exc:  # e.g. a broken library file
+            return f"nvmlInit: {type(exc).__name__}: {exc}"
+        self._initialized = True
+        return ""
+
+    def _forget_session(self) -> None:
+        """End this reader's NVML session; the next call initialises again."""
+        if self._initialized:
+            with suppress(pynvml.NVMLError):  # balance nvmlInit, even for a dead driver
+                pynvml.nvmlShutdown()
+        self._initialized = False
+        self._count_seen = -1
+        self._handles.clear()
+        self._identity.clear()
+        self._event_set = None
+        self._event_gpus.clear()
+
+    def _read_gpu(self, index: int) -> GpuSnapshot:
+        try:
+            handle = self._handle(index)
+        except _Lost as lost:
+            return self._lost(index, str(lost))
+        except _Unreadable as exc:  # no handle: every property shares the reason
+            every: dict[str, Any] = {name: exc.reading for name in _PROPERTIES}
+            return GpuSnapshot(index, *self._identity.get(index, ("", "", "")), **every)
+        try:
+            uuid, bus_id, model = self._identify(index, handle)
+            values: dict[str, Any] = {n: _reading(read, handle) for n, read in _PROPERTIES.items()}
+            return GpuSnapshot(index, uuid, bus_id, model, mig_enabled=_mig_enabled(handle),
+                               **values)
+        except _Lost as lost:
+            return self._lost(index, str(lost))
+
+    def _lost(self, index: int, reason: str) -> GpuSnapshot:
+        # Identity from an earlier pass still names the GPU that fell off the bus.
+        every: dict[str, Any] = {name: Failed(_LOST) for name in _PROPERTIES}
+        return GpuSnapshot(index, *self._identity.get(index, ("", "", "")), lost=True,
+                           lost_reason=reason, **every)
+
+    def _handle(self, index: int) -> Handle:
+        handle = self._handles.get(index)
+        if handle is None:
+            handle = _call(pynvml.nvmlDeviceGetHandleByIndex, index)
+            self._handles[index] = handle
+        return handle
+
+    def _identify(self, index: int, handle: Handle) -> tuple[str, str, str]:
+        known = self._identity.get(index)
+        if known is not None:
+            return known
+        uuid = _optional(pynvml.nvmlDeviceGetUUID, handle)
+        try:
+            bus_id = str(_call(pynvml.nvmlDeviceGetPciInfo, handle).busId)
+        except _Unreadable:
+            bus_id = ""
+        found = (uuid, bus_id, _optional(pynvml.nvmlDeviceGetName, handle))
+        if all(found):  # cache only a complete identity; retry the rest next pass
+            self._identity[index] = found
+        return found
+
+    # -- XID events ----------------------------------------------------------------
+
+    def wait_xid(self, timeout_ms: int) -> XidEvent | None:
+        """Wait up to `timeout_ms` for one XID event on any GPU (registering for XID
+        events on every GPU on first use). Keep the timeout short: the C call cannot
+        be interrupted. Raises XidUnavailable when events cannot be received."""
+        event_set = self._xid_event_set()
+        try:
+            data = pynvml.nvmlEventSetWait(event_set, max(0, int(timeout_ms)))
+        except pynvml.NVMLError as exc:
+            if exc.value in (pynvml.NVML_ERROR_TIMEOUT, pynvml.NVML_ERROR_GPU_IS_LOST):
+                return None
+            with self._lock:
+                if self._event_set is event_set:
+                    self._forget_events(exc.value)
+            raise XidUnavailable(f"nvmlEventSetWait: {exc}") from exc
+        if not data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+            return None
+        index, uuid = self._event_gpu(data.device)
+        return XidEvent(xid=int(data.eventData), gpu_index=index, uuid=uuid, at=time.time())
+
+    def _xid_event_set(self) -> Any:
+        with self._lock:
+            if self._event_set is not None:
+                return self._event_set
+            count, error = self._count()
+            if error:
+                raise XidUnavailable(error)
+            try:
+                event_set = _call(pynvml.nvmlEventSetCreate)
+            except (_Unreadable, _Lost) as exc:
+                raise XidUnavailable(str(exc)) from exc
+            for index in range(count):
+                self._register_xids(event_set, index)
+            self._event_set = event_set
+            return event_set
+
+    def _register_xids(self, event_set: Any, index: int) -> None:
+        """Register one GPU for XID events; a lost or unsupporting GPU is skipped."""
+        try:
+            handle = self._handle(index)
+            supported = _call(pynvml.nvmlDeviceGetSupportedEventTypes, handle)
+            if not supported & pynvml.nvmlEventTypeXidCriticalError:
+                return
+            _call(pynvml.nvmlDeviceRegisterEvents, handle,
+                  pynvml.nvmlEventTypeXidCriticalError, event_set)
+            uuid = self._identify(index, handle)[0]
+        except (_Lost, _Unreadable):
+            return
+        self._event_gpus[_handle_address(handle)] = (index, uuid)
+
+    def _forget_events(self, nvml_code: int) -> None:
+        if nvml_code in _DRIVER_GONE or nvml_code == pynvml.NVML_ERROR_INVALID_ARGUMENT:
+            self._forget_session()
+        self._event_set = None
+        self._event_gpus.clear()
+
+    def _event_gpu(self, device: Handle) -> tuple[int, str]:
+        with self._lock:
+            known = self._event_gpus.get(_handle_address(device))
+        if known is not None:
+            return known
+        try:  # a GPU we did not register ourselves: ask NVML
+            return int(_call(pynvml.nvmlDeviceGetIndex, device)), _optional(
+                pynvml.nvmlDeviceGetUUID, device)
+        except (_Lost, _Unreadable):
+            return -1, ""
+
+    def close(self) -> None:
+        """Free the event set and end this reader's NVML session."""
+        with self._lock:
+            if self._event_set is not None:
+                with suppress(pynvml.NVMLError):  # the driver may already be gone
+                    pynvml.nvmlEventSetFree(self._event_set)
+            self._forget_session()
+
+

@@ -1,0 +1,337 @@
+"""A fake NVML library installed underneath the real `pynvml` (nvidia-ml-py).
+
+`install(spec)` puts a `FakeNvmlLibrary` where pynvml keeps the loaded C library
+(`pynvml.nvmlLib`) and clears pynvml's function-pointer cache. From then on every
+pynvml call runs pynvml's own code: it looks the symbol up by name on the fake,
+passes the same ctypes arguments the C library would get and maps the returned NVML
+code to its exception class. Only the innermost edge is fake, so the code under test
+is the code that runs on a real GPU node.
+
+- Symbols the fake does not implement (healthd.sim.nvmlsymbols lists those it does)
+  raise AttributeError, which pynvml reports as `NVMLError_FunctionNotFound`, like
+  an old driver.
+- The machine spec (healthd.sim.machine) says what each GPU is and which faults it
+  has when; healthd.sim.gpustate merges them for the injectable clock's "now".
+- `driver_present: false`: `nvmlInit` fails with `NVMLError_LibraryNotFound`.
+- Calls before `nvmlInit` (or after the last `nvmlShutdown`) return UNINITIALIZED.
+- A lost GPU is still counted, but answers GPU_IS_LOST to every query and to handle
+  lookups (what `nvidia-smi` shows as "Unable to determine the device handle for
+  GPU ...: GPU is lost"); a handle obtained before the loss stays valid and gets
+  GPU_IS_LOST too. A missing GPU is not enumerated: the GPUs after it move down one
+  NVML index, as on a real node.
+- Injected `nvml_errors` fire before anything else on the named function (its
+  `_vN` suffix may be left out); on functions that take no GPU (system queries,
+  `nvmlInit`, event sets) they fire whichever GPU the fault names.
+
+Usage::
+
+    with install(load_machine_spec("remap-pending")) as fake:
+        pynvml.nvmlInit()
+        ...
+        fake.emit_xid(5, 79)
+
+The XID wait (`nvmlEventSetWait_v2`) blocks in its caller's thread while other
+threads keep calling; one condition variable guards all state.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import suppress
+from types import TracebackType
+from typing import Any
+
+import pynvml
+
+from healthd.sim.gpustate import GpuState, gpu_state, is_active
+from healthd.sim.machine import GpuFault, MachineSpec
+from healthd.sim.nvmlevents import Delivered, EventSet, ScheduledXid
+from healthd.sim.nvmlsymbols import SUCCESS, SYMBOLS, Fail, Impl, address, code, set_pointer
+
+Clock = Callable[[], float]
+_HANDLE_BASE = 0x7E57_0000  # fake device "pointers": never dereferenced, only compared
+_HANDLE_STEP = 0x100
+_EVENT_SET_BASE = 0x7E5E_0000
+_VERSION_SUFFIX = re.compile(r"_v\d+$")
+# Waits sleep in short slices so a stepped test clock and new events are seen promptly.
+_WAIT_SLICE_S = 0.005
+
+
+class FakeNvmlLibrary:
+    """The object pynvml believes is libnvidia-ml.so. Attribute lookup returns the
+    fake C functions; see the module docstring for the rules it follows."""
+
+    def __init__(self, spec: MachineSpec, clock: Clock) -> None:
+        self.spec = spec
+        self.clock = clock
+        self.driver_present = spec.driver_present
+        self.refcount = 0  # nvmlInit calls not yet matched by nvmlShutdown
+        self.event_sets: dict[int, EventSet] = {}
+        self.calls: dict[str, int] = {}  # symbol -> times called (for tests and benchmarks)
+        self._cond = threading.Condition(threading.RLock())
+        self._seq = itertools.count()
+        self._faults: list[tuple[int, GpuFault]] = [(next(self._seq), f) for f in spec.faults]
+        self._error_budget: dict[tuple[int, int], int] = {}
+        self._set_numbers = itertools.count(1)
+        self._healthy: dict[int, GpuState] = {}
+
+    # -- pynvml's view: symbols looked up by name --------------------------------
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        entry = SYMBOLS.get(name)
+        if entry is None:
+            raise AttributeError(name)  # pynvml: NVMLError_FunctionNotFound
+        kind, impl = entry
+
+        def c_function(*args: Any) -> Any:
+            return self._invoke(name, kind, impl, args)
+
+        c_function.__name__ = name
+        return c_function
+
+    def _invoke(self, name: str, kind: str, impl: Impl, args: tuple[Any, ...]) -> Any:
+        with self._cond:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            try:
+                if kind != "raw":
+                    self._check_ready(name, inject=kind == "system")
+                if kind == "device":
+                    return impl(self, self.gate(name, self._gpu_of_handle(args[0])),
+                                *args[1:]) or SUCCESS
+                result = impl(self, *args)
+                return SUCCESS if result is None else result
+            except Fail as failure:
+                return failure.code
+
+    def _check_ready(self, name: str, *, inject: bool) -> None:
+        if not self.driver_present or self.refcount == 0:
+            raise Fail(code("UNINITIALIZED"))
+        if inject:
+            self.raise_injected(name, None)
+
+    def gate(self, name: str, gpu: int) -> GpuState:
+        """The GPU's state for a call about it, after injected errors and loss."""
+        self.raise_injected(name, gpu)
+        state = self.state(gpu)
+        if state.missing:
+            raise Fail(code("INVALID_ARGUMENT"))
+        if state.lost:
+            raise Fail(code("GPU_IS_LOST"))
+        return state
+
+    def raise_injected(self, name: str, gpu: int | None) -> None:
+        """Fire an injected error for `name` on `gpu` (None: a call that takes no GPU,
+        so faults on any GPU apply)."""
+        base = _VERSION_SUFFIX.sub("", name)
+        now = self.clock()
+        for seq, fault in self._faults:
+            if (gpu is not None and fault.gpu != gpu) or not is_active(fault, now):
+                continue
+            for pos, err in enumerate(fault.nvml_errors):
+                if err.function in (name, base) and self._spend(seq, pos, err.times):
+                    raise Fail(code(err.error))
+
+    def _spend(self, seq: int, pos: int, times: int | None) -> bool:
+        if times is None:
+            return True
+        left = self._error_budget.setdefault((seq, pos), times)
+        self._error_budget[(seq, pos)] = left - 1
+        return left > 0
+
+    # -- GPUs ---------------------------------------------------------------------
+
+    @property
+    def lock(self) -> threading.Condition:
+        return self._cond
+
+    def faults_for(self, gpu: int) -> list[GpuFault]:
+        with self._cond:
+            return [f for _, f in self._faults if f.gpu == gpu]
+
+    def state(self, gpu: int) -> GpuState:
+        """GPU `gpu` (spec index) as it is now."""
+        faults = self.faults_for(gpu)
+        if not faults:  # the common case, served without rebuilding the state
+            if gpu not in self._healthy:
+                self._healthy[gpu] = gpu_state(self.spec, (), gpu, 0.0)
+            return self._healthy[gpu]
+        return gpu_state(self.spec, faults, gpu, self.clock())
+
+    def enumerated(self) -> list[GpuState]:
+        """The GPUs NVML lists now, in NVML index order (missing ones left out)."""
+        states = (self.state(i) for i in range(self.spec.gpus.count))
+        return [s for s in states if not s.missing]
+
+    def handle_of(self, gpu: int) -> int:
+        return _HANDLE_BASE + (gpu + 1) * _HANDLE_STEP
+
+    def _gpu_of_handle(self, handle: Any) -> int:
+        gpu, rest = divmod(address(handle) - _HANDLE_BASE, _HANDLE_STEP)
+        if rest or not 1 <= gpu <= self.spec.gpus.count:
+            raise Fail(code("INVALID_ARGUMENT"))
+        return gpu - 1
+
+    def found(self, name: str, state: GpuState | None, out: Any) -> int:
+        """Finish a handle lookup: write the handle, or fail as the GPU would."""
+        if state is None:
+            raise Fail(code("NOT_FOUND"))
+        self.gate(name, state.index)
+        set_pointer(out, self.handle_of(state.index))
+        return SUCCESS
+
+    # -- event sets (called with the lock held) ------------------------------------
+
+    def new_event_set_handle(self) -> int:
+        return _EVENT_SET_BASE + next(self._set_numbers) * 0x10
+
+    def event_set(self, handle: Any) -> EventSet:
+        event_set = self.event_sets.get(address(handle))
+        if event_set is None:
+            raise Fail(code("INVALID_ARGUMENT"))
+        return event_set
+
+    def wait_event(self, handle: Any, timeout_s: float) -> Delivered | None:
+        """Block (releasing the lock) until the set has an event or the timeout ends."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            event_set = self.event_set(handle)  # freed meanwhile: INVALID_ARGUMENT
+            event_set.collect_due(self._scheduled_xids(), self.clock())
+            event = event_set.next_event()
+            left = deadline - time.monotonic()
+            if event is not None or left <= 0:
+                return event
+            self._cond.wait(min(left, _WAIT_SLICE_S))
+
+    def wake(self) -> None:
+        self._cond.notify_all()
+
+    def _scheduled_xids(self) -> Iterator[ScheduledXid]:
+        for seq, fault in self._faults:
+            for pos, xid in enumerate(fault.xid):
+                yield ScheduledXid((seq, pos), fault.gpu, xid.code, xid.at)
+
+    # -- runtime control (through FakeNvml) ----------------------------------------
+
+    def add_fault(self, fault: GpuFault) -> None:
+        with self._cond:
+            self._faults.append((next(self._seq), fault))
+            self._cond.notify_all()
+
+    def clear_faults(self, gpu: int | None) -> None:
+        with self._cond:
+            self._faults = [(s, f) for s, f in self._faults if gpu is not None and f.gpu != gpu]
+            self._cond.notify_all()
+
+    def emit_xid(self, gpu: int, xid: int) -> None:
+        with self._cond:
+            now = self.clock()
+            event = ScheduledXid((-1, next(self._seq)), gpu, xid, now)
+            for event_set in self.event_sets.values():
+                event_set.collect_due([event], now)
+            self._cond.notify_all()
+
+    def set_driver_present(self, present: bool) -> None:
+        with self._cond:
+            self.driver_present = present
+            if not present:  # the driver went away: every session is gone with it
+                self.refcount = 0
+                self.event_sets.clear()
+            self._cond.notify_all()
+
+
+class FakeNvml:
+    """An installed fake: change the simulated machine at run time, then uninstall
+    (also as a context manager). GPU numbers are positions in the spec."""
+
+    def __init__(self, library: FakeNvmlLibrary, previous: tuple[Any, dict[str, Any], int]) -> None:
+        self.library = library
+        self._previous = previous
+        self._installed = True
+
+    @property
+    def spec(self) -> MachineSpec:
+        return self.library.spec
+
+    @property
+    def clock(self) -> Clock:
+        """The machine's clock (share it with other simulated parts, e.g. CUDA)."""
+        return self.library.clock
+
+    def now(self) -> float:
+        """Seconds since the machine started, by the injected clock."""
+        return self.library.clock()
+
+    def faults_for(self, gpu: int) -> list[GpuFault]:
+        """The faults on `gpu` now: the spec's plus injected ones, minus cleared ones."""
+        return self.library.faults_for(gpu)
+
+    def state(self, gpu: int) -> GpuState:
+        """What the fake serves about `gpu` (spec index) at this moment."""
+        with self.library.lock:
+            return self.library.state(gpu)
+
+    def inject(self, fault: GpuFault) -> None:
+        """Add a fault (with its own `at`/`until`, measured from machine start)."""
+        # Validate against the machine (GPU and link numbers, capabilities).
+        MachineSpec.model_validate({**self.spec.model_dump(), "faults": [fault.model_dump()]})
+        self.library.add_fault(fault)
+
+    def clear_faults(self, gpu: int | None = None) -> None:
+        """Remove every fault (the spec's too), or those of one GPU."""
+        self.library.clear_faults(gpu)
+
+    def emit_xid(self, gpu: int, xid: int) -> None:
+        """Deliver XID `xid` on `gpu` now to every event set registered for XIDs on it."""
+        if not 0 <= gpu < self.spec.gpus.count:
+            raise ValueError(f"no gpu {gpu}: the machine has {self.spec.gpus.count}")
+        self.library.emit_xid(gpu, xid)
+
+    def set_driver_present(self, present: bool) -> None:
+        """Load or unload the simulated driver (unloading ends every NVML session)."""
+        self.library.set_driver_present(present)
+
+    def uninstall(self) -> None:
+        """Shut NVML down and put back whatever library pynvml had before."""
+        if not self._installed:
+            return
+        self._installed = False
+        with suppress(pynvml.NVMLError):
+            while self.library.refcount > 0 and pynvml.nvmlLib is self.library:
+                pynvml.nvmlShutdown()
+        lib, cache, refcount = self._previous
+        with pynvml.libLoadLock:
+            pynvml.nvmlLib = lib
+            pynvml._nvmlGetFunctionPointer_cache.clear()
+            pynvml._nvmlGetFunctionPointer_cache.update(cache)
+            pynvml._nvmlLib_refcount = refcount
+
+    def __enter__(self) -> FakeNvml:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.uninstall()
+
+
+def monotonic_clock() -> Clock:
+    """A clock reading seconds since this call (the default machine start)."""
+    start = time.monotonic()
+    return lambda: time.monotonic() - start
+
+
+def install(spec: MachineSpec, *, clock: Clock | None = None) -> FakeNvml:
+    """Install a fake NVML library serving `spec` underneath pynvml. `clock` returns
+    seconds since the machine started (default: real time from now). NVML is not
+    initialised: callers call `pynvml.nvmlInit()` as they would on a real node."""
+    library = FakeNvmlLibrary(spec, clock or monotonic_clock())
+    with pynvml.libLoadLock:
+        previous = (pynvml.nvmlLib, dict(pynvml._nvmlGetFunctionPointer_cache),
+                    pynvml._nvmlLib_refcount)
+        pynvml.nvmlLib = library
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+        pynvml._nvmlLib_refcount = 0
+    return FakeNvml(library, previous)

@@ -1,0 +1,146 @@
+"""What one simulated GPU looks like at one instant: the machine spec's defaults with
+the faults active at that time merged on top.
+
+The fake NVML library (healthd.sim.fakenvml) asks this module for a `GpuState` on
+every call, so a fault that starts at `at` and ends at `until` shows up and goes
+away exactly when the (injectable) clock says so. Keeping the merge rules here, apart
+from the ctypes plumbing, makes them easy to read and to document:
+
+- a fault is active while `at <= t < until` (no `until`: for ever);
+- several active faults on one GPU: flags (`lost`, `missing`, `mig`) are OR-ed, lists
+  (clock event reasons, NVLinks down) are joined, and for the structured fields
+  (remapped rows, power, PCIe link, ECC, bandwidth) the fault listed last wins;
+- the PCIe replay counter is a monotonic counter: it rises at `pcie_replay_rate`
+  from `at` and keeps its last value after `until` (a counter never goes back).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+
+from healthd.sim.machine import (
+    ClockReason,
+    EccFault,
+    GpuFault,
+    MachineSpec,
+    PowerSpec,
+    RemappedRowsFault,
+)
+
+# nvmlClocksEventReason bits (nvml.h), by the spec's names.
+CLOCK_REASON_BITS: dict[ClockReason, int] = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
+SUPPORTED_CLOCK_REASONS = sum(CLOCK_REASON_BITS.values())
+# A healthy idle GPU reports only "idle", as real H100s do.
+IDLE_REASONS = CLOCK_REASON_BITS["gpu_idle"]
+_NO_REMAPS = RemappedRowsFault()
+_NO_ECC_ERRORS = EccFault()
+_DEFAULT_POWER = PowerSpec()
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """Everything the fake NVML library serves about one GPU at one instant."""
+
+    index: int  # position in the spec (the minor number), not the NVML index
+    uuid: str
+    pci_bus_id: str
+    model: str
+    memory_mib: int
+    ecc_enabled: bool
+    mig_capable: bool
+    page_retirement: bool
+    nvlink_count: int
+    lost: bool = False
+    missing: bool = False
+    mig: bool = False
+    remapped: RemappedRowsFault = _NO_REMAPS
+    clock_reasons: int = IDLE_REASONS
+    power: PowerSpec = _DEFAULT_POWER
+    pcie_gen: int = 5
+    pcie_width: int = 16
+    pcie_max_gen: int = 5
+    pcie_max_width: int = 16
+    pcie_replays: int = 0
+    ecc: EccFault = _NO_ECC_ERRORS
+    nvlinks_down: frozenset[int] = field(default_factory=frozenset)
+
+
+def is_active(fault: GpuFault, t: float) -> bool:
+    """Whether `fault` is in force `t` seconds after the machine started."""
+    return fault.at <= t and (fault.until is None or t < fault.until)
+
+
+def replay_count(faults: Iterable[GpuFault], t: float) -> int:
+    """The PCIe replay counter at `t`: monotonic, so faults that ended still count."""
+    total = 0.0
+    for fault in faults:
+        if t < fault.at or (fault.pcie_replays is None and not fault.pcie_replay_rate):
+            continue
+        end = t if fault.until is None else min(t, fault.until)
+        total += (fault.pcie_replays or 0) + fault.pcie_replay_rate * (end - fault.at)
+    return int(total)
+
+
+def gpu_state(spec: MachineSpec, faults: Sequence[GpuFault], index: int, t: float) -> GpuState:
+    """The state of GPU `index` (spec position) at `t`, given the faults on it."""
+    gpus = spec.gpus
+    state = GpuState(
+        index=index,
+        uuid=spec.uuid(index),
+        pci_bus_id=spec.pci_bus_id(index),
+        model=gpus.model,
+        memory_mib=gpus.memory_mib,
+        ecc_enabled=gpus.ecc_enabled,
+        mig_capable=gpus.mig_capable,
+        page_retirement=gpus.page_retirement,
+        nvlink_count=gpus.nvlinks,
+        power=gpus.power,
+        pcie_gen=gpus.pcie.gen,
+        pcie_width=gpus.pcie.width,
+        pcie_max_gen=gpus.pcie.max_gen or gpus.pcie.gen,
+        pcie_max_width=gpus.pcie.max_width or gpus.pcie.width,
+        pcie_replays=replay_count(faults, t),
+    )
+    active = [f for f in faults if is_active(f, t)]
+    return _merge(state, active) if active else state
+
+
+def _merge(state: GpuState, active: Sequence[GpuFault]) -> GpuState:
+    changes: dict[str, object] = {
+        "lost": any(f.lost for f in active),
+        "missing": any(f.missing for f in active),
+        "mig": state.mig_capable and any(f.mig for f in active),
+        "nvlinks_down": frozenset(link for f in active for link in f.nvlink_down),
+    }
+    reasons = [r for f in active for r in f.clock_event_reasons]
+    if reasons:
+        changes["clock_reasons"] = _reason_mask(reasons)
+    for fault in active:  # the last fault listed wins for structured fields
+        if fault.remapped_rows is not None:
+            changes["remapped"] = fault.remapped_rows
+        if fault.power is not None:
+            changes["power"] = fault.power
+        if fault.ecc is not None:
+            changes["ecc"] = fault.ecc
+        if fault.pcie is not None:
+            changes["pcie_gen"] = fault.pcie.gen or state.pcie_gen
+            changes["pcie_width"] = fault.pcie.width or state.pcie_width
+    return replace(state, **changes)  # type: ignore[arg-type]
+
+
+def _reason_mask(reasons: Iterable[ClockReason]) -> int:
+    mask = 0
+    for reason in reasons:
+        mask |= CLOCK_REASON_BITS[reason]
+    return mask

@@ -1,0 +1,368 @@
+"""The C functions of the fake NVML library, one Python function per NVML symbol.
+
+Each implementation receives exactly what pynvml passes to libnvidia-ml.so (ctypes
+by-value arguments, `byref()` out-parameters, string buffers with their size, opaque
+handle pointers) and returns an NVML return code, or raises `Fail(code)`. The
+library (healthd.sim.fakenvml) resolves the device handle, applies injected errors
+and GPU loss before a `device` symbol runs, so implementations only serve values.
+
+Symbol kinds, which decide what the library checks first:
+- `raw`: runs even before nvmlInit (init, shutdown, error strings);
+- `system`: needs nvmlInit; injected errors on it fire whichever GPU names them;
+- `lookup`: a handle lookup; injected errors and loss apply to the GPU it finds;
+- `device`: the first argument is a device handle.
+
+Units follow nvml.h: power in milliwatts, memory in bytes, versions as strings.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import pynvml
+
+from healthd.sim.gpustate import SUPPORTED_CLOCK_REASONS, GpuState
+from healthd.sim.nvmlevents import SUPPORTED_EVENT_TYPES, EventSet
+
+if TYPE_CHECKING:
+    from healthd.sim.fakenvml import FakeNvmlLibrary
+
+Impl = Callable[..., Any]
+SYMBOLS: dict[str, tuple[str, Impl]] = {}
+SUCCESS: int = int(pynvml.NVML_SUCCESS)
+
+
+def symbol(name: str, kind: str = "device") -> Callable[[Impl], Impl]:
+    """Register `impl` as the fake NVML symbol `name` (see the module docstring)."""
+
+    def register(impl: Impl) -> Impl:
+        SYMBOLS[name] = (kind, impl)
+        return impl
+
+    return register
+
+
+def code(name: str) -> int:
+    """NVML_ERROR_<name> as an int."""
+    return int(getattr(pynvml, f"NVML_ERROR_{name}"))
+
+
+class Fail(Exception):
+    """Raised inside a symbol implementation to return an NVML error code."""
+
+    def __init__(self, nvml_code: int) -> None:
+        super().__init__(nvml_code)
+        self.code = nvml_code
+
+
+def val(arg: Any) -> Any:
+    """The Python value of a by-value ctypes argument (c_uint(3) -> 3)."""
+    return getattr(arg, "value", arg)
+
+
+def address(pointer: Any) -> int:
+    """The address an opaque handle pointer holds (0 for NULL)."""
+    return ctypes.cast(pointer, ctypes.c_void_p).value or 0
+
+
+def set_pointer(ref: Any, value: int) -> None:
+    """Write a handle into an out-parameter passed as byref(handle)."""
+    ctypes.c_void_p.from_buffer(ref._obj).value = value
+
+
+def _out(ref: Any, value: Any) -> None:
+    ref._obj.value = value
+
+
+def _put_str(buffer: Any, size: Any, text: str) -> None:
+    raw = text.encode()
+    if len(raw) + 1 > val(size):
+        raise Fail(code("INSUFFICIENT_SIZE"))
+    buffer.value = raw
+
+
+def bus_key(bus_id: str) -> tuple[int, int, int, int] | None:
+    """(domain, bus, device, function) of `0000:18:00.0` or `00000000:18:00.0`."""
+    m = re.fullmatch(r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])",
+                     bus_id.strip())
+    if m is None:
+        return None
+    domain, bus, device, function = m.groups()
+    return int(domain or "0", 16), int(bus, 16), int(device, 16), int(function)
+
+
+def _text(arg: Any) -> str:
+    return (val(arg) or b"").decode(errors="replace")
+
+
+# -- library life cycle and strings ------------------------------------------------
+
+@symbol("nvmlInitWithFlags", "raw")
+@symbol("nvmlInit_v2", "raw")
+def _init(lib: FakeNvmlLibrary, *_flags: Any) -> int:
+    if not lib.driver_present:
+        return code("LIBRARY_NOT_FOUND")  # what pynvml raises when dlopen fails
+    lib.raise_injected("nvmlInitWithFlags", None)
+    lib.raise_injected("nvmlInit", None)
+    lib.refcount += 1
+    return SUCCESS
+
+
+@symbol("nvmlShutdown", "raw")
+def _shutdown(lib: FakeNvmlLibrary) -> int:
+    if lib.refcount == 0:
+        return code("UNINITIALIZED")
+    lib.refcount -= 1
+    if lib.refcount == 0:
+        lib.event_sets.clear()
+    return SUCCESS
+
+
+@symbol("nvmlErrorString", "raw")
+def _error_string(_lib: FakeNvmlLibrary, result: Any) -> bytes:
+    return str(pynvml.NVMLError._errcode_to_string.get(val(result), "Unknown Error")).encode()
+
+
+# -- system ------------------------------------------------------------------------
+
+@symbol("nvmlSystemGetDriverVersion", "system")
+def _driver_version(lib: FakeNvmlLibrary, buf: Any, size: Any) -> None:
+    _put_str(buf, size, lib.spec.driver_version)
+
+
+@symbol("nvmlSystemGetNVMLVersion", "system")
+def _nvml_version(lib: FakeNvmlLibrary, buf: Any, size: Any) -> None:
+    # NVML reports "<CUDA major>.<driver version>", e.g. 13.580.65.06.
+    _put_str(buf, size, f"{lib.spec.cuda_driver_version // 1000}.{lib.spec.driver_version}")
+
+
+@symbol("nvmlSystemGetCudaDriverVersion", "system")
+@symbol("nvmlSystemGetCudaDriverVersion_v2", "system")
+def _cuda_version(lib: FakeNvmlLibrary, out: Any) -> None:
+    _out(out, lib.spec.cuda_driver_version)
+
+
+@symbol("nvmlDeviceGetCount_v2", "system")
+def _count(lib: FakeNvmlLibrary, out: Any) -> None:
+    _out(out, len(lib.enumerated()))
+
+
+# -- handle lookups ----------------------------------------------------------------
+
+@symbol("nvmlDeviceGetHandleByIndex_v2", "lookup")
+def _by_index(lib: FakeNvmlLibrary, index: Any, out: Any) -> int:
+    gpus = lib.enumerated()
+    if not 0 <= val(index) < len(gpus):
+        return code("INVALID_ARGUMENT")
+    return lib.found("nvmlDeviceGetHandleByIndex_v2", gpus[val(index)], out)
+
+
+@symbol("nvmlDeviceGetHandleByUUID", "lookup")
+def _by_uuid(lib: FakeNvmlLibrary, uuid: Any, out: Any) -> int:
+    wanted = _text(uuid)
+    match = next((s for s in lib.enumerated() if s.uuid == wanted), None)
+    return lib.found("nvmlDeviceGetHandleByUUID", match, out)
+
+
+@symbol("nvmlDeviceGetHandleByPciBusId_v2", "lookup")
+def _by_bus_id(lib: FakeNvmlLibrary, bus_id: Any, out: Any) -> int:
+    wanted = bus_key(_text(bus_id))
+    if wanted is None:
+        return code("INVALID_ARGUMENT")
+    match = next((s for s in lib.enumerated() if bus_key(s.pci_bus_id) == wanted), None)
+    return lib.found("nvmlDeviceGetHandleByPciBusId_v2", match, out)
+
+
+# -- identity ----------------------------------------------------------------------
+
+@symbol("nvmlDeviceGetName")
+def _name(_lib: FakeNvmlLibrary, gpu: GpuState, buf: Any, size: Any) -> None:
+    _put_str(buf, size, gpu.model)
+
+
+@symbol("nvmlDeviceGetUUID")
+def _uuid(_lib: FakeNvmlLibrary, gpu: GpuState, buf: Any, size: Any) -> None:
+    _put_str(buf, size, gpu.uuid)
+
+
+@symbol("nvmlDeviceGetPciInfo_v3")
+def _pci_info(_lib: FakeNvmlLibrary, gpu: GpuState, out: Any) -> None:
+    info = out._obj
+    domain, bus, device, _function = bus_key(gpu.pci_bus_id) or (0, 0, 0, 0)
+    info.busId = info.busIdLegacy = gpu.pci_bus_id.encode()
+    info.domain, info.bus, info.device = domain, bus, device
+    info.pciDeviceId = 0x233010DE  # H100 SXM5: device 0x2330, vendor NVIDIA 0x10DE
+    info.pciSubSystemId = 0x16C110DE
+
+
+@symbol("nvmlDeviceGetMinorNumber")
+def _minor(_lib: FakeNvmlLibrary, gpu: GpuState, out: Any) -> None:
+    _out(out, gpu.index)
+
+
+@symbol("nvmlDeviceGetIndex")
+def _index(lib: FakeNvmlLibrary, gpu: GpuState, out: Any) -> None:
+    _out(out, [s.index for s in lib.enumerated()].index(gpu.index))
+
+
+@symbol("nvmlDeviceGetMigMode")
+def _mig(_lib: FakeNvmlLibrary, gpu: GpuState, current: Any, pending: Any) -> int:
+    if not gpu.mig_capable:
+        return code("NOT_SUPPORTED")
+    _out(current, int(gpu.mig))
+    _out(pending, int(gpu.mig))
+    return SUCCESS
+
+
+@symbol("nvmlDeviceGetMemoryInfo")
+@symbol("nvmlDeviceGetMemoryInfo_v2")
+def _memory(_lib: FakeNvmlLibrary, gpu: GpuState, out: Any) -> None:
+    memory = out._obj
+    total = gpu.memory_mib * 1024 * 1024
+    used = 512 * 1024 * 1024  # driver reservations on an idle GPU
+    memory.total, memory.used, memory.free = total, used, total - used
+
+
+# -- health ------------------------------------------------------------------------
+
+@symbol("nvmlDeviceGetRemappedRows")
+def _remapped(_lib: FakeNvmlLibrary, gpu: GpuState, corr: Any, unc: Any, pending: Any,
+              failure: Any) -> None:
+    rows = gpu.remapped
+    _out(corr, rows.correctable)
+    _out(unc, rows.uncorrectable)
+    _out(pending, int(rows.pending))
+    _out(failure, int(rows.failure))
+
+
+@symbol("nvmlDeviceGetCurrentClocksEventReasons")
+@symbol("nvmlDeviceGetCurrentClocksThrottleReasons")
+def _clock_reasons(_lib: FakeNvmlLibrary, gpu: GpuState, out: Any) -> None:
+    _out(out, gpu.clock_reasons)
+
+
+@symbol("nvmlDeviceGetSupportedClocksEventReasons")
+@symbol("nvmlDeviceGetSupportedClocksThrottleReasons")
+def _supported_reasons(_lib: FakeNvmlLibrary, _gpu: GpuState, out: Any) -> None:
+    _out(out, SUPPORTED_CLOCK_REASONS)
+
+
+@symbol("nvmlDeviceGetPowerUsage")
+def _power_usage(_lib: FakeNvmlLibrary, gpu: GpuState, out: Any) -> None:
+    _out(out, round(gpu.power.usage_w * 1000))
+
+
+@symbol("nvmlDeviceGetPowerManagementLimit")
+@symbol("nvmlDeviceGetEnforcedPowerLimit")
+def _power_limit(_lib: FakeNvmlLibrary, gpu: GpuState, out: Any) -> None:
+    _out(out, round(gpu.power.limit_w * 1000))
+
+
+@symbol("nvmlDeviceGetCurrPcieLinkGeneration")
+def _pcie_gen(_lib: FakeNvmlLibrary, gpu: GpuState, out: Any) -> None:
+    _out(out, gpu.pcie_gen)
+
+
+@symbol("nvmlDeviceGetCurrPcieLinkWidth")
+def _pcie_width(_lib: FakeNvmlLibrary, gpu: GpuState, out: Any) -> None:
+    _out(out, gpu.pcie_width)
+
+
+@symbol("nvmlDeviceGetMaxPcieLinkGeneration")
+@symbol("nvmlDeviceGetGpuMaxPcieLinkGeneration")
+def _pcie_max_gen(_lib: FakeNvmlLibrary, gpu: GpuState, out: Any) -> None:
+    _out(out, gpu.pcie_max_gen)
+
+
+@symbol("nvmlDeviceGetMaxPcieLinkWidth")
+def _pcie_max_width(_lib: FakeNvmlLibrary, gpu: GpuState, out: Any) -> None:
+    _out(out, gpu.pcie_max_width)
+
+
+@symbol("nvmlDeviceGetPcieReplayCounter")
+def _pcie_replays(_lib: FakeNvmlLibrary, gpu: GpuState, out: Any) -> None:
+    _out(out, gpu.pcie_replays)
+
+
+@symbol("nvmlDeviceGetEccMode")
+def _ecc_mode(_lib: FakeNvmlLibrary, gpu: GpuState, current: Any, pending: Any) -> None:
+    _out(current, int(gpu.ecc_enabled))
+    _out(pending, int(gpu.ecc_enabled))
+
+
+@symbol("nvmlDeviceGetTotalEccErrors")
+def _ecc_total(_lib: FakeNvmlLibrary, gpu: GpuState, error_type: Any, _counter: Any,
+               out: Any) -> int:
+    if not gpu.ecc_enabled:
+        return code("NOT_SUPPORTED")
+    kind = val(error_type)
+    if kind not in (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                    pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED):
+        return code("INVALID_ARGUMENT")
+    # The spec describes volatile counts; aggregate (lifetime) counts include them.
+    corrected = kind == pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
+    _out(out, gpu.ecc.corrected_volatile if corrected else gpu.ecc.uncorrected_volatile)
+    return SUCCESS
+
+
+@symbol("nvmlDeviceGetRetiredPagesPendingStatus")
+def _pages_pending(_lib: FakeNvmlLibrary, gpu: GpuState, out: Any) -> int:
+    if not gpu.page_retirement:
+        return code("NOT_SUPPORTED")  # Ampere and later remap rows instead
+    _out(out, int(gpu.ecc.retired_pages_pending))
+    return SUCCESS
+
+
+@symbol("nvmlDeviceGetNvLinkState")
+def _nvlink_state(_lib: FakeNvmlLibrary, gpu: GpuState, link: Any, out: Any) -> int:
+    if gpu.nvlink_count == 0:
+        return code("NOT_SUPPORTED")
+    if not 0 <= val(link) < gpu.nvlink_count:
+        return code("INVALID_ARGUMENT")
+    _out(out, int(val(link) not in gpu.nvlinks_down))
+    return SUCCESS
+
+
+# -- events ------------------------------------------------------------------------
+
+@symbol("nvmlDeviceGetSupportedEventTypes")
+def _event_types(_lib: FakeNvmlLibrary, _gpu: GpuState, out: Any) -> None:
+    _out(out, SUPPORTED_EVENT_TYPES)
+
+
+@symbol("nvmlDeviceRegisterEvents")
+def _register(lib: FakeNvmlLibrary, gpu: GpuState, types: Any, handle: Any) -> int:
+    mask = val(types)
+    if mask & ~SUPPORTED_EVENT_TYPES:
+        return code("NOT_SUPPORTED")
+    lib.event_set(handle).register(gpu.index, mask)
+    return SUCCESS
+
+
+@symbol("nvmlEventSetCreate", "system")
+def _set_create(lib: FakeNvmlLibrary, out: Any) -> None:
+    event_set = EventSet(lib.new_event_set_handle())
+    lib.event_sets[event_set.handle] = event_set
+    set_pointer(out, event_set.handle)
+
+
+@symbol("nvmlEventSetFree", "system")
+def _set_free(lib: FakeNvmlLibrary, handle: Any) -> None:
+    lib.event_sets.pop(lib.event_set(handle).handle)
+    lib.wake()
+
+
+@symbol("nvmlEventSetWait_v2", "system")
+def _set_wait(lib: FakeNvmlLibrary, handle: Any, data_ref: Any, timeout_ms: Any) -> int:
+    event = lib.wait_event(handle, max(0, val(timeout_ms)) / 1000)
+    if event is None:
+        return code("TIMEOUT")
+    data = data_ref._obj
+    data.device = ctypes.cast(ctypes.c_void_p(lib.handle_of(event.gpu)), pynvml.c_nvmlDevice_t)
+    data.eventType = event.event_type
+    data.eventData = event.data
+    data.gpuInstanceId = data.computeInstanceId = 0xFFFFFFFF  # not a MIG instance
+    return SUCCESS

@@ -1,0 +1,109 @@
+"""NvmlGpuSource, the async GpuSource, over the fake NVML library:
+
+- one read per round, shared by concurrent callers; `new_round()` reads again;
+- XIDs: a scheduled XID arrives within the window with the right GPU index and
+  UUID; XIDs queued between windows are not lost; `watch_xids()` streams them and
+  every XID reaches both kinds of consumer;
+- no driver: empty XID windows and a driver error, no crash;
+- cancelling a long XID window returns promptly (short waits in a loop).
+"""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import pytest
+
+from checks.nvml import NvmlGpuSource, RemappedRows, XidEvent
+from healthd.sim.fakenvml import install
+from healthd.sim.machine import GpuFault, load_machine_spec
+from tests.sim.conftest import Machine
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_one_read_per_round(machine: Machine) -> None:
+    fake = machine(init=False, gpus={"count": 2})
+    source = NvmlGpuSource()
+    first, second = [], []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: _append(source, first))
+        tg.start_soon(lambda: _append(source, second))
+    assert first[0] is second[0]
+    assert fake.library.calls["nvmlDeviceGetCount_v2"] == 1  # concurrent callers shared it
+    fake.inject(GpuFault(gpu=1, remapped_rows={"failure": True}))  # type: ignore[arg-type]
+    assert (await source.snapshot()).gpus[1].remapped == first[0].gpus[1].remapped  # cached
+    source.new_round()
+    remapped = (await source.snapshot()).gpus[1].remapped
+    assert remapped.value == RemappedRows(0, 0, False, True)  # type: ignore[union-attr]
+    await source.aclose()
+
+
+async def _append(source: NvmlGpuSource, into: list[object]) -> None:
+    into.append(await source.snapshot())
+
+
+async def test_scheduled_xid_arrives_within_the_window() -> None:
+    spec = load_machine_spec("xid79")  # XID 79 on GPU 5 at 0.2 s
+    with install(spec):
+        source = NvmlGpuSource(poll_ms=50)
+        started = time.monotonic()
+        events = await source.xid_events(1.0)
+        waited = time.monotonic() - started
+        await source.aclose()
+    assert [(e.xid, e.gpu_index, e.uuid) for e in events] == [(79, 5, spec.uuid(5))]
+    assert 0.9 < waited < 5  # the whole window, give or take a loose bound
+
+
+async def test_xids_between_windows_are_kept(machine: Machine) -> None:
+    fake = machine(init=False, gpus={"count": 3})
+    source = NvmlGpuSource(poll_ms=20)
+    assert await source.xid_events(0) == []  # registers for XIDs on every GPU
+    fake.emit_xid(2, 94)
+    fake.emit_xid(0, 31)
+    events = await source.xid_events(0)
+    assert [(e.xid, e.gpu_index, e.uuid) for e in events] == [
+        (94, 2, fake.spec.uuid(2)), (31, 0, fake.spec.uuid(0))]
+    assert await source.xid_events(0) == []  # each XID is returned once
+    await source.aclose()
+
+
+async def test_watch_and_windows_both_see_every_xid(machine: Machine) -> None:
+    fake = machine(init=False, gpus={"count": 2})
+    source = NvmlGpuSource(poll_ms=20)
+    await source.xid_events(0)
+    watched: list[XidEvent] = []
+
+    async def watch() -> None:
+        async for event in source.watch_xids():
+            watched.append(event)
+            return
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            await anyio.sleep(0.05)
+            fake.emit_xid(1, 79)
+    assert [(e.xid, e.gpu_index) for e in watched] == [(79, 1)]
+    assert [(e.xid, e.gpu_index) for e in await source.xid_events(0)] == [(79, 1)]
+    await source.aclose()
+
+
+async def test_no_driver_gives_empty_windows(machine: Machine) -> None:
+    machine(init=False, driver_present=False)
+    source = NvmlGpuSource(poll_ms=20)
+    with anyio.fail_after(5):
+        assert await source.xid_events(0.1) == []
+    assert (await source.snapshot()).driver_error == "NVIDIA driver not found"
+    await source.aclose()
+
+
+async def test_cancelled_window_returns_promptly(machine: Machine) -> None:
+    machine(init=False, gpus={"count": 1})
+    source = NvmlGpuSource(poll_ms=100)
+    started = time.monotonic()
+    with anyio.move_on_after(0.1):
+        await source.xid_events(30)
+    assert time.monotonic() - started < 2  # at most one short NVML wait after cancel
+    await source.aclose()
