@@ -1,0 +1,87 @@
+"""The simulated bandwidth measurement: what the pciebw check measures on a machine
+described by a spec, in place of the CUDA driver.
+
+`SimBandwidthProbe` implements `checks.pciebw.BandwidthProbe`. Per GPU, per
+direction, the reported GB/s is, in order of precedence:
+
+1. the last active fault's `pcie_bandwidth_gbps` for that direction;
+2. the spec's `gpus.pcie_bandwidth_gbps` for that direction;
+3. 85% of what the GPU's CURRENT link carries (after any active `pcie` link fault),
+   which is what healthy hardware achieves with pinned copies.
+
+Faults are active between `at` and `until` seconds after the machine starts (the
+rules live in healthd.sim.gpustate). A GPU that is lost or missing, or a machine
+whose driver is absent, fails the way the CUDA driver would, with the same messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from checks.cuda import CUDA_NOT_FOUND, CudaError, parse_bus_id
+from checks.pciebw import Bandwidth, ProbeError, ProbeUnavailable, link_rate_gbps
+from healthd.sim.fakenvml import Clock, monotonic_clock
+from healthd.sim.gpustate import GpuState, gpu_state, is_active
+from healthd.sim.machine import GpuFault, MachineSpec
+
+HEALTHY_EFFICIENCY = 0.85
+_CUDA_ERROR_UNKNOWN = 999  # what CUDA answers for a GPU that fell off the bus
+
+
+class SimBandwidthProbe:
+    """Bandwidth as the machine spec says, at the time `clock` gives.
+
+    `clock` returns seconds since the machine started (share the fake NVML library's
+    clock so both see the same faults); None counts from the moment the probe is made.
+    `faults(gpu)` lists the faults on a GPU, for a machine whose faults change while
+    it runs; by default, the spec's."""
+
+    def __init__(
+        self,
+        spec: MachineSpec,
+        clock: Clock | None = None,
+        *,
+        faults: Callable[[int], Sequence[GpuFault]] | None = None,
+    ) -> None:
+        self.spec = spec
+        self._clock = clock or monotonic_clock()
+        self._faults = faults or spec.faults_for
+
+    def measure(self, pci_bus_id: str, size_bytes: int, iterations: int) -> Bandwidth:
+        if not self.spec.driver_present:
+            raise ProbeUnavailable(CUDA_NOT_FOUND)
+        if size_bytes <= 0 or iterations <= 0:
+            raise ProbeError(f"nothing to copy: {size_bytes} bytes x {iterations}")
+        t = self._clock()
+        index = self._index(pci_bus_id)
+        faults = self._faults(index)
+        state = gpu_state(self.spec, faults, index, t)
+        _fail_like_cuda(state)
+        return self._bandwidth(state, faults, t)
+
+    def _index(self, pci_bus_id: str) -> int:
+        wanted = parse_bus_id(pci_bus_id)
+        for index in range(self.spec.gpus.count):
+            if wanted is not None and parse_bus_id(self.spec.pci_bus_id(index)) == wanted:
+                return index
+        raise ProbeError(f"no CUDA device at PCI bus id {pci_bus_id}")
+
+    def _bandwidth(self, state: GpuState, faults: Sequence[GpuFault], t: float) -> Bandwidth:
+        h2d, d2h = self.spec.gpus.pcie_bandwidth_gbps.h2d, self.spec.gpus.pcie_bandwidth_gbps.d2h
+        for fault in faults:  # the last active fault listed wins, direction by direction
+            if fault.pcie_bandwidth_gbps is not None and is_active(fault, t):
+                h2d = fault.pcie_bandwidth_gbps.h2d or h2d
+                d2h = fault.pcie_bandwidth_gbps.d2h or d2h
+        healthy = HEALTHY_EFFICIENCY * link_rate_gbps(state.pcie_gen, state.pcie_width)
+        return Bandwidth(h2d or healthy, d2h or healthy)
+
+
+def _fail_like_cuda(state: GpuState) -> None:
+    """Raise what the CUDA driver would for a GPU that cannot be measured."""
+    if state.missing:
+        raise ProbeError(f"no CUDA device at PCI bus id {state.pci_bus_id}")
+    if state.lost:
+        lost = CudaError.from_result("cuDevicePrimaryCtxRetain", _CUDA_ERROR_UNKNOWN)
+        raise ProbeError(str(lost))
+    if state.mig:
+        raise ProbeError("MIG enabled: the whole GPU cannot be measured")
