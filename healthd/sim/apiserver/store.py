@@ -1,0 +1,360 @@
+"""The object store: objects, the global resourceVersion and the event history.
+
+The store owns every rule about how an object changes: what create fills in, what an
+update may not touch (system metadata; `.status` through the main resource and
+everything but `.status` through `/status`), optimistic concurrency on
+`metadata.resourceVersion`, finalizers, and the bounded history that watches replay
+from. It is synchronous and guarded by one lock, so tests may call it from any
+thread; watchers on the event loop are woken through `call_soon_threadsafe`.
+
+Objects are kept in the storage shape (see `resources`) without apiVersion/kind;
+callers pass and receive the shape of the resource version they speak.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import random
+import threading
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from healthd.sim.apiserver.errors import ApiError
+from healthd.sim.apiserver.patching import apply_patch
+from healthd.sim.apiserver.resources import (
+    RESOURCES,
+    Obj,
+    ResourceType,
+    from_version,
+    to_version,
+)
+from healthd.sim.apiserver.selectors import Selector
+
+_SYSTEM_METADATA = ("uid", "creationTimestamp", "deletionTimestamp",
+                    "deletionGracePeriodSeconds", "generation", "namespace", "name")
+_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # the real server's generateName alphabet
+
+Key = tuple[str, str]  # (namespace or "", name)
+
+
+def now_text() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _meta(obj: Obj) -> Obj:
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        meta = obj["metadata"] = {}
+    return meta
+
+
+def render(obj: Obj, rt: ResourceType) -> Obj:
+    """A copy of a stored object as `rt` serves it."""
+    return to_version(copy.deepcopy(obj), rt)
+
+
+@dataclass
+class StoreEvent:
+    """One change: the state after it (for DELETED, the last state) and before it."""
+
+    type: str
+    rv: int
+    storage: str
+    obj: Obj
+    prev: Obj | None = None
+
+
+class Expired(Exception):
+    """A watch asked for a resourceVersion older than the history holds."""
+
+
+@dataclass(eq=False)
+class Subscription:
+    """A live watch: raw store events for one storage, delivered on one loop."""
+
+    storage: str
+    loop: asyncio.AbstractEventLoop
+    start_rv: int
+    queue: asyncio.Queue[StoreEvent | None] = field(default_factory=asyncio.Queue)
+
+    def push(self, event: StoreEvent | None) -> None:
+        # RuntimeError: the loop is closed, nobody is listening any more.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+
+
+class Store:
+    """All objects of every resource, one resourceVersion counter, one history."""
+
+    def __init__(self, history_limit: int = 1000) -> None:
+        self._lock = threading.RLock()
+        self._objects: dict[str, dict[Key, Obj]] = {}
+        self._rv = 0
+        self._history: deque[StoreEvent] = deque()
+        self._history_limit = history_limit
+        self._floor = 0  # every event with rv > floor is still in the history
+        self._subs: set[Subscription] = set()
+
+    @property
+    def resource_version(self) -> int:
+        with self._lock:
+            return self._rv
+
+    # -- reads ---------------------------------------------------------------------
+
+    def _bucket(self, rt: ResourceType) -> dict[Key, Obj]:
+        return self._objects.setdefault(rt.storage_key, {})
+
+    def _current(self, rt: ResourceType, namespace: str, name: str) -> Obj:
+        obj = self._bucket(rt).get((namespace if rt.namespaced else "", name))
+        if obj is None:
+            raise ApiError.not_found(rt.plural, name, rt.group)
+        return obj
+
+    def get(self, rt: ResourceType, namespace: str, name: str) -> Obj:
+        with self._lock:
+            return render(self._current(rt, namespace, name), rt)
+
+    def list(self, rt: ResourceType, namespace: str | None,
+             selector: Selector | None = None) -> tuple[list[Obj], int]:
+        """Matching objects as `rt` serves them (sorted by namespace/name), and the rv."""
+        with self._lock:
+            items = [render(obj, rt) for key, obj in sorted(self._bucket(rt).items())
+                     if namespace is None or key[0] == namespace]
+            return [o for o in items if selector is None or selector.matches(o)], self._rv
+
+    # -- the one write path --------------------------------------------------------
+
+    def _commit(self, rt: ResourceType, kind: str, obj: Obj, prev: Obj | None) -> Obj:
+        self._rv += 1
+        _meta(obj)["resourceVersion"] = str(self._rv)
+        meta = obj["metadata"]
+        key = (meta.get("namespace", "") if rt.namespaced else "", meta["name"])
+        if kind == "DELETED":
+            self._bucket(rt).pop(key, None)
+        else:
+            self._bucket(rt)[key] = obj
+        event = StoreEvent(kind, self._rv, rt.storage_key, copy.deepcopy(obj),
+                           copy.deepcopy(prev))
+        if len(self._history) >= self._history_limit:
+            self._floor = self._history.popleft().rv
+        self._history.append(event)
+        for sub in list(self._subs):
+            if sub.storage == event.storage:
+                sub.push(event)
+        return copy.deepcopy(obj)
+
+    # -- create --------------------------------------------------------------------
+
+    def _name_for(self, rt: ResourceType, namespace: str, meta: Obj) -> str:
+        if meta.get("name"):
+            return str(meta["name"])
+        prefix = meta.get("generateName")
+        if not prefix:
+            raise ApiError.invalid(f"{rt.kind} is invalid: metadata.name: Required value: "
+                                   "name or generateName is required")
+        for _ in range(100):
+            name = prefix + "".join(random.choices(_NAME_ALPHABET, k=5))
+            if (namespace, name) not in self._bucket(rt):
+                return name
+        raise ApiError(500, "could not generate a unique name")
+
+    def create(self, rt: ResourceType, namespace: str, body: Obj) -> Obj:
+        """POST: fills in uid, timestamps, generation, name from generateName."""
+        obj = from_version(copy.deepcopy(body), rt)
+        meta = _meta(obj)
+        namespace = namespace if rt.namespaced else ""
+        if rt.namespaced and meta.get("namespace") not in (None, "", namespace):
+            raise ApiError.bad_request("the namespace of the provided object does not match "
+                                       "the namespace sent on the request")
+        if meta.get("resourceVersion"):
+            raise ApiError(500, "resourceVersion should not be set on objects to be created")
+        with self._lock:
+            meta["name"] = self._name_for(rt, namespace, meta)
+            if (namespace, meta["name"]) in self._bucket(rt):
+                raise ApiError.already_exists(rt.plural, meta["name"], rt.group)
+            for key in ("deletionTimestamp", "deletionGracePeriodSeconds"):
+                meta.pop(key, None)
+            self._fill_new_metadata(meta, namespace if rt.namespaced else None)
+            if rt.status and not rt.keeps_status_on_create:
+                obj.pop("status", None)
+                if rt.initial_status is not None:
+                    obj["status"] = copy.deepcopy(rt.initial_status)
+            return render(self._commit(rt, "ADDED", obj, None), rt)
+
+    @staticmethod
+    def _fill_new_metadata(meta: Obj, namespace: str | None) -> None:
+        meta["uid"] = meta.get("uid") or str(uuid.uuid4())
+        meta["creationTimestamp"] = meta.get("creationTimestamp") or now_text()
+        meta.setdefault("generation", 1)
+        if namespace is not None:
+            meta["namespace"] = namespace
+        else:
+            meta.pop("namespace", None)
+
+    # -- update (PUT and PATCH) ----------------------------------------------------
+
+    def replace(self, rt: ResourceType, namespace: str, name: str, body: Obj, *,
+                subresource: str = "") -> Obj:
+        """PUT on the object or on its `/status`."""
+        with self._lock:
+            old = self._current(rt, namespace, name)
+            return self._update(rt, old, from_version(copy.deepcopy(body), rt), subresource)
+
+    def patch(self, rt: ResourceType, namespace: str, name: str, content_type: str,
+              patch: object, *, subresource: str = "") -> Obj:
+        """PATCH on the object or on its `/status`, in any of the supported flavours."""
+        with self._lock:
+            old = self._current(rt, namespace, name)
+            patched = apply_patch(render(old, rt), content_type, patch, custom=rt.is_custom)
+            return self._update(rt, old, from_version(patched, rt), subresource)
+
+    def _update(self, rt: ResourceType, old: Obj, new: Obj, subresource: str) -> Obj:
+        old_meta, new_meta = old["metadata"], _meta(new)
+        if new_meta.get("name") not in (None, old_meta["name"]):
+            raise ApiError.bad_request("the name of the object does not match the name on "
+                                       "the URL")
+        sent_rv = new_meta.get("resourceVersion")
+        if sent_rv and str(sent_rv) != old_meta["resourceVersion"]:
+            raise ApiError.conflict(rt.plural, old_meta["name"], rt.group)
+        if subresource == "status":
+            new = self._only_status(old, new)
+        else:
+            self._keep_system_fields(rt, old, new)
+        new["metadata"]["resourceVersion"] = old_meta["resourceVersion"]
+        if new == old:  # the real server skips writes that change nothing
+            return render(old, rt)
+        if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+            return render(self._commit(rt, "DELETED", new, old), rt)
+        return render(self._commit(rt, "MODIFIED", new, old), rt)
+
+    @staticmethod
+    def _only_status(old: Obj, new: Obj) -> Obj:
+        out = copy.deepcopy(old)
+        if "status" in new:
+            out["status"] = new["status"]
+        else:
+            out.pop("status", None)
+        return out
+
+    @staticmethod
+    def _keep_system_fields(rt: ResourceType, old: Obj, new: Obj) -> None:
+        new_meta = new["metadata"]
+        for key in _SYSTEM_METADATA:
+            if key in old["metadata"]:
+                new_meta[key] = old["metadata"][key]
+            else:
+                new_meta.pop(key, None)
+        if rt.status:
+            if "status" in old:
+                new["status"] = copy.deepcopy(old["status"])
+            else:
+                new.pop("status", None)
+        body_of = {k: v for k, v in new.items() if k not in ("metadata", "status")}
+        if body_of != {k: v for k, v in old.items() if k not in ("metadata", "status")}:
+            new_meta["generation"] = int(old["metadata"].get("generation", 1)) + 1
+
+    # -- delete --------------------------------------------------------------------
+
+    def delete(self, rt: ResourceType, namespace: str, name: str,
+               preconditions: Obj | None = None) -> tuple[Obj, bool]:
+        """DELETE: (the object, whether it is gone). Finalizers postpone the removal."""
+        with self._lock:
+            old = self._current(rt, namespace, name)
+            self._check_preconditions(rt, old, preconditions or {})
+            if rt.kind == "Namespace" and not rt.namespaced:
+                self._empty_namespace(name)
+            if old["metadata"].get("finalizers"):
+                if old["metadata"].get("deletionTimestamp"):
+                    return render(old, rt), False
+                new = copy.deepcopy(old)
+                new["metadata"]["deletionTimestamp"] = now_text()
+                new["metadata"]["deletionGracePeriodSeconds"] = 0
+                return render(self._commit(rt, "MODIFIED", new, old), rt), False
+            return render(self._commit(rt, "DELETED", copy.deepcopy(old), old), rt), True
+
+    @staticmethod
+    def _check_preconditions(rt: ResourceType, old: Obj, pre: Obj) -> None:
+        meta = old["metadata"]
+        for key in ("uid", "resourceVersion"):
+            if pre.get(key) and str(pre[key]) != meta.get(key):
+                raise ApiError(409, f"Precondition failed: {key}: {pre[key]}, object has "
+                               f"{meta.get(key)}", "Conflict",
+                               {"name": meta["name"], "group": rt.group, "kind": rt.plural})
+
+    def _empty_namespace(self, namespace: str) -> None:
+        seen: set[str] = set()
+        for rt in RESOURCES:
+            if not rt.namespaced or rt.storage_key in seen:
+                continue
+            seen.add(rt.storage_key)
+            for key in [k for k in self._bucket(rt) if k[0] == namespace]:
+                self.delete(rt, namespace, key[1])
+
+    # -- direct access for tests ---------------------------------------------------
+
+    def put(self, rt: ResourceType, body: Obj) -> Obj:
+        """Create or overwrite an object as given, status included (no API rules)."""
+        obj = from_version(copy.deepcopy(body), rt)
+        meta = _meta(obj)
+        namespace = (meta.get("namespace") or "default") if rt.namespaced else ""
+        with self._lock:
+            meta["name"] = self._name_for(rt, namespace, meta)
+            old = self._bucket(rt).get((namespace, meta["name"]))
+            if old is not None:
+                for key in ("uid", "creationTimestamp"):
+                    meta.setdefault(key, old["metadata"].get(key))
+            self._fill_new_metadata(meta, namespace if rt.namespaced else None)
+            kind = "ADDED" if old is None else "MODIFIED"
+            return render(self._commit(rt, kind, obj, old), rt)
+
+    def remove(self, rt: ResourceType, namespace: str, name: str) -> None:
+        """Remove an object at once, finalizers or not (a DELETED event still goes out)."""
+        with self._lock:
+            old = self._current(rt, namespace, name)
+            self._commit(rt, "DELETED", copy.deepcopy(old), old)
+
+    def compact(self) -> None:
+        """Forget the history, like etcd compaction: older watches get 410 Expired."""
+        with self._lock:
+            self._history.clear()
+            self._floor = self._rv
+
+    # -- watch ---------------------------------------------------------------------
+
+    def subscribe(self, rt: ResourceType, namespace: str | None, since: str | None,
+                  loop: asyncio.AbstractEventLoop) -> tuple[Subscription, list[StoreEvent]]:
+        """Register a watcher; return it with the events it must see first."""
+        with self._lock:
+            if since in (None, "", "0"):
+                initial = [StoreEvent("ADDED", int(o["metadata"]["resourceVersion"]),
+                                      rt.storage_key, copy.deepcopy(o))
+                           for key, o in sorted(self._bucket(rt).items())
+                           if namespace is None or key[0] == namespace]
+            else:
+                try:
+                    start = int(str(since))
+                except ValueError as exc:
+                    raise ApiError.bad_request(f"invalid resourceVersion {since!r}") from exc
+                if start < self._floor:
+                    raise Expired(f"too old resource version: {start} ({self._floor})")
+                initial = [e for e in self._history
+                           if e.rv > start and e.storage == rt.storage_key]
+            sub = Subscription(rt.storage_key, loop, self._rv)
+            self._subs.add(sub)
+            return sub, initial
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        with self._lock:
+            self._subs.discard(sub)
+
+    def drop_watches(self) -> None:
+        """End every open watch (the server is going away)."""
+        with self._lock:
+            subs, self._subs = self._subs, set()
+        for sub in subs:
+            sub.push(None)
