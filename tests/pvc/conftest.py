@@ -1,0 +1,54 @@
+"""Fixtures for the `pvc` check: an emulated API server with storage classes, a client
+for the check, and a way to run the check the way the agent does."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kubernetes.aio import client
+
+from checks.base import CheckContext, CheckResult, run_check
+from checks.catalog import Catalog
+from checks.pvc import PvcCheck
+from healthd.sim.apiserver import ApiEmulator
+from healthd.sim.apiserver.testing import api  # noqa: F401 - the emulator fixture
+
+NODE = "gpu-node-1"
+NAMESPACE = "healthd-system"
+
+
+def storage_class(name: str, *, binding: str = "Immediate", reclaim: str = "Delete") -> dict:
+    return {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {"name": name},
+        "provisioner": "fake.csi.healthd.io",
+        "volumeBindingMode": binding,
+        "reclaimPolicy": reclaim,
+    }
+
+
+@pytest.fixture
+async def kube(api: ApiEmulator) -> AsyncIterator[client.ApiClient]:  # noqa: F811
+    """The check's client: the real `kubernetes.aio` ApiClient over HTTP."""
+    api.seed(
+        storage_class("fast"),
+        storage_class("slow"),
+        storage_class("local", binding="WaitForFirstConsumer"),
+        storage_class("archive", reclaim="Retain"),
+    )
+    async with api.async_client() as api_client:
+        yield api_client
+
+
+@pytest.fixture
+def context(kube: client.ApiClient) -> CheckContext:
+    return CheckContext(catalog=Catalog(), node_name=NODE, kube=kube, namespace=NAMESPACE)
+
+
+async def run_pvc(ctx: CheckContext, **params: Any) -> CheckResult:
+    """One run of the check with short test timeouts, as the agent's runner runs it."""
+    params.setdefault("bind_timeout_s", 0.5)
+    return await run_check(PvcCheck(params), ctx, timeout_s=10)
