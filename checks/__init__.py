@@ -8,11 +8,15 @@ output and of the default (`all`) set.
 from __future__ import annotations
 
 from checks.base import Check
+from checks.dcgm import DcgmCheck
 from checks.ecc import EccCheck
 from checks.gpus import GpusCheck
 from checks.nvlink import NvlinkCheck
 from checks.pcie import PcieCheck
+from checks.pciebw import PcieBwCheck
+from checks.ping import PingCheck
 from checks.power import PowerCheck
+from checks.pvc import PvcCheck
 from checks.remapped import RemappedCheck
 from checks.xid import XidCheck
 
@@ -24,6 +28,10 @@ _ALL: tuple[type[Check], ...] = (
     EccCheck,
     NvlinkCheck,
     XidCheck,
+    PcieBwCheck,
+    PingCheck,
+    PvcCheck,
+    DcgmCheck,
 )
 
 REGISTRY: dict[str, type[Check]] = {cls.NAME: cls for cls in _ALL}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from checks.base import CheckResult, EntityStatus, Value
+from checks.base import CheckResult, EntityStatus, Severity, Value
 
 HEADERS = ("CHECK", "ENTITY", "STATUS", "CODE", "VALUES", "MESSAGE")
 _MAX_VALUES = 60
@@ -73,3 +73,17 @@ def render_table(rows: Iterable[Sequence[str]], headers: Sequence[str] = HEADERS
 
 def render_results(results: Sequence[CheckResult]) -> str:
     return render_table(row for r in results for row in result_rows(r))
+
+
+def render_problems(results: Sequence[CheckResult]) -> str:
+    """The rows a person must look at (anything but PASS and SKIPPED), or a line
+    saying there are none."""
+    rows = [
+        row
+        for r in results
+        for row in result_rows(r)
+        if row[2] not in (Severity.PASS.value, Severity.SKIPPED.value) or row[3]
+    ]
+    if not rows:
+        return "no problems found"
+    return render_table(rows)

@@ -15,7 +15,7 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def _gpu_present() -> bool:
+def gpu_present() -> bool:
     try:
         import pynvml
 
@@ -36,7 +36,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="needs a real cluster: set KUBECONFIG"))
         if "gpu" in item.keywords:
             if has_gpu is None:
-                has_gpu = _gpu_present()
+                has_gpu = gpu_present()
             if not has_gpu:
                 item.add_marker(pytest.mark.skip(reason="needs a real NVIDIA GPU and driver"))
 

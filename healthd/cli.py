@@ -1,0 +1,195 @@
+"""The `healthd` command line.
+
+    healthd check [--checks LIST] [--sim SPEC] [--config FILE] [--peer NAME=ADDR[,ADDR]]
+                  [--output table|json]
+    healthd config validate FILE
+    healthd version
+
+Exit codes of `healthd check` follow the Nagios convention: 0 PASS, 1 WARN, 2 ERR or
+EVICT, 3 UNKNOWN; 64 for a usage error (unknown check, bad argument), 78 for a bad
+config or machine spec.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from contextlib import ExitStack
+from typing import NoReturn
+
+import anyio
+
+import checks
+from checks.base import CheckContext, Peer
+from checks.nvml import DRIVER_NOT_FOUND, NvmlGpuSource
+from healthd import __version__
+from healthd.config import Config, ConfigError, load_config
+from healthd.once import Report, node_name, plan, run_planned
+from healthd.report import render_problems, render_results
+from healthd.selection import SelectionError, parse_selection
+
+EX_USAGE = 64
+EX_CONFIG = 78
+
+
+class UsageError(Exception):
+    """A mistake on the command line: printed as one line, exit 64."""
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    print(f"healthd: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def _check_help() -> str:
+    lines = ["checks (`all` = every non-exclusive one):"]
+    for name, cls in checks.REGISTRY.items():
+        arg = f":{cls.ARG.upper()}" if cls.ARG else ""
+        lines.append(f"  {name + arg:<14} {cls.DESCRIPTION}")
+    return "\n".join(lines)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse exits 2 on a usage error, which reads as ERR under the Nagios
+    convention; usage errors exit 64 (EX_USAGE) instead."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        _fail(message, EX_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="healthd", description="GPU node health for Kubernetes")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
+
+    check = sub.add_parser(
+        "check",
+        help="run health checks on this machine, once",
+        epilog=_check_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    check.add_argument(
+        "--checks", default="all", help="comma-separated, e.g. remapped,power or dcgm:3"
+    )
+    check.add_argument(
+        "--sim", metavar="SPEC", help="run on a simulated machine (YAML file or bundled name)"
+    )
+    check.add_argument("--config", metavar="FILE", help="healthd config YAML")
+    check.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="NAME=ADDR[,ADDR]",
+        help="a peer for the ping check (repeatable)",
+    )
+    check.add_argument("--output", choices=("table", "json"), default="table")
+
+    config = sub.add_parser("config", help="configuration tools")
+    config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    validate = config_sub.add_parser(
+        "validate", help="validate a config file, print the effective config"
+    )
+    validate.add_argument("file")
+
+    sub.add_parser("version", help="print the version")
+    return parser
+
+
+def parse_peers(values: Sequence[str]) -> list[Peer]:
+    peers = []
+    for value in values:
+        name, sep, addresses = value.partition("=")
+        addrs = [a.strip() for a in addresses.split(",") if a.strip()]
+        if not sep or not name.strip() or not addrs:
+            raise UsageError(f"bad --peer {value!r}: expected NAME=ADDR[,ADDR]")
+        peers.append(Peer(name.strip(), addrs))
+    return peers
+
+
+def _load_config(path: str | None) -> Config:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        _fail(str(exc), EX_CONFIG)
+
+
+async def _run_check(args: argparse.Namespace) -> Report:
+    config = _load_config(args.config)
+    try:
+        selection = [(s.name, s.arg) for s in parse_selection(args.checks, checks.REGISTRY)]
+        peers = parse_peers(args.peer)
+        planned = plan(config, selection)
+    except (SelectionError, UsageError, ValueError) as exc:
+        _fail(str(exc), EX_USAGE)
+
+    with ExitStack() as stack:
+        ctx = CheckContext(
+            catalog=config.catalog(),
+            node_name=config.node_name,
+            expected_gpus=config.expected_gpus,
+            peers=peers,
+            namespace=config.namespace,
+        )
+        if args.sim:
+            from healthd.sim.node import SimulationError, simulate
+
+            try:
+                sim = stack.enter_context(simulate(args.sim))
+            except SimulationError as exc:
+                _fail(str(exc), EX_CONFIG)
+            planned = sim.prepare(ctx, planned)
+        ctx.node_name = ctx.node_name or node_name(config)
+        gpus = NvmlGpuSource()
+        ctx.gpus = gpus
+        snapshot = await gpus.snapshot()
+        results = await run_planned(planned, ctx)
+        await gpus.aclose()
+        return Report(
+            node=ctx.node_name,
+            results=results,
+            driver_error=snapshot.driver_error,
+            simulated=bool(args.sim),
+        )
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    report = anyio.run(_run_check, args)
+    if args.output == "json":
+        print(json.dumps(report.to_json(), indent=2))
+    elif report.driver_error and not report.simulated:
+        # No GPU stack here: one clear line, not a table of UNKNOWN rows.
+        print(
+            f"healthd: {DRIVER_NOT_FOUND}: no GPU checks can run on this machine "
+            "(try `healthd check --sim healthy-8xh100`)",
+            file=sys.stderr,
+        )
+    else:
+        print(render_results(report.results))
+        print(f"\nProblems:\n{render_problems(report.results)}")
+        print(f"\n{report.node}: {report.status.value} (exit {report.exit_code})")
+    return report.exit_code
+
+
+def cmd_config_validate(args: argparse.Namespace) -> int:
+    config = _load_config(args.file)
+    print(f"{args.file}: valid")
+    print(json.dumps(config.model_dump(mode="json"), indent=2, sort_keys=True))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "version":
+        print(f"healthd {__version__}")
+        return 0
+    if args.command == "config":
+        return cmd_config_validate(args)
+    return cmd_check(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""`healthd check` end to end on every bundled simulated machine: the real checks,
+the real pynvml over the fake NVML library, the fake dcgmi, the simulated bandwidth
+probe. Each fault spec yields exactly its code on exactly its GPU, and the exit code
+follows the Nagios convention."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from healthd.cli import main
+from healthd.sim.machine import bundled_specs
+from tests.conftest import gpu_present
+
+# spec -> (expected problem findings as (code, entity label), exit code)
+EXPECTED: dict[str, tuple[set[tuple[str, str]], int]] = {
+    "healthy-8xh100": (set(), 0),
+    "remap-pending": ({("REMAP_PENDING", "gpu3")}, 2),
+    "remap-failure": ({("REMAP_FAILURE", "gpu2")}, 2),
+    "hw-slowdown": ({("HW_SLOWDOWN", "gpu1")}, 1),
+    "pcie-degraded": ({("PCIE_LINK_DEGRADED", "gpu4")}, 1),
+    "pcie-bw-low": ({("PCIE_BW_LOW", "gpu4")}, 1),
+    "ecc-uncorrected": ({("ECC_UNCORRECTED", "gpu0")}, 2),
+    "nvlink-down": ({("NVLINK_DOWN", "gpu7")}, 2),
+    "gpu-lost": ({("GPU_MISSING", "gpu6")}, 2),
+    "gpu-missing": ({("GPU_MISSING", "node")}, 2),
+    "xid79": ({("XID_79", "gpu5")}, 2),
+    "mig-enabled": (set(), 0),
+    "no-driver": (set(), 3),
+    "dcgm-pcie-fail": ({("DCGM_PCIE", "gpu1")}, 2),
+}
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[dict[str, Any], int]:
+    code = main(["check", *args, "--output", "json"])
+    return json.loads(capsys.readouterr().out), code
+
+
+def problems(report: dict[str, Any]) -> set[tuple[str, str]]:
+    found = set()
+    for check in report["checks"]:
+        for finding in check["findings"]:
+            if finding["severity"] != "PASS":
+                entity = finding["entity"]
+                label = f"gpu{entity['index']}" if entity["kind"] == "gpu" else entity["kind"]
+                found.add((finding["code"], label))
+    return found
+
+
+def test_every_bundled_spec_has_an_expectation() -> None:
+    assert set(bundled_specs()) == set(EXPECTED)
+
+
+@pytest.mark.parametrize("spec", sorted(EXPECTED))
+def test_bundled_spec(spec: str, capsys: pytest.CaptureFixture[str]) -> None:
+    expected_findings, expected_exit = EXPECTED[spec]
+    report, code = run_json(capsys, "--sim", spec)
+    assert problems(report) == expected_findings
+    assert code == expected_exit == report["exit_code"]
+
+
+def test_remap_pending_names_gpu_index_and_uuid(capsys: pytest.CaptureFixture[str]) -> None:
+    report, code = run_json(capsys, "--sim", "remap-pending", "--checks", "remapped")
+    (remapped,) = report["checks"]
+    statuses = {e["entity"]["index"]: e for e in remapped["entities"]}
+    assert statuses[3]["status"] == "ERR"
+    assert statuses[3]["entity"]["uuid"].startswith("GPU-")
+    assert all(statuses[i]["status"] == "PASS" for i in statuses if i != 3)
+    (finding,) = remapped["findings"]
+    assert finding["entity"]["uuid"] == statuses[3]["entity"]["uuid"]
+    assert code == 2
+
+
+def test_without_driver_one_line_and_exit_3() -> None:
+    # The real pynvml fails to load the library on a machine without the driver.
+    if gpu_present():
+        pytest.skip("this machine has an NVIDIA driver")
+    proc = subprocess.run(
+        [sys.executable, "-m", "healthd.cli", "check", "--checks", "remapped,power"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 3
+    assert proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        "healthd: NVIDIA driver not found: no GPU checks can run on this machine "
+        "(try `healthd check --sim healthy-8xh100`)"
+    ]
+
+
+def test_table_output_shows_rows_and_problems(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--sim", "hw-slowdown", "--checks", "power"]) == 1
+    out = capsys.readouterr().out
+    gpu_rows = [line for line in out.splitlines() if line.startswith("power ")]
+    assert len(gpu_rows) == 8 + 1  # eight GPUs, and the one again under Problems
+    assert "HW_SLOWDOWN" in out and "sim-hw-slowdown: WARN (exit 1)" in out
+
+
+def test_unknown_check_exit_64_lists_known(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["check", "--sim", "healthy-8xh100", "--checks", "remapped,nope"])
+    assert exit_info.value.code == 64
+    err = capsys.readouterr().err
+    assert "unknown check nope; known checks:" in err and "pciebw" in err
+
+
+@pytest.mark.parametrize(
+    "argv", [["check", "--output", "yaml"], ["check", "--peer", "n2"], ["bogus"]]
+)
+def test_usage_errors_exit_64(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 64
+
+
+def test_bad_spec_exit_78(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("faults:\n  - gpu: 9\n    lost: true\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["check", "--sim", str(spec)])
+    assert exit_info.value.code == 78
+    assert "fault names gpu 9 but the machine has 8 GPUs" in capsys.readouterr().err
+
+
+def test_every_check_is_in_help() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "healthd.cli", "check", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    import checks
+
+    for name in checks.REGISTRY:
+        assert f"\n  {name}" in proc.stdout
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["version"]) == 0
+    assert capsys.readouterr().out.startswith("healthd 0.")

@@ -1,0 +1,90 @@
+"""Config loading: typed, validated, errors that name the field and the fix, env
+overrides, and `healthd config validate`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from checks.base import Severity
+from healthd.cli import main
+from healthd.config import ConfigError, load_config, parse_duration
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "healthd.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_without_file() -> None:
+    config = load_config(None, env={})
+    assert config.namespace == "healthd-system"
+    assert config.label_prefix == "autopilot.ibm.com/"
+
+
+def test_env_overrides_node_and_namespace(tmp_path: Path) -> None:
+    path = write(tmp_path, "node_name: from-file\n")
+    config = load_config(path, env={"NODE_NAME": "gpu-node-7", "POD_NAMESPACE": "ops"})
+    assert (config.node_name, config.namespace) == ("gpu-node-7", "ops")
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("30s", 30), ("5m", 300), ("1h", 3600), ("250ms", 0.25), (45, 45)]
+)
+def test_durations(text: object, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+def test_code_override_reaches_the_catalog(tmp_path: Path) -> None:
+    path = write(tmp_path, "codes:\n  REMAP_PENDING: {severity: EVICT, sticky: true}\n")
+    spec = load_config(path, env={}).catalog().lookup("REMAP_PENDING")
+    assert (spec.severity, spec.sticky) == (Severity.EVICT, True)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("checks:\n  remaped: {}\n", "checks.remaped: unknown check; known checks:"),
+        ("checks:\n  remapped: {interval: soon}\n", "checks.remapped.interval"),
+        ("checks:\n  dcgm: {params: {level: 9}}\n", "checks.dcgm.params: level"),
+        ("checks:\n  power: {params: {bogus: 1}}\n", "checks.power.params: bogus"),
+        ("codes:\n  NOPE: {severity: ERR}\n", "unknown finding code(s) NOPE"),
+        (
+            "codes:\n  XID_79: {severity: UNKNOWN}\n",
+            "severity must be one of PASS, WARN, ERR, EVICT",
+        ),
+        ("expected_gpus: -1\n", "expected_gpus"),
+        ("label_prefix: Not A Prefix\n", "label_prefix: Value error"),
+        ("- a\n- list\n", "expected a mapping at the top level"),
+        ("key: [unclosed\n", "is not valid YAML"),
+    ],
+)
+def test_bad_config_names_the_field(tmp_path: Path, text: str, expected: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path, env={})
+    assert expected.replace("label_prefix: Value error", "label_prefix: must be") in str(err.value)
+
+
+def test_validate_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = write(tmp_path, "checks:\n  pciebw: {interval: 2h, params: {min_fraction: 0.6}}\n")
+    assert main(["config", "validate", str(good)]) == 0
+    out = capsys.readouterr().out
+    assert "valid" in out and '"min_fraction": 0.6' in out and '"interval": 7200.0' in out
+
+
+def test_validate_command_rejects_bad_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = write(tmp_path, "checks:\n  remapped: {timeout: -1}\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["config", "validate", str(bad)])
+    assert exit_info.value.code == 78
+    assert "checks.remapped.timeout" in capsys.readouterr().err
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "absent.yaml", env={})
