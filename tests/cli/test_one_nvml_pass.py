@@ -1,0 +1,33 @@
+"""One NVML pass per round: every NVML check of a `healthd check` run judges the same
+snapshot, so each GPU property is read from NVML exactly once."""
+
+from __future__ import annotations
+
+import anyio
+
+from checks.base import CheckContext
+from checks.nvml import NvmlGpuSource
+from healthd.config import load_config
+from healthd.once import plan, run_planned
+from healthd.sim.node import simulate
+
+NVML_CHECKS = ["gpus", "remapped", "power", "pcie", "ecc", "nvlink"]
+
+
+def test_all_nvml_checks_share_one_pass() -> None:
+    config = load_config(None, env={})
+
+    async def main() -> dict[str, int]:
+        with simulate("healthy-8xh100") as sim:
+            ctx = CheckContext(catalog=config.catalog())
+            planned = sim.prepare(ctx, plan(config, [(name, None) for name in NVML_CHECKS]))
+            ctx.gpus = gpus = NvmlGpuSource()
+            results = await run_planned(planned, ctx)
+            await gpus.aclose()
+            assert [r.status.value for r in results] == ["PASS"] * len(NVML_CHECKS)
+            return dict(sim.nvml.library.calls)
+
+    calls = anyio.run(main)
+    assert calls["nvmlDeviceGetRemappedRows"] == 8
+    assert calls["nvmlDeviceGetPowerUsage"] == 8
+    assert calls["nvmlDeviceGetCurrPcieLinkGeneration"] == 8
