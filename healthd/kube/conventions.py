@@ -1,0 +1,119 @@
+"""Every key, condition and reason healthd publishes, in one place.
+
+Two prefixes, both configurable: the compatibility prefix (`autopilot.ibm.com/`,
+which AppWrapper and MLBatch inject node affinities on) and the project's own
+(`healthd.io/`). Condition polarity follows node-problem-detector: `GPUUnhealthy`
+True means a problem is present.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+CONDITION_TYPE = "GPUUnhealthy"
+COMPONENT = "healthd-agent"  # Event source / reportingController
+CONTROLLER_COMPONENT = "healthd-controller"
+
+DEFAULT_LABEL_PREFIX = "autopilot.ibm.com/"
+DEFAULT_OWN_PREFIX = "healthd.io/"
+
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+class Verdict(enum.StrEnum):
+    """The node's published state (the label value). Precedence, highest first:
+    EVICT > ERR > TESTING > WARN > PASS."""
+
+    PASS = "PASS"
+    WARN = "WARN"
+    ERR = "ERR"
+    TESTING = "TESTING"
+    EVICT = "EVICT"
+
+    @property
+    def precedence(self) -> int:
+        return _PRECEDENCE[self]
+
+    @property
+    def unhealthy(self) -> bool:
+        """What the GPUUnhealthy condition says: True for ERR and EVICT."""
+        return self in (Verdict.ERR, Verdict.EVICT)
+
+
+_PRECEDENCE = {
+    Verdict.PASS: 0,
+    Verdict.WARN: 1,
+    Verdict.TESTING: 2,
+    Verdict.ERR: 3,
+    Verdict.EVICT: 4,
+}
+
+
+class Reason(enum.StrEnum):
+    """Event and condition reasons that are not finding codes (CamelCase)."""
+
+    HEALTHY = "GPUsHealthy"
+    RECOVERED = "Recovered"
+    CANNOT_JUDGE = "ChecksUnknown"
+    TESTING = "DiagnosticRunning"
+    DIAGNOSTIC_FAILED = "DiagnosticFailed"
+    BAD_REQUEST = "BadHealthRequest"
+    REQUEST_DONE = "HealthRequestDone"
+    CLEARED = "HealthCleared"
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The label and annotation keys under the configured prefixes."""
+
+    label_prefix: str = DEFAULT_LABEL_PREFIX
+    own_prefix: str = DEFAULT_OWN_PREFIX
+
+    @property
+    def gpuhealth(self) -> str:
+        """Label: the verdict (PASS/WARN/ERR/TESTING/EVICT)."""
+        return f"{self.label_prefix}gpuhealth"
+
+    def dcgm_level(self, level: int) -> str:
+        """Label: PASS_/ERR_<timestamp> after a level-N DCGM diagnostic."""
+        return f"{self.label_prefix}dcgm.level.{level}"
+
+    @property
+    def health(self) -> str:
+        """Annotation: bounded JSON of verdict, per-check status and findings."""
+        return f"{self.own_prefix}health"
+
+    @property
+    def run(self) -> str:
+        """Annotation written by admins: an on-demand request (`all`, `dcgm:3`, ...)."""
+        return f"{self.own_prefix}run"
+
+    @property
+    def run_id(self) -> str:
+        """Annotation written with `run` by tools that wait for the answer."""
+        return f"{self.own_prefix}run-id"
+
+    @property
+    def last_run(self) -> str:
+        """Annotation: JSON answer to the last on-demand request."""
+        return f"{self.own_prefix}last-run"
+
+    @property
+    def clear(self) -> str:
+        """Annotation written by admins: `true` re-runs what holds the node bad."""
+        return f"{self.own_prefix}clear"
+
+    def owns_label(self, key: str) -> bool:
+        return key == self.gpuhealth or key.startswith(f"{self.label_prefix}dcgm.level.")
+
+    def owns_annotation(self, key: str) -> bool:
+        return key.startswith(self.own_prefix)
+
+
+def dcgm_label_value(passed: bool, at_epoch_s: float) -> str:
+    """`PASS_2025-05-13_19.54.55UTC` (Autopilot's format, seconds included)."""
+    import time
+
+    stamp = time.strftime("%Y-%m-%d_%H.%M.%SUTC", time.gmtime(at_epoch_s))
+    return f"{'PASS' if passed else 'ERR'}_{stamp}"
