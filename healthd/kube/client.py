@@ -1,0 +1,323 @@
+"""`Kube`: healthd's one door to the Kubernetes API.
+
+Every request healthd makes goes through `Kube._send`, on top of the official
+`kubernetes.aio` ApiClient (its configuration, TLS and token refresh; none of its
+model classes). That one place builds the URL from a `Resource`, applies a
+deadline, and turns every failure (an HTTP status, a refused or reset connection,
+a timeout, a body that is not JSON) into `healthd.kube.errors`, so nothing above
+this module handles `kubernetes` or `aiohttp` exceptions. Objects travel as plain
+JSON dicts, exactly as the server sends them.
+
+The verbs (`get`, `list`, `create`, `replace`, `delete`, the three patch kinds)
+are thin wrappers over `request`; `stream` serves watches (JSON lines).
+
+Usage::
+
+    async with await Kube.connect() as kube:
+        node = await kube.get(NODES, "gpu-1")
+        await kube.merge_patch(NODES, "gpu-1", {"metadata": {"labels": {"a": "b"}}})
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import aclosing
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+import anyio
+import kubernetes.aio.client as aio_client
+import kubernetes.aio.config as aio_config
+from kubernetes.aio.client.exceptions import ApiException
+from kubernetes.aio.client.rest import RESTResponse
+from kubernetes.aio.config.config_exception import ConfigException
+
+from healthd.kube.errors import KubeError, Unavailable, from_status
+from healthd.kube.objects import Resource
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+_AUTH = ["BearerToken"]
+_CHUNK_LIMIT = 16 * 2**20  # a watch line larger than this is not a Kubernetes object
+
+Query = Mapping[str, str | int | bool | None]
+JsonPatch = list[dict[str, Any]]  # RFC 6902 operations
+
+
+class Kube:
+    """Facade over a kubernetes.aio ApiClient; every request goes through `request`.
+
+    `timeout_s` is the default deadline of one request (connect, send, read the
+    answer); a request that passes it raises `Unavailable`.
+    """
+
+    def __init__(self, api_client: aio_client.ApiClient, *, timeout_s: float = 10) -> None:
+        self._client = api_client
+        self.timeout_s = timeout_s
+
+    # -- construction --------------------------------------------------------------
+
+    @classmethod
+    async def connect(cls, kubeconfig: str | None = None, *, timeout_s: float = 10) -> Kube:
+        """A client from `kubeconfig` when given; else from $KUBECONFIG; else the pod's
+        service account (in-cluster); else ~/.kube/config. KubeError when none works."""
+        config = await _load_configuration(kubeconfig)
+        return cls(aio_client.ApiClient(config), timeout_s=timeout_s)
+
+    async def close(self) -> None:
+        await self._client.close()  # type: ignore[no-untyped-call]
+
+    async def __aenter__(self) -> Kube:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()
+
+    @property
+    def host(self) -> str:
+        """The API server URL, for log lines."""
+        return str(self._client.configuration.host)
+
+    # -- the choke point -----------------------------------------------------------
+
+    async def request(self, method: str, path: str, *, query: Query | None = None,
+                      body: Any = None, content_type: str | None = None,
+                      timeout_s: float | None = None) -> dict[str, Any]:
+        """Send one request and return the answer's JSON object ({} for an empty body).
+
+        Raises a `healthd.kube.errors.KubeError` subclass for every failure.
+        """
+        deadline = self.timeout_s if timeout_s is None else timeout_s
+        try:
+            with anyio.fail_after(deadline):
+                resp = await self._send(method, path, query, body, content_type,
+                                        aiohttp.ClientTimeout(total=deadline + 1))
+                raw = await _read(resp)
+        except TimeoutError as exc:
+            raise Unavailable(f"{method} {path}: no answer within {deadline:g} s",
+                              reason="Timeout") from exc
+        return _decode(method, path, raw)
+
+    async def stream(self, path: str, *, query: Query | None = None,
+                     timeout_s: float | None = None,
+                     read_timeout_s: float | None = None) -> AsyncGenerator[dict[str, Any], None]:
+        """GET `path` and yield each JSON line of the answer (a watch) as it arrives.
+
+        `timeout_s` bounds getting the answer's headers, `read_timeout_s` the wait
+        for each further piece (None: no bound). The stream ends when the server
+        ends it; a broken connection raises `Unavailable`.
+        """
+        deadline = self.timeout_s if timeout_s is None else timeout_s
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=deadline,
+                                        sock_read=read_timeout_s)
+        try:
+            with anyio.fail_after(deadline):
+                resp = await self._send("GET", path, query, None, None, timeout)
+        except TimeoutError as exc:
+            raise Unavailable(f"GET {path}: no answer within {deadline:g} s",
+                              reason="Timeout") from exc
+        try:
+            if resp.status >= 300:
+                await _read(resp)  # raises the translated error
+            async with aclosing(_lines(resp, path)) as lines:
+                async for line in lines:
+                    yield _decode("GET", path, line)
+        finally:
+            resp.response.close()  # a watch cut short: drop its connection
+
+    async def _send(self, method: str, path: str, query: Query | None, body: Any,
+                    content_type: str | None, timeout: aiohttp.ClientTimeout) -> RESTResponse:
+        """Issue the request through the ApiClient (auth, TLS, pooling); the answer's
+        body is not read yet. Transport failures become `Unavailable`."""
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        params = [(k, _query_value(v)) for k, v in (query or {}).items() if v is not None]
+        try:
+            _, url, headers, body, _ = await self._client.param_serialize(
+                method=method, resource_path=path, query_params=params,
+                header_params=headers, body=body, auth_settings=_AUTH)
+            return await self._client.call_api(method, url, header_params=headers, body=body,
+                                               _request_timeout=timeout)
+        except ApiException as exc:
+            raise from_status(exc.status or 0, exc.body or "", http_reason=str(exc.reason)) \
+                from exc
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise _unreachable(method, path, exc) from exc
+        except (ConfigException, ValueError, TypeError) as exc:
+            raise KubeError(f"{method} {path}: cannot build the request: {exc}",
+                            reason="BadRequest") from exc
+
+    # -- verbs ---------------------------------------------------------------------
+
+    async def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
+        return await self.request("GET", res.path(namespace, name))
+
+    async def list(self, res: Resource, namespace: str | None = None, *,
+                   label_selector: str | None = None, field_selector: str | None = None,
+                   resource_version: str | None = None) -> dict[str, Any]:
+        """The List object (`items`, `metadata.resourceVersion`); all namespaces when
+        `namespace` is None."""
+        query = {"labelSelector": label_selector, "fieldSelector": field_selector,
+                 "resourceVersion": resource_version}
+        return await self.request("GET", res.path(namespace), query=query)
+
+    async def create(self, res: Resource, body: dict[str, Any],
+                     namespace: str | None = None) -> dict[str, Any]:
+        """POST `body`; the namespace defaults to the body's own `metadata.namespace`."""
+        ns = namespace or _body_namespace(res, body)
+        return await self.request("POST", res.path(ns), body=body)
+
+    async def replace(self, res: Resource, name: str, body: dict[str, Any],
+                      namespace: str | None = None, *,
+                      subresource: str | None = None) -> dict[str, Any]:
+        """PUT `body` (its resourceVersion makes it conditional: a stale one is Conflict)."""
+        return await self.request("PUT", res.path(namespace, name, subresource), body=body)
+
+    async def delete(self, res: Resource, name: str, namespace: str | None = None, *,
+                     propagation: str | None = "Background") -> None:
+        """Delete; an object that is already gone is not an error."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if propagation:
+            body["propagationPolicy"] = propagation
+        try:
+            await self.request("DELETE", res.path(namespace, name), body=body)
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+
+    async def merge_patch(self, res: Resource, name: str, patch: dict[str, Any],
+                          namespace: str | None = None, *,
+                          subresource: str | None = None) -> dict[str, Any]:
+        """RFC 7386 merge patch: maps merge, `None` removes a key, lists are replaced."""
+        return await self._patch(res, name, patch, namespace, subresource, MERGE_PATCH)
+
+    async def json_patch(self, res: Resource, name: str, ops: JsonPatch,
+                         namespace: str | None = None, *,
+                         subresource: str | None = None) -> dict[str, Any]:
+        """RFC 6902 JSON patch; a failed `test` op raises `Invalid`."""
+        return await self._patch(res, name, ops, namespace, subresource, JSON_PATCH)
+
+    async def strategic_patch(self, res: Resource, name: str, patch: dict[str, Any],
+                              namespace: str | None = None, *,
+                              subresource: str | None = None) -> dict[str, Any]:
+        """Strategic merge patch (built-in kinds only): lists such as `status.conditions`
+        merge by their key, so one condition can be set without touching the others."""
+        return await self._patch(res, name, patch, namespace, subresource, STRATEGIC_PATCH)
+
+    async def _patch(self, res: Resource, name: str, body: Any, namespace: str | None,
+                     subresource: str | None, content_type: str) -> dict[str, Any]:
+        return await self.request("PATCH", res.path(namespace, name, subresource), body=body,
+                                  content_type=content_type)
+
+
+# -- helpers -------------------------------------------------------------------------
+
+
+def _query_value(value: str | int | bool) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _body_namespace(res: Resource, body: dict[str, Any]) -> str | None:
+    if not res.namespaced:
+        return None
+    meta = body.get("metadata") if isinstance(body, dict) else None
+    ns = meta.get("namespace") if isinstance(meta, dict) else None
+    return str(ns) if ns else None
+
+
+def _retry_after(resp: RESTResponse) -> float | None:
+    try:
+        return float(resp.headers.get("Retry-After", ""))
+    except ValueError:
+        return None
+
+
+async def _read(resp: RESTResponse) -> bytes:
+    """The whole body of a 2xx answer; the translated error for anything else."""
+    try:
+        raw = await resp.response.read()
+    except (aiohttp.ClientError, OSError) as exc:
+        raise _unreachable("read", str(resp.response.url.path), exc) from exc
+    finally:
+        resp.response.release()
+    if resp.status >= 300:
+        raise from_status(resp.status, raw, http_reason=str(resp.reason or ""),
+                          retry_after=_retry_after(resp))
+    return bytes(raw)
+
+
+async def _lines(resp: RESTResponse, path: str) -> AsyncGenerator[bytes, None]:
+    """Complete non-empty lines of a streamed body, as they arrive."""
+    pending = b""
+    try:
+        async for chunk in resp.response.content.iter_any():
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    yield line
+            if len(pending) > _CHUNK_LIMIT:
+                raise KubeError(f"GET {path}: a line over {_CHUNK_LIMIT} bytes",
+                                reason="BadResponse")
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        raise _unreachable("GET", path, exc) from exc
+    if pending.strip():
+        yield pending
+
+
+def _decode(method: str, path: str, raw: bytes) -> dict[str, Any]:
+    if not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        # A proxy or load balancer answering HTML: the real server is not reachable.
+        raise Unavailable(f"{method} {path}: the answer is not JSON: {raw[:120]!r}",
+                          reason="BadResponse") from exc
+    if not isinstance(value, dict):
+        raise Unavailable(f"{method} {path}: the answer is not a JSON object",
+                          reason="BadResponse")
+    return value
+
+
+def _unreachable(method: str, path: str, exc: BaseException) -> Unavailable:
+    if isinstance(exc, TimeoutError):
+        return Unavailable(f"{method} {path}: timed out", reason="Timeout")
+    detail = str(exc) or type(exc).__name__
+    return Unavailable(f"{method} {path}: {detail}", reason="Unreachable")
+
+
+async def _from_file(path: str, config: aio_client.Configuration) -> None:
+    await aio_config.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=path, client_configuration=config, persist_config=False)
+
+
+async def _load_configuration(kubeconfig: str | None) -> aio_client.Configuration:
+    # Bypass the generated class's "default copy" construction: a fresh, private config.
+    config: aio_client.Configuration = type.__call__(aio_client.Configuration)
+    # $KUBECONFIG is the kubernetes client's own convention, honoured like kubectl does.
+    path = kubeconfig or os.environ.get("KUBECONFIG")
+    home = Path.home() / ".kube" / "config"
+    try:
+        if path:
+            await _from_file(path, config)
+            return config
+        try:
+            aio_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=config)
+        except ConfigException:
+            if not home.exists():
+                raise
+            await _from_file(str(home), config)
+        return config
+    except (ConfigException, OSError, ValueError, TypeError, KeyError) as exc:
+        where = path or "in-cluster service account or ~/.kube/config"
+        raise KubeError(f"no usable Kubernetes configuration ({where}): {exc}",
+                        reason="NoConfig") from exc

@@ -1,0 +1,107 @@
+"""Kubernetes collections healthd talks to, and how their URLs are built.
+
+A `Resource` names one collection (group, version, plural, namespaced) and knows
+its REST paths, so no module spells an API path by hand. The constants below are
+every collection the agent and controller use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+
+def _segment(value: str) -> str:
+    # Names are DNS subdomains in practice; quote anyway so a bad name cannot change the path.
+    return quote(value, safe="")
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One collection of one API group/version, e.g. `Resource("", "v1", "nodes", False)`."""
+
+    group: str  # "" for the core group
+    version: str
+    plural: str
+    namespaced: bool
+    kind: str = ""  # for error messages and created bodies
+
+    @property
+    def api_version(self) -> str:
+        """`v1`, `batch/v1`, ...: the value of `apiVersion` in objects."""
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def base(self) -> str:
+        """`/api/v1` or `/apis/<group>/<version>`."""
+        return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+
+    def path(self, namespace: str | None = None, name: str | None = None,
+             subresource: str | None = None) -> str:
+        """The REST path of the collection (all namespaces when `namespace` is None),
+        or of one object, or of one object's subresource."""
+        parts = [self.base]
+        if self.namespaced and namespace:
+            parts.append(f"namespaces/{_segment(namespace)}")
+        elif namespace and not self.namespaced:
+            raise ValueError(f"{self.plural} are not namespaced (got namespace {namespace!r})")
+        parts.append(self.plural)
+        if name is not None:
+            if not name:
+                raise ValueError(f"empty {self.plural} name")
+            parts.append(_segment(name))
+            if subresource:
+                parts.append(_segment(subresource))
+        elif subresource:
+            raise ValueError("a subresource needs an object name")
+        return "/".join(parts)
+
+    def __str__(self) -> str:
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+
+NODES = Resource("", "v1", "nodes", False, "Node")
+NAMESPACES = Resource("", "v1", "namespaces", False, "Namespace")
+PODS = Resource("", "v1", "pods", True, "Pod")
+EVENTS = Resource("", "v1", "events", True, "Event")
+PVCS = Resource("", "v1", "persistentvolumeclaims", True, "PersistentVolumeClaim")
+JOBS = Resource("batch", "v1", "jobs", True, "Job")
+STORAGECLASSES = Resource("storage.k8s.io", "v1", "storageclasses", False, "StorageClass")
+LEASES = Resource("coordination.k8s.io", "v1", "leases", True, "Lease")
+ENDPOINTSLICES = Resource("discovery.k8s.io", "v1", "endpointslices", True, "EndpointSlice")
+APPWRAPPERS = Resource("workload.codeflare.dev", "v1beta2", "appwrappers", True, "AppWrapper")
+CLUSTERQUEUES_V1BETA1 = Resource("kueue.x-k8s.io", "v1beta1", "clusterqueues", False,
+                                 "ClusterQueue")
+CLUSTERQUEUES_V1BETA2 = Resource("kueue.x-k8s.io", "v1beta2", "clusterqueues", False,
+                                 "ClusterQueue")
+RESOURCEFLAVORS_V1BETA1 = Resource("kueue.x-k8s.io", "v1beta1", "resourceflavors", False,
+                                   "ResourceFlavor")
+RESOURCEFLAVORS_V1BETA2 = Resource("kueue.x-k8s.io", "v1beta2", "resourceflavors", False,
+                                   "ResourceFlavor")
+
+
+def meta(obj: dict[str, Any]) -> dict[str, Any]:
+    """`obj["metadata"]`, or {} when absent or malformed."""
+    value = obj.get("metadata") if isinstance(obj, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def name_of(obj: dict[str, Any]) -> str:
+    return str(meta(obj).get("name") or "")
+
+
+def namespace_of(obj: dict[str, Any]) -> str | None:
+    ns = meta(obj).get("namespace")
+    return str(ns) if ns else None
+
+
+def resource_version_of(obj: dict[str, Any]) -> str | None:
+    rv = meta(obj).get("resourceVersion")
+    return str(rv) if rv else None
+
+
+def key_of(obj: dict[str, Any]) -> str:
+    """`namespace/name`, or `name` for cluster-scoped objects: a cache key."""
+    ns = namespace_of(obj)
+    return f"{ns}/{name_of(obj)}" if ns else name_of(obj)

@@ -1,0 +1,156 @@
+"""Watching collections: one watch request, and the endless list-watch loop.
+
+`watch` is one `watch=true` request: a stream of ADDED/MODIFIED/DELETED events
+from a resourceVersion, ended by the server's `timeoutSeconds`. BOOKMARKs only move
+the resume point and are not yielded; an expired resourceVersion raises `Gone`.
+
+`watch_forever` is what every cache and loop in healthd uses (no polling anywhere):
+list, then watch from the list's resourceVersion, resume from the last version
+seen whenever a stream ends or breaks, relist when the version expired (410) and
+turn the difference into events (ADDED and MODIFIED for what is there, DELETED for
+what vanished meanwhile), and wait with backoff and jitter while the server is
+unreachable. It never raises `KubeError` and runs until cancelled.
+
+Usage::
+
+    async for event in watch_forever(kube, NODES, field_selector=f"metadata.name={node}"):
+        handle(event.type, event.object)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from healthd.kube.backoff import Backoff
+from healthd.kube.client import Kube
+from healthd.kube.errors import Gone, KubeError, from_status_object
+from healthd.kube.objects import Resource, key_of, resource_version_of
+
+log = logging.getLogger(__name__)
+
+ADDED = "ADDED"
+MODIFIED = "MODIFIED"
+DELETED = "DELETED"
+BOOKMARK = "BOOKMARK"
+_KINDS = frozenset({ADDED, MODIFIED, DELETED, BOOKMARK})
+_READ_MARGIN_S = 30  # past timeoutSeconds, a silent stream is a dead connection
+_QUICK_END_S = 1.0  # a stream that ends this fast with nothing in it earns a backoff
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One change: `type` is ADDED, MODIFIED or DELETED; `object` the object as sent."""
+
+    type: str
+    object: dict[str, Any]
+
+
+async def _stream(kube: Kube, res: Resource, namespace: str | None, *,
+                  label_selector: str | None, field_selector: str | None,
+                  resource_version: str | None, timeout_s: int) -> AsyncGenerator[WatchEvent, None]:
+    """One watch request, BOOKMARKs included; ERROR events raise their error."""
+    query = {"watch": True, "allowWatchBookmarks": True, "timeoutSeconds": timeout_s,
+             "labelSelector": label_selector, "fieldSelector": field_selector,
+             "resourceVersion": resource_version}
+    lines = kube.stream(res.path(namespace), query=query,
+                        read_timeout_s=timeout_s + _READ_MARGIN_S)
+    async with aclosing(lines):
+        async for line in lines:
+            kind, obj = line.get("type"), line.get("object")
+            if kind == "ERROR":
+                raise from_status_object(obj if isinstance(obj, dict) else {})
+            if kind in _KINDS and isinstance(obj, dict):
+                yield WatchEvent(str(kind), obj)
+            else:
+                log.debug("ignoring watch line of type %r on %s", kind, res)
+
+
+async def watch(kube: Kube, res: Resource, namespace: str | None = None, *,
+                label_selector: str | None = None, field_selector: str | None = None,
+                resource_version: str | None = None,
+                timeout_s: int = 300) -> AsyncGenerator[WatchEvent, None]:
+    """One watch request; raises `Gone` on 410 (and other `KubeError`s as they come).
+
+    Without `resource_version` the server starts with ADDED for every current object.
+    """
+    events = _stream(kube, res, namespace, label_selector=label_selector,
+                     field_selector=field_selector, resource_version=resource_version,
+                     timeout_s=timeout_s)
+    async with aclosing(events):
+        async for event in events:
+            if event.type != BOOKMARK:
+                yield event
+
+
+def _relist(known: dict[str, dict[str, Any]], items: list[dict[str, Any]]
+            ) -> Iterator[WatchEvent]:
+    """Events that turn `known` into `items` (and update `known` to match)."""
+    fresh = {key_of(obj): obj for obj in items if isinstance(obj, dict)}
+    for key in [k for k in known if k not in fresh]:
+        yield WatchEvent(DELETED, known.pop(key))
+    for key, obj in fresh.items():
+        before = known.get(key)
+        known[key] = obj
+        if before is None:
+            yield WatchEvent(ADDED, obj)
+        elif resource_version_of(before) != resource_version_of(obj):
+            yield WatchEvent(MODIFIED, obj)
+
+
+def _remember(known: dict[str, dict[str, Any]], event: WatchEvent) -> None:
+    if event.type == DELETED:
+        known.pop(key_of(event.object), None)
+    else:
+        known[key_of(event.object)] = event.object
+
+
+async def watch_forever(kube: Kube, res: Resource, namespace: str | None = None, *,
+                        label_selector: str | None = None, field_selector: str | None = None,
+                        backoff: Backoff | None = None,
+                        timeout_s: int = 300) -> AsyncGenerator[WatchEvent, None]:
+    """List, then watch and resume forever; relist on 410; back off while unreachable.
+
+    Never raises `KubeError`; runs until cancelled (or the consumer stops iterating).
+    """
+    backoff = backoff or Backoff()
+    known: dict[str, dict[str, Any]] = {}
+    version: str | None = None
+    selectors = {"label_selector": label_selector, "field_selector": field_selector}
+    while True:
+        received = False
+        started = time.monotonic()
+        try:
+            if version is None:
+                listing = await kube.list(res, namespace, **selectors)
+                version = resource_version_of(listing) or ""
+                backoff.reset()
+                for event in _relist(known, list(listing.get("items") or [])):
+                    yield event
+            events = _stream(kube, res, namespace, resource_version=version or None,
+                             timeout_s=timeout_s, **selectors)
+            async with aclosing(events):
+                async for event in events:
+                    received = True
+                    backoff.reset()
+                    version = resource_version_of(event.object) or version
+                    if event.type != BOOKMARK:
+                        _remember(known, event)
+                        yield event
+        except Gone:
+            log.info("watch on %s expired at version %s: relisting", res, version)
+            version = None
+            continue
+        except KubeError as exc:
+            delay = backoff.next()
+            log.warning("watch on %s failed (%s); retrying in %.1f s", res, exc, delay)
+            await anyio.sleep(delay)
+            continue
+        if not received and time.monotonic() - started < _QUICK_END_S:
+            await anyio.sleep(backoff.next())  # a server ending streams at once: no busy loop
