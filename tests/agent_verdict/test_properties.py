@@ -1,0 +1,226 @@
+"""Properties of the verdict machine over random histories: runs of a few checks with
+random findings (WARN, ERR, sticky and non-sticky EVICT, PASS-severity XIDs), blind
+GPUs, UNKNOWN and SKIPPED results, every trigger, clear requests and diagnostics
+starting and ending. After every step:
+
+- the verdict is the precedence of what is held and what is testing;
+- every raising finding of a judged run is held, PASS findings never are;
+- an UNKNOWN/SKIPPED result changes neither the verdict nor the holdings;
+- a holding leaves only on a clean run of its own check: an EVICT or sticky one only
+  after a clear since it was last reported, any other only after `recover_after`
+  consecutive clean runs since then (or a clear), so the verdict never drops faster;
+- `since` moves exactly when the verdict changes; replaying gives the same states.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from checks.base import CheckResult, Severity
+from healthd.agent import verdict as v
+from healthd.kube.conventions import Verdict
+
+from .results import GPUS, run_of, skipped, unknown
+
+KEYS = ("remapped", "power", "xid", "dcgm:3")
+CODES = ("HW_SLOWDOWN", "REMAP_PENDING", "REMAP_FAILURE", "XID_79", "XID_95", "XID_13")
+
+
+@dataclass(frozen=True)
+class Run:
+    key: str
+    result: CheckResult
+    trigger: v.Trigger
+
+
+@dataclass(frozen=True)
+class Clear:
+    pass
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    key: str
+    start: bool
+
+
+gpu = st.integers(0, GPUS - 1)
+
+
+@st.composite
+def results(draw: st.DrawFn, key: str) -> CheckResult:
+    kind = draw(st.sampled_from(["judged", "judged", "judged", "unknown", "skipped"]))
+    if kind == "unknown":
+        return unknown(key)
+    if kind == "skipped":
+        return skipped(key)
+    found = draw(st.lists(st.tuples(st.sampled_from(CODES), gpu), max_size=3))
+    blind = draw(st.lists(gpu, max_size=1))
+    return run_of(key, *found, blind=blind)
+
+
+@st.composite
+def runs(draw: st.DrawFn) -> Run:
+    key = draw(st.sampled_from(KEYS))
+    return Run(key, draw(results(key)), draw(st.sampled_from(list(v.Trigger))))
+
+
+steps = st.lists(
+    st.one_of(
+        runs(),
+        runs(),
+        runs(),
+        st.just(Clear()),
+        st.builds(Diagnostic, st.sampled_from(["dcgm:3", "dcgm:4"]), st.booleans()),
+    ),
+    max_size=40,
+)
+
+
+@dataclass
+class Since:
+    """The test's own record of one holding key since it was last reported."""
+
+    clean_runs: int = 0
+    cleared: bool = False
+
+
+@dataclass
+class History:
+    """Evidence gathered from the inputs alone, to judge every release against."""
+
+    policy: v.Policy
+    seen: dict[tuple[str, str, str], Since] = field(default_factory=dict)
+
+    def observe(self, step: object, before: v.HealthState) -> None:
+        if isinstance(step, Clear):
+            for h in before.held:
+                self.seen[h.key].cleared = True
+        elif isinstance(step, Run) and judged(step):
+            self._observe_run(step)
+
+    def _observe_run(self, step: Run) -> None:
+        reported = {
+            (step.key, f.code, f.entity.label)
+            for f in step.result.findings
+            if f.severity.rank >= Severity.WARN.rank
+        }
+        blind = {e.entity.label for e in step.result.entities if not e.status.ordered}
+        for key in reported:
+            self.seen[key] = Since()
+        for key, since in self.seen.items():
+            if key[0] == step.key and key not in reported and key[2] not in blind:
+                since.clean_runs += 1
+
+    def may_release(self, h: v.Held) -> bool:
+        since = self.seen[h.key]
+        if since.cleared:
+            return since.clean_runs >= 1
+        return not h.needs_clear and since.clean_runs >= self.policy.recover_after
+
+
+def step(state: v.HealthState, item: object, at: float, policy: v.Policy) -> v.HealthState:
+    if isinstance(item, Run):
+        return v.apply(state, item.key, item.result, trigger=item.trigger, at=at, policy=policy)
+    if isinstance(item, Clear):
+        return v.request_clear(state, at=at)[0]
+    assert isinstance(item, Diagnostic)
+    move = v.start_testing if item.start else v.end_testing
+    return move(state, item.key, at=at)
+
+
+def replay(items: list[object], policy: v.Policy) -> list[v.HealthState]:
+    states = [v.initial(0.0)]
+    for at, item in enumerate(items, start=1):
+        states.append(step(states[-1], item, float(at), policy))
+    return states
+
+
+def expected_verdict(state: v.HealthState) -> Verdict:
+    severities = {h.severity.value for h in state.held}
+    for name in ("EVICT", "ERR"):
+        if name in severities:
+            return Verdict(name)
+    if state.testing:
+        return Verdict.TESTING
+    return Verdict.WARN if "WARN" in severities else Verdict.PASS
+
+
+def check_raising(item: object, after: v.HealthState) -> None:
+    assert all(h.severity.rank >= Severity.WARN.rank for h in after.held)
+    if judged(item):
+        held = {h.key for h in after.held}
+        for f in item.result.findings:
+            if f.severity.rank >= Severity.WARN.rank:
+                assert (item.key, f.code, f.entity.label) in held
+
+
+def judged(item: object) -> bool:
+    return isinstance(item, Run) and item.result.status.ordered
+
+
+def check_step(
+    item: object, before: v.HealthState, after: v.HealthState, at: float, history: History
+) -> None:
+    assert after.verdict is expected_verdict(after)
+    assert after.since == (before.since if after.verdict is before.verdict else at)
+    if after.verdict.precedence < before.verdict.precedence:
+        # Only a judged run or the end of a diagnostic lets a verdict down.
+        assert judged(item) or (isinstance(item, Diagnostic) and not item.start)
+    check_raising(item, after)
+    if isinstance(item, Run) and not item.result.status.ordered:
+        assert (after.verdict, after.held, after.judged) == (
+            before.verdict,
+            before.held,
+            before.judged,
+        )
+    released = [h for h in before.held if h.key not in {n.key for n in after.held}]
+    for h in released:
+        assert isinstance(item, Run) and item.key == h.check
+        assert history.may_release(h), f"{h} released too early"
+
+
+@settings(max_examples=200, deadline=None)
+@given(items=steps, recover_after=st.integers(1, 3))
+def test_every_step_keeps_the_invariants(items: list[object], recover_after: int) -> None:
+    policy = v.Policy(recover_after=recover_after)
+    history = History(policy)
+    states = replay(items, policy)
+    for at, (item, before, after) in enumerate(zip(items, states[:-1], states[1:], strict=True), 1):
+        history.observe(item, before)
+        check_step(item, before, after, float(at), history)
+
+
+@settings(max_examples=100, deadline=None)
+@given(items=steps)
+def test_the_state_is_a_function_of_the_inputs(items: list[object]) -> None:
+    policy = v.Policy()
+    assert replay(items, policy) == replay(items, policy)
+
+
+@settings(max_examples=100, deadline=None)
+@given(items=steps)
+def test_a_clear_on_a_node_holding_nothing_is_a_no_op(items: list[object]) -> None:
+    state = replay(items, v.Policy())[-1]
+    cleared, keys = v.request_clear(state, at=1e6)
+    assert keys == state.holding_checks()
+    if not state.held:
+        assert cleared is state
+    else:
+        assert cleared.verdict is state.verdict
+        assert all(h.clear_requested for h in cleared.held)
+
+
+@settings(max_examples=100, deadline=None)
+@given(items=steps)
+def test_unknown_results_never_change_the_verdict(items: list[object]) -> None:
+    policy = v.Policy()
+    state = replay(items, policy)[-1]
+    for key in KEYS:
+        for result in (unknown(key), skipped(key)):
+            after = v.apply(state, key, result, trigger=v.Trigger.PERIODIC, at=1e6, policy=policy)
+            assert (after.verdict, after.since) == (state.verdict, state.since)
+            assert after.held == state.held

@@ -1,0 +1,345 @@
+"""Every rule of the verdict state machine, one table or scenario each: raising at
+once, PASS findings never held, recovery after exactly `recover_after` clean runs of
+the raising check, resets, UNKNOWN/SKIPPED runs, sticky and EVICT codes through
+clear, precedence with TESTING, `since`, `judged`, per-entity holdings and the
+findings of each check's latest run."""
+
+from __future__ import annotations
+
+import pytest
+
+from checks.base import Severity
+from checks.catalog import Catalog, Override
+from healthd.agent import verdict as v
+from healthd.kube.conventions import Verdict
+
+from .results import Node, clean, run_of, skipped, unknown
+
+P, W, E, T, X = Verdict.PASS, Verdict.WARN, Verdict.ERR, Verdict.TESTING, Verdict.EVICT
+
+NEEDS_CLEAR = [
+    ("remapped", "REMAP_FAILURE"),  # sticky EVICT
+    ("xid", "XID_79"),  # sticky EVICT
+    ("xid", "XID_95"),  # EVICT, not sticky
+    ("gpus", "GPU_MISSING"),  # sticky EVICT
+    ("dcgm:3", "DCGM_MEMORY"),  # fatal DCGM test: sticky EVICT
+]
+
+
+@pytest.mark.parametrize(
+    ("key", "code", "expected"),
+    [
+        ("power", "HW_SLOWDOWN", W),
+        ("pciebw", "PCIE_BW_LOW", W),
+        ("remapped", "REMAP_PENDING", E),
+        ("xid", "XID_48", E),
+        ("dcgm:1", "DCGM_DIAGNOSTIC", E),
+        ("remapped", "REMAP_FAILURE", X),
+        ("xid", "XID_79", X),
+        ("gpus", "GPU_MISSING", X),
+    ],
+)
+def test_one_run_raises_at_once(key: str, code: str, expected: Verdict) -> None:
+    node = Node()
+    assert node.run(key, run_of(key, (code, 2))) is expected
+    top = node.state.top
+    assert top is not None
+    assert (top.check, top.code, top.entity, top.severity.value) == (key, code, "gpu2", expected)
+    assert node.state.since == node.now
+
+
+def test_an_event_raises_without_waiting_for_a_schedule() -> None:
+    node = Node()
+    assert node.run("xid", run_of("xid", ("XID_48", 0)), v.Trigger.EVENT) is E
+    assert node.state.checks["xid"].trigger is v.Trigger.EVENT
+
+
+def test_pass_severity_findings_are_recorded_never_held() -> None:
+    node = Node()
+    assert node.run("xid", run_of("xid", ("XID_13", 1), ("XID_43", 2))) is P
+    assert node.state.held == ()
+    assert [f.code for f in node.state.findings] == ["XID_13", "XID_43"]
+    assert node.state.judged
+
+
+@pytest.mark.parametrize("recover_after", [1, 2, 3, 5])
+def test_recovery_after_exactly_recover_after_clean_runs(recover_after: int) -> None:
+    node = Node(recover_after)
+    node.run("remapped", run_of("remapped", ("REMAP_PENDING", 1)))
+    verdicts = node.runs("remapped", clean("remapped"), recover_after)
+    assert verdicts == [E] * (recover_after - 1) + [P]
+    assert node.state.held == ()
+
+
+def test_passes_of_other_checks_never_release_a_holding() -> None:
+    node = Node()
+    node.run("remapped", run_of("remapped", ("REMAP_PENDING", 1)))
+    for other in ("power", "pcie", "ecc", "xid", "dcgm:1", "pciebw"):
+        assert node.runs(other, clean(other), 5) == [E] * 5
+    assert node.holdings() == {("remapped", "REMAP_PENDING", "gpu1")}
+
+
+def test_a_run_that_reports_the_code_again_resets_the_count() -> None:
+    node = Node(recover_after=3)
+    faulty = run_of("remapped", ("REMAP_PENDING", 1))
+    node.run("remapped", faulty)
+    assert node.runs("remapped", clean("remapped"), 2) == [E, E]
+    node.run("remapped", faulty)
+    assert node.runs("remapped", clean("remapped"), 3) == [E, E, P]
+
+
+@pytest.mark.parametrize("blind", [unknown, skipped])
+def test_unknown_and_skipped_runs_neither_count_nor_reset(blind) -> None:
+    node = Node(recover_after=2)
+    node.run("remapped", run_of("remapped", ("REMAP_PENDING", 1)))
+    assert node.runs("remapped", blind("remapped"), 6) == [E] * 6  # no count
+    assert node.run("remapped", clean("remapped")) is E
+    assert node.run("remapped", blind("remapped")) is E  # no reset either
+    assert node.run("remapped", clean("remapped")) is P
+
+
+def test_a_run_blind_to_the_holdings_gpu_does_not_count_for_it() -> None:
+    node = Node(recover_after=1)
+    node.run("remapped", run_of("remapped", ("REMAP_PENDING", 3)))
+    # gpu3 unreadable; gpu0's new fault makes the run a judgement (status ERR).
+    assert node.run("remapped", run_of("remapped", ("REMAP_PENDING", 0), blind=[3])) is E
+    assert node.holdings() == {
+        ("remapped", "REMAP_PENDING", "gpu0"),
+        ("remapped", "REMAP_PENDING", "gpu3"),
+    }
+    assert node.run("remapped", clean("remapped")) is P
+
+
+def test_a_partly_unknown_run_with_a_warning_changes_nothing() -> None:
+    node = Node()
+    result = run_of("power", ("HW_SLOWDOWN", 0), blind=[1])
+    assert result.status is Severity.UNKNOWN
+    assert node.run("power", result) is P
+    assert node.state.held == ()
+    assert not node.state.judged
+
+
+@pytest.mark.parametrize(("key", "code"), NEEDS_CLEAR)
+def test_sticky_and_evict_never_leave_through_runs_alone(key: str, code: str) -> None:
+    node = Node(recover_after=1)
+    node.run(key, run_of(key, (code, 0)))
+    for trigger in v.Trigger:
+        assert node.run(key, clean(key), trigger) is X
+    assert node.runs(key, clean(key), 30) == [X] * 30
+
+
+@pytest.mark.parametrize(("key", "code"), NEEDS_CLEAR)
+def test_sticky_and_evict_leave_on_clear_and_one_pass(key: str, code: str) -> None:
+    node = Node(recover_after=3)
+    node.run(key, run_of(key, (code, 0)))
+    assert node.clear() == {key}
+    assert node.state.verdict is X  # the clear itself releases nothing
+    assert node.run(key, clean(key), v.Trigger.CLEAR) is P
+
+
+def test_a_sticky_code_overridden_to_err_still_needs_a_clear() -> None:
+    sticky = Catalog({"REMAP_PENDING": Override(sticky=True)})
+    node = Node(recover_after=1)
+    node.run("remapped", run_of("remapped", ("REMAP_PENDING", 0), catalog=sticky))
+    assert node.runs("remapped", clean("remapped"), 10) == [E] * 10
+    node.clear()
+    assert node.run("remapped", clean("remapped")) is P
+
+
+def test_a_failing_rerun_spends_the_clear() -> None:
+    node = Node()
+    faulty = run_of("remapped", ("REMAP_FAILURE", 0))
+    node.run("remapped", faulty)
+    node.clear()
+    assert node.run("remapped", faulty, v.Trigger.CLEAR) is X
+    assert node.runs("remapped", clean("remapped"), 5) == [X] * 5
+    node.clear()
+    assert node.run("remapped", clean("remapped")) is P
+
+
+def test_an_unknown_rerun_keeps_the_clear_pending() -> None:
+    node = Node()
+    node.run("xid", run_of("xid", ("XID_79", 1)))
+    node.clear()
+    assert node.run("xid", unknown("xid"), v.Trigger.CLEAR) is X
+    assert node.run("xid", clean("xid")) is P
+
+
+def test_a_clear_on_a_node_holding_nothing_changes_nothing() -> None:
+    node = Node()
+    node.run("remapped", clean("remapped"))
+    before = node.state
+    assert node.clear() == frozenset()
+    assert node.state is before
+
+
+def test_a_clear_names_every_check_that_holds_anything() -> None:
+    node = Node()
+    node.run("power", run_of("power", ("HW_SLOWDOWN", 0)))
+    node.run("remapped", run_of("remapped", ("REMAP_FAILURE", 1)))
+    node.run("dcgm:3", run_of("dcgm:3", ("DCGM_PCIE", 2)))
+    node.run("ecc", clean("ecc"))
+    assert node.clear() == {"power", "remapped", "dcgm:3"}
+    assert all(h.clear_requested for h in node.state.held)
+
+
+def test_a_clear_releases_a_plain_err_on_one_pass() -> None:
+    node = Node(recover_after=5)
+    node.run("remapped", run_of("remapped", ("REMAP_PENDING", 0)))
+    node.clear()
+    assert node.run("remapped", clean("remapped")) is P
+
+
+def test_a_clear_only_marks_holdings_present_at_the_time() -> None:
+    node = Node()
+    node.run("remapped", run_of("remapped", ("REMAP_FAILURE", 0)))
+    node.clear()
+    node.run("xid", run_of("xid", ("XID_79", 1)))  # after the clear
+    node.run("remapped", clean("remapped"))
+    assert node.run("xid", clean("xid")) is X
+    assert node.holdings() == {("xid", "XID_79", "gpu1")}
+
+
+HOLDS = {
+    "WARN": ("power", "HW_SLOWDOWN"),
+    "ERR": ("remapped", "REMAP_PENDING"),
+    "EVICT": ("xid", "XID_79"),
+}
+
+
+@pytest.mark.parametrize(
+    ("holds", "testing", "expected"),
+    [
+        ((), False, P),
+        ((), True, T),
+        (("WARN",), False, W),
+        (("WARN",), True, T),
+        (("ERR",), False, E),
+        (("ERR",), True, E),
+        (("ERR", "WARN"), True, E),
+        (("EVICT",), True, X),
+        (("EVICT", "ERR", "WARN"), False, X),
+        (("EVICT", "ERR", "WARN"), True, X),
+    ],
+)
+def test_precedence_evict_err_testing_warn_pass(
+    holds: tuple[str, ...], testing: bool, expected: Verdict
+) -> None:
+    node = Node()
+    for name in holds:
+        key, code = HOLDS[name]
+        node.run(key, run_of(key, (code, 0)))
+    if testing:
+        node.start("dcgm:3")
+    assert node.state.verdict is expected
+    assert node.state.verdict is v.verdict_of(node.state.held, node.state.testing)
+    if holds:
+        top = node.state.top
+        assert top is not None and top.severity.value == holds[0]
+
+
+def test_start_and_end_testing_return_to_the_verdict_before() -> None:
+    node = Node()
+    node.run("power", run_of("power", ("HW_SLOWDOWN", 0)))
+    assert node.start("dcgm:3") is T
+    assert node.start("dcgm:3") is T  # idempotent
+    assert node.start("dcgm:4") is T
+    assert node.end("dcgm:3") is T  # dcgm:4 still holds the GPUs
+    assert node.end("dcgm:4") is W
+    before = node.state
+    assert node.end("dcgm:4") is W
+    assert node.state is before
+
+
+def test_a_periodic_run_never_downgrades_testing() -> None:
+    node = Node(recover_after=1)
+    node.run("power", run_of("power", ("HW_SLOWDOWN", 0)))
+    node.start("dcgm:3")
+    assert node.run("power", clean("power")) is T  # the WARN recovered underneath
+    assert node.state.held == ()
+    assert node.run("dcgm:3", clean("dcgm:3"), v.Trigger.ON_DEMAND) is T
+    assert node.end("dcgm:3") is P
+
+
+def test_since_moves_only_when_the_verdict_changes() -> None:
+    node = Node()
+    node.run("remapped", run_of("remapped", ("REMAP_PENDING", 0)))
+    raised = node.state.since
+    node.run("remapped", run_of("remapped", ("REMAP_PENDING", 0)))
+    node.run("power", run_of("power", ("HW_SLOWDOWN", 1)))
+    node.run("remapped", unknown("remapped"))
+    node.clear()
+    node.start("dcgm:3")
+    node.end("dcgm:3")
+    assert (node.state.verdict, node.state.since) == (E, raised)
+    node.runs("remapped", clean("remapped"), 1)  # the clear lets it go on one pass
+    assert (node.state.verdict, node.state.since) == (W, node.now)
+
+
+def test_judged_only_after_a_judgement() -> None:
+    node = Node()
+    assert not node.state.judged
+    node.run("remapped", unknown("remapped"))
+    node.run("pcie", skipped("pcie"))
+    node.start("dcgm:3")
+    assert not node.state.judged
+    node.end("dcgm:3")
+    node.run("ecc", clean("ecc"))
+    assert node.state.judged
+    node.run("ecc", unknown("ecc"))
+    assert node.state.judged
+
+
+def test_the_same_code_on_two_gpus_is_two_holdings() -> None:
+    node = Node()
+    node.run("remapped", run_of("remapped", ("REMAP_PENDING", 1), ("REMAP_PENDING", 3)))
+    assert node.holdings() == {
+        ("remapped", "REMAP_PENDING", "gpu1"),
+        ("remapped", "REMAP_PENDING", "gpu3"),
+    }
+    only3 = run_of("remapped", ("REMAP_PENDING", 3))
+    assert node.runs("remapped", only3, 2) == [E, E]
+    assert node.holdings() == {("remapped", "REMAP_PENDING", "gpu3")}
+
+
+def test_two_keys_of_one_check_hold_separately() -> None:
+    node = Node(recover_after=1)
+    node.run("dcgm:3", run_of("dcgm:3", ("DCGM_DIAGNOSTIC", 0)))
+    assert node.run("dcgm:1", clean("dcgm:1")) is E
+    assert node.run("dcgm:3", clean("dcgm:3")) is P
+
+
+def test_findings_show_each_checks_latest_run() -> None:
+    node = Node()
+    node.run("remapped", run_of("remapped", ("REMAP_PENDING", 0)))
+    node.run("power", run_of("power", ("HW_SLOWDOWN", 1)))
+    node.run("remapped", run_of("remapped", ("REMAP_PENDING", 2)))
+    assert {(f.code, f.entity.label) for f in node.state.findings} == {
+        ("REMAP_PENDING", "gpu2"),
+        ("HW_SLOWDOWN", "gpu1"),
+    }
+    node.run("power", unknown("power"))
+    assert [f.entity.label for f in node.state.findings] == ["gpu2"]
+    # The held gpu0 fault is still what keeps the node at ERR.
+    assert ("remapped", "REMAP_PENDING", "gpu0") in node.holdings()
+
+
+def test_the_last_run_of_each_check_is_recorded() -> None:
+    node = Node()
+    node.run("ecc", unknown("ecc"), v.Trigger.ON_DEMAND)
+    state = node.state.checks["ecc"]
+    assert (state.status, state.trigger, state.at) == (Severity.UNKNOWN, "on-demand", node.now)
+    assert "timed out" in state.reason
+
+
+def test_holdings_are_ordered_worst_first() -> None:
+    node = Node()
+    node.run("power", run_of("power", ("HW_SLOWDOWN", 0)))
+    node.run("remapped", run_of("remapped", ("REMAP_PENDING", 1)))
+    node.run("xid", run_of("xid", ("XID_79", 2)))
+    assert [h.severity for h in node.state.held] == [Severity.EVICT, Severity.ERR, Severity.WARN]
+
+
+def test_recover_after_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="recover_after"):
+        v.Policy(recover_after=0)
