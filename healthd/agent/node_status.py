@@ -1,0 +1,376 @@
+"""The one writer of the agent's Node: labels, annotations, the condition, transitions.
+
+Every write healthd's agent makes to its Node goes through `NodePublisher`, so the
+rules of the published state hold in one place:
+
+- Only the latest desired state is kept (no queue): a newer one replaces it.
+- Only what differs from the node as the server last showed it is written, and only
+  our own keys: labels and annotations in ONE merge patch on the node (null removes a
+  key), the `GPUUnhealthy` condition in ONE strategic merge patch on `nodes/status`
+  (conditions merge by type, so no other condition is ever sent). Nothing differs:
+  no request at all, so a steady state costs zero writes.
+- `lastTransitionTime` moves only when the condition's status changes; there is no
+  heartbeat (it would write in a steady state). Per-check times in the `health`
+  annotation are kept while a check's status is unchanged, for the same reason.
+- Every verdict transition becomes one Event (a bounded backlog while the API is
+  away), sent after the writes that show it succeed.
+- Any API failure keeps the desired state and retries with backoff and jitter; the
+  first success writes the latest state. The loop never dies; `in_sync` and
+  `last_error` tell /readyz and the metrics where it stands.
+
+The server's answer to each patch is taken as the observed node (no waiting for the
+watch), and watch events older than what was observed are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from healthd.agent.node_view import Announcement, DesiredNode, announcement, desired_from, rfc3339
+from healthd.agent.verdict import HealthState
+from healthd.kube.backoff import Backoff
+from healthd.kube.client import Kube
+from healthd.kube.conventions import CONDITION_TYPE, Keys, Verdict
+from healthd.kube.errors import KubeError, Unavailable
+from healthd.kube.events import EventRecorder
+from healthd.kube.objects import NODES, meta
+
+__all__ = ["DesiredNode", "NodePublisher", "desired_from"]
+
+log = logging.getLogger(__name__)
+
+BACKLOG = 16  # verdict transitions kept while the API is away (oldest dropped)
+MAX_RETRY_AFTER_S = 60.0  # a server's Retry-After is honoured up to this
+
+
+@dataclass(frozen=True)
+class _Observed:
+    """The node as the server last showed it: what diffs are computed against."""
+
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    condition: Mapping[str, Any] | None
+    resource_version: str
+    involved: dict[str, Any]  # the reference Events point at
+
+    @classmethod
+    def of(cls, node: dict[str, Any]) -> _Observed:
+        md = meta(node)
+        status = node.get("status") if isinstance(node.get("status"), dict) else {}
+        conditions = status.get("conditions") if isinstance(status, dict) else None
+        ours = next((c for c in conditions or []
+                     if isinstance(c, dict) and c.get("type") == CONDITION_TYPE), None)
+        involved = {"apiVersion": "v1", "kind": "Node",
+                    "metadata": {k: md[k] for k in ("name", "uid") if k in md}}
+        return cls(
+            labels=_strings(md.get("labels")),
+            annotations=_strings(md.get("annotations")),
+            condition=ours,
+            resource_version=str(md.get("resourceVersion") or ""),
+            involved=involved,
+        )
+
+
+def _strings(value: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def _older(rv: str, than: str) -> bool:
+    """Whether resourceVersion `rv` is older than `than` (both numeric in practice;
+    opaque ones are never called older)."""
+    return rv.isdigit() and than.isdigit() and int(rv) < int(than)
+
+
+class NodePublisher:
+    """Keeps the Node showing the latest desired state, writing only differences."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        node: str,
+        keys: Keys,
+        events: EventRecorder,
+        *,
+        backoff: Backoff | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._kube = kube
+        self._node = node
+        self._keys = keys
+        self._events = events
+        self._backoff = backoff or Backoff()
+        self._clock = clock
+        self._desired: DesiredNode | None = None
+        self._observed: _Observed | None = None
+        self._first_label: str | None = None  # the verdict label as first seen
+        self._state: HealthState | None = None  # the last wanted judged state
+        self._backlog: deque[tuple[Verdict | None, HealthState, HealthState | None]] = deque(
+            maxlen=BACKLOG)
+        self._gen = 0  # bumped by every change that may need a write
+        self._done = 0  # the generation last written successfully
+        self._last_error = ""
+        self._wake: anyio.Event | None = None
+        self._progress: anyio.Event | None = None
+
+    # -- state for probes and metrics ----------------------------------------------
+
+    @property
+    def in_sync(self) -> bool:
+        """True when the node shows the latest desired state (and its Events went out)."""
+        return self._done == self._gen
+
+    @property
+    def last_error(self) -> str:
+        """Why the last write attempt failed; "" after a success."""
+        return self._last_error
+
+    @property
+    def observed(self) -> dict[str, Any] | None:
+        """Our labels and annotations as last seen on the server (for diagnostics)."""
+        if self._observed is None:
+            return None
+        return {"labels": dict(self._observed.labels),
+                "annotations": dict(self._observed.annotations)}
+
+    # -- inputs ----------------------------------------------------------------------
+
+    def observe(self, node_obj: dict[str, Any]) -> None:
+        """The node as the agent's watch delivered it. Older than what is known: ignored.
+        Someone changed one of our keys: the loop writes it back."""
+        if not isinstance(node_obj, dict):
+            return
+        seen = _Observed.of(node_obj)
+        if self._observed is not None and _older(seen.resource_version,
+                                                 self._observed.resource_version):
+            return
+        self._take(seen)
+        if self.in_sync and self._desired is not None and self._differs(self._desired):
+            self._poke()
+
+    def want(self, desired: DesiredNode, state: HealthState) -> None:
+        """The latest desired state; replaces any older one and wakes the loop."""
+        self._desired = desired
+        if state.judged:
+            previous = self._state
+            if previous is None:
+                self._backlog.append((None, state, None))
+            elif previous.verdict is not state.verdict:
+                self._backlog.append((previous.verdict, state, previous))
+            self._state = state
+        self._poke()
+
+    # -- the loop ----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Write what differs whenever something changes; retry failures with backoff.
+        Runs until cancelled."""
+        while True:
+            if self.in_sync:
+                self._wake = anyio.Event()
+                await self._wake.wait()
+                continue
+            generation = self._gen
+            try:
+                await self._sync()
+            except Exception as exc:  # the writer must outlive any failure
+                self._failed(exc)
+                await anyio.sleep(_delay(self._backoff, exc))
+                continue
+            self._backoff.reset()
+            self._last_error = ""
+            self._done = generation
+            self._signal()
+
+    async def flush(self, timeout_s: float) -> bool:
+        """Wait until the node shows the latest desired state; False on timeout."""
+        with anyio.move_on_after(timeout_s):
+            while not self.in_sync:
+                if self._progress is None:
+                    self._progress = anyio.Event()
+                await self._progress.wait()
+        return self.in_sync
+
+    async def patch_annotations(self, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        """A JSON patch on the node (the requests module's test-and-remove). Raises
+        `KubeError` (`Invalid` when a `test` failed); the answer becomes the observed
+        node."""
+        answer = await self._kube.json_patch(NODES, self._node, ops)
+        self._take(_Observed.of(answer))
+        return answer
+
+    # -- one synchronisation -------------------------------------------------------------
+
+    async def _sync(self) -> None:
+        if self._observed is None:
+            self._take(_Observed.of(await self._kube.get(NODES, self._node)))
+        desired = self._desired
+        if desired is not None:
+            desired = self._keep_times(desired)
+            metadata = self._metadata_patch(desired)
+            if metadata:
+                answer = await self._kube.merge_patch(NODES, self._node, {"metadata": metadata})
+                self._take(_Observed.of(answer))
+            cond = self._condition_patch(desired)
+            if cond is not None:
+                answer = await self._kube.strategic_patch(
+                    NODES, self._node, {"status": {"conditions": [cond]}}, subresource="status")
+                self._take(_Observed.of(answer))
+        await self._announce()
+
+    def _differs(self, desired: DesiredNode) -> bool:
+        desired = self._keep_times(desired)
+        return bool(self._metadata_patch(desired)) or self._condition_patch(desired) is not None
+
+    def _metadata_patch(self, desired: DesiredNode) -> dict[str, Any]:
+        """Our labels and annotations that differ from the observed node (None removes)."""
+        observed = self._observed
+        labels = _changes(desired.labels, observed.labels if observed else {},
+                          self._keys.owns_label)
+        annotations = _changes(desired.annotations, observed.annotations if observed else {},
+                               self._keys.owns_annotation)
+        patch: dict[str, Any] = {}
+        if labels:
+            patch["labels"] = labels
+        if annotations:
+            patch["annotations"] = annotations
+        return patch
+
+    def _condition_patch(self, desired: DesiredNode) -> dict[str, Any] | None:
+        """The condition to send, or None when the observed one already says it.
+        lastTransitionTime is kept unless the status changes."""
+        want = desired.condition
+        if want is None:
+            return None
+        have = self._observed.condition if self._observed else None
+        fields = ("status", "reason", "message")
+        if have is not None and all(have.get(f) == want.get(f) for f in fields):
+            return None
+        now = rfc3339(self._clock())
+        kept = have.get("lastTransitionTime") if have is not None else None
+        moved = have is None or have.get("status") != want.get("status")
+        transition = now if moved or not kept else kept
+        return {**want, "type": CONDITION_TYPE, "lastTransitionTime": transition,
+                "lastHeartbeatTime": now}
+
+    def _keep_times(self, desired: DesiredNode) -> DesiredNode:
+        """Keep the times the node already shows for what has not changed (the verdict's
+        since, each holding's since, each check's time while its status and reason
+        hold), so a periodic run or a restart that changes nothing writes nothing."""
+        key = self._keys.health
+        new_text = desired.annotations.get(key)
+        old_text = self._observed.annotations.get(key) if self._observed else None
+        if not new_text or not old_text:
+            return desired
+        try:
+            new = json.loads(new_text)
+            _carry_times(new, json.loads(old_text))
+        except (ValueError, AttributeError, TypeError):
+            return desired  # someone wrote garbage there: ours replaces it
+        text = json.dumps(new, separators=(",", ":"))
+        if len(text) != len(new_text):  # never let a foreign value grow ours past its bound
+            return desired
+        return DesiredNode(desired.labels, {**desired.annotations, key: text}, desired.condition)
+
+    # -- Events ------------------------------------------------------------------------
+
+    async def _announce(self) -> None:
+        """Send the Events of the transitions the node now shows, oldest first."""
+        while self._backlog:
+            old, state, old_state = self._backlog[0]
+            if old is None:
+                old = _verdict(self._first_label) or Verdict.PASS
+            event = announcement(old, state, old_state)
+            if event is not None:
+                await self._record(event)
+            self._backlog.popleft()
+
+    async def _record(self, event: Announcement) -> None:
+        involved = self._observed.involved if self._observed else {
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": self._node}}
+        await self._events.record(involved, type=event.type, reason=event.reason,
+                                  message=event.message)
+
+    # -- bookkeeping -------------------------------------------------------------------
+
+    def _take(self, seen: _Observed) -> None:
+        if self._observed is None:
+            self._first_label = seen.labels.get(self._keys.gpuhealth)
+        self._observed = seen
+
+    def _poke(self) -> None:
+        self._gen += 1
+        if self._wake is not None:
+            self._wake.set()
+
+    def _signal(self) -> None:
+        if self._progress is not None:
+            self._progress.set()
+            self._progress = None
+
+    def _failed(self, exc: Exception) -> None:
+        if isinstance(exc, KubeError):
+            self._last_error = str(exc)
+            if exc.status == 404:
+                self._observed = None  # the node may come back: read it again
+        else:
+            self._last_error = f"{type(exc).__name__}: {exc}"
+            log.exception("node publisher: unexpected failure", extra={"node": self._node})
+        log.warning("cannot publish node state: %s", self._last_error,
+                    extra={"node": self._node})
+        self._signal()
+
+
+def _delay(backoff: Backoff, exc: Exception) -> float:
+    """The next backoff, stretched to the server's Retry-After when it sent one."""
+    hint = exc.retry_after if isinstance(exc, Unavailable) else None
+    return max(backoff.next(), min(hint or 0.0, MAX_RETRY_AFTER_S))
+
+
+def _changes(desired: Mapping[str, str | None], observed: Mapping[str, str],
+             ours: Callable[[str], bool]) -> dict[str, str | None]:
+    """The entries of `desired` the observed mapping does not already show; keys we
+    do not own are never sent."""
+    out: dict[str, str | None] = {}
+    for key, value in desired.items():
+        if not ours(key):
+            log.error("refusing to write %r: not one of healthd's keys", key)
+        elif value is None and key in observed:
+            out[key] = None
+        elif value is not None and observed.get(key) != value:
+            out[key] = value
+    return out
+
+
+def _carry_times(new: dict[str, Any], old: dict[str, Any]) -> None:
+    """Copy into the `health` JSON `new` the times `old` shows for unchanged parts."""
+    if new.get("verdict") == old.get("verdict") and isinstance(old.get("since"), str):
+        new["since"] = old["since"]
+    old_held = {_held_key(h): h.get("since") for h in old.get("held") or []}
+    for h in new.get("held") or []:
+        if isinstance(old_held.get(_held_key(h)), str):
+            h["since"] = old_held[_held_key(h)]
+    old_checks = old.get("checks") or {}
+    for name, entry in (new.get("checks") or {}).items():
+        before = old_checks.get(name)
+        if isinstance(before, dict) and isinstance(before.get("at"), str) and all(
+                before.get(f) == entry.get(f) for f in ("status", "reason")):
+            entry["at"] = before["at"]
+
+
+def _held_key(h: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    return (h.get("check"), h.get("code"), h.get("entity"))
+
+
+def _verdict(value: str | None) -> Verdict | None:
+    try:
+        return Verdict(value) if value else None
+    except ValueError:
+        return None

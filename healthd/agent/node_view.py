@@ -1,0 +1,290 @@
+"""What the Node should show for a health state: labels, annotation, condition, Events.
+
+Pure rendering, kept apart from the writer (`node_status`) so every rule about the
+published state is a plain function of a `HealthState`:
+
+- the verdict label, only once something has been judged (UNKNOWN never changes it);
+- the `health` annotation: compact JSON, bounded to `HEALTH_LIMIT` bytes by dropping
+  the least severe findings first and saying how many went (`"truncated": N`);
+- the `GPUUnhealthy` condition without its times (the writer owns
+  `lastTransitionTime`, which moves only when the status changes);
+- the Event that announces a verdict transition, readable by a person.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from checks.base import Entity, Finding
+from healthd.agent.verdict import CheckState, HealthState, Held
+from healthd.kube.conventions import CONDITION_TYPE, Keys, Reason, Verdict
+
+HEALTH_LIMIT = 8 * 1024  # bytes of the health annotation (JSON is ASCII-escaped)
+MESSAGE_CHARS = 240  # per finding in the annotation
+CONDITION_MESSAGE_CHARS = 1024
+
+
+def rfc3339(at: float) -> str:
+    """`2025-05-13T19:54:55Z`: the timestamp format of Kubernetes objects."""
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass(frozen=True)
+class DesiredNode:
+    """What the node should show, our keys only. A key absent from a mapping is left
+    alone; a key mapped to None is removed."""
+
+    labels: Mapping[str, str | None] = field(default_factory=dict)
+    annotations: Mapping[str, str | None] = field(default_factory=dict)
+    condition: dict[str, Any] | None = None  # GPUUnhealthy without times; None = leave it
+
+
+def desired_from(
+    state: HealthState,
+    keys: Keys,
+    *,
+    node: str,
+    dcgm_levels: Mapping[int, str | None],
+    last_run: str | None = None,
+) -> DesiredNode:
+    """The published state for `state`. `dcgm_levels` maps a DCGM level to its label
+    value (`dcgm_label_value(...)`); `last_run` is the answer to the last on-demand
+    request (`requests.answer`), left alone when None."""
+    labels: dict[str, str | None] = {keys.dcgm_level(n): v for n, v in dcgm_levels.items()}
+    if state.judged:
+        labels[keys.gpuhealth] = state.verdict.value
+    annotations: dict[str, str | None] = {keys.health: health_json(state)}
+    if last_run is not None:
+        annotations[keys.last_run] = last_run
+    return DesiredNode(labels, annotations, condition(state, node=node))
+
+
+# -- entities and messages -------------------------------------------------------------
+
+
+def entity_of(state: HealthState, held: Held) -> Entity | None:
+    """The full entity (with UUID) behind a holding, from the latest findings."""
+    for f in state.check_findings.get(held.check, state.findings):
+        if f.code == held.code and f.entity.label == held.entity:
+            return f.entity
+    return None
+
+
+def describe_entity(label: str, entity: Entity | None = None) -> str:
+    """`GPU 5 (GPU-1234...)`, `node`, `peer n2`, `storage class fast`."""
+    if entity is not None and entity.kind == "gpu":
+        return f"GPU {entity.name}" + (f" ({entity.uuid})" if entity.uuid else "")
+    if label.startswith("gpu") and label[3:].isdigit():
+        return f"GPU {label[3:]}"
+    kind, _, name = label.partition("/")
+    if kind == "storage":
+        return f"storage class {name}"
+    return f"{kind} {name}" if name else kind
+
+
+def describe_held(state: HealthState, held: Held) -> str:
+    """`GPU 5 (GPU-1234...): XID 79: GPU has fallen off the bus`."""
+    return f"{describe_entity(held.entity, entity_of(state, held))}: {held.message}"
+
+
+def _more(count: int) -> str:
+    return f" (+{count} more finding{'s' if count > 1 else ''})" if count > 0 else ""
+
+
+# -- the GPUUnhealthy condition --------------------------------------------------------
+
+
+def condition(state: HealthState, *, node: str) -> dict[str, Any]:
+    """GPUUnhealthy: True for ERR/EVICT, False for PASS/WARN/TESTING, Unknown before
+    any judgement. Reason: the top holding's code, else GPUsHealthy/DiagnosticRunning."""
+    if not state.judged:
+        status, reason = "Unknown", Reason.CANNOT_JUDGE.value
+        message = f"no health check on {node} has given a judgement yet"
+    else:
+        status = "True" if state.verdict.unhealthy else "False"
+        reason, message = _condition_reason(state, node)
+    return {
+        "type": CONDITION_TYPE,
+        "status": status,
+        "reason": reason,
+        "message": _clip(message, CONDITION_MESSAGE_CHARS),
+    }
+
+
+def _condition_reason(state: HealthState, node: str) -> tuple[str, str]:
+    top = state.top
+    if state.verdict is Verdict.TESTING:
+        return Reason.TESTING.value, f"exclusive diagnostic running: {_testing(state)}"
+    if top is None:
+        return Reason.HEALTHY.value, f"all GPU health checks on {node} pass"
+    return top.code, describe_held(state, top) + _more(len(state.held) - 1)
+
+
+def _testing(state: HealthState) -> str:
+    return ", ".join(sorted(state.testing)) or "diagnostic"
+
+
+# -- the health annotation -------------------------------------------------------------
+
+
+def health_json(state: HealthState, limit: int = HEALTH_LIMIT) -> str:
+    """The `health` annotation: verdict, since, top code, holdings, other findings and
+    per-check status, in at most `limit` bytes (least severe findings dropped first)."""
+    head: dict[str, Any] = {
+        "verdict": state.verdict.value if state.judged else "UNKNOWN",
+        "since": rfc3339(state.since),
+        "top": state.top.code if state.top else None,
+    }
+    if state.testing:
+        head["testing"] = sorted(state.testing)
+    checks = {key: _check_json(cs) for key, cs in sorted(state.checks.items())}
+    items = _ranked_items(state)
+    kept = _fit(head, checks, items, limit)
+    body = dict(head)
+    body["held"] = [item for held, item, _ in kept if held]
+    body["findings"] = [item for held, item, _ in kept if not held]
+    body["checks"] = checks
+    if len(kept) < len(items):
+        body["truncated"] = len(items) - len(kept)
+    text = _dumps(body)
+    if len(text) > limit:  # per-check status alone is too long: keep the verdict readable
+        body["checks"] = {}
+        body["truncated"] = len(items)
+        body["held"], body["findings"] = [], []
+        text = _dumps(body)
+    return text
+
+
+def _dumps(body: Mapping[str, Any]) -> str:
+    return json.dumps(body, separators=(",", ":"), sort_keys=False)
+
+
+def _check_json(cs: CheckState) -> dict[str, Any]:
+    out: dict[str, Any] = {"status": cs.status.value, "at": rfc3339(cs.at)}
+    if cs.reason:
+        out["reason"] = _clip(cs.reason, MESSAGE_CHARS)
+    return out
+
+
+Item = tuple[bool, dict[str, Any], int]  # (is held, JSON, severity rank)
+
+
+def _ranked_items(state: HealthState) -> list[Item]:
+    """Holdings and the other latest findings, most severe first (holdings before
+    plain findings of the same severity)."""
+    items: list[Item] = [(True, _held_json(state, h), h.severity.rank) for h in state.held]
+    held_slots = {(h.check, h.code, h.entity) for h in state.held}
+    for key, findings in sorted(state.check_findings.items()):
+        for f in findings:
+            if (key, f.code, f.entity.label) not in held_slots:
+                items.append((False, _finding_json(key, f), f.severity.rank))
+    items.sort(key=lambda item: (-item[2], not item[0]))
+    return items
+
+
+def _held_json(state: HealthState, h: Held) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "code": h.code,
+        "check": h.check,
+        "entity": h.entity,
+        "severity": h.severity.value,
+        "sticky": h.sticky,
+        "message": _clip(h.message, MESSAGE_CHARS),
+        "since": rfc3339(h.since),
+    }
+    entity = entity_of(state, h)
+    if entity is not None and entity.uuid:
+        out["uuid"] = entity.uuid
+    if h.clear_requested:
+        out["clear_requested"] = True
+    return out
+
+
+def _finding_json(key: str, f: Finding) -> dict[str, Any]:
+    return {
+        "code": f.code,
+        "check": key,
+        "entity": f.entity.label,
+        "severity": f.severity.value,
+        "message": _clip(f.message, MESSAGE_CHARS),
+    }
+
+
+def _fit(head: dict[str, Any], checks: dict[str, Any], items: list[Item], limit: int) -> list[Item]:
+    """The longest most-severe-first prefix of `items` that fits in `limit` bytes."""
+    skeleton = _dumps({**head, "held": [], "findings": [], "checks": checks, "truncated": 99999})
+    budget = limit - len(skeleton)
+    kept: list[Item] = []
+    for item in items:
+        cost = len(_dumps(item[1])) + 1  # the separating comma
+        if cost > budget:
+            break
+        budget -= cost
+        kept.append(item)
+    return kept
+
+
+# -- verdict transitions ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Announcement:
+    """One Event about a verdict transition."""
+
+    type: str  # "Warning" or "Normal"
+    reason: str
+    message: str
+
+
+def announcement(old: Verdict, new_state: HealthState, old_state: HealthState | None) -> (
+        Announcement | None):
+    """The Event for a verdict change from `old` to `new_state.verdict`, or None when
+    nothing changed. Worse is a Warning whose reason is the top finding code; better
+    (and entering a planned diagnostic) is Normal."""
+    new = new_state.verdict
+    if new is old:
+        return None
+    head = f"GPU health {old.value} -> {new.value}"
+    if new is Verdict.TESTING:
+        return Announcement("Normal", Reason.TESTING.value,
+                            f"{head}: exclusive diagnostic running: {_testing(new_state)}")
+    top = new_state.top
+    if new.precedence > old.precedence and top is not None:
+        text = describe_held(new_state, top) + _more(len(new_state.held) - 1)
+        return Announcement("Warning", top.code, _clip(f"{head}: {text}", CONDITION_MESSAGE_CHARS))
+    reason = Reason.HEALTHY if new is Verdict.PASS else Reason.RECOVERED
+    text = _clip(f"{head}: {_recovery(new_state, old_state)}", CONDITION_MESSAGE_CHARS)
+    return Announcement("Normal", reason.value, text)
+
+
+def _recovery(new_state: HealthState, old_state: HealthState | None) -> str:
+    """What went away, and what still holds the node."""
+    released = _released(old_state.held if old_state else (), new_state.held)
+    parts = [f"released {_codes(released, old_state)}"] if released else []
+    if not released and old_state is not None and old_state.testing - new_state.testing:
+        parts.append(f"diagnostic {', '.join(sorted(old_state.testing - new_state.testing))} ended")
+    if new_state.top is not None:
+        parts.append(f"still held: {_codes(new_state.held, new_state)}")
+    return "; ".join(parts) or "no finding holds the node"
+
+
+def _released(before: Iterable[Held], after: Iterable[Held]) -> list[Held]:
+    now = {(h.check, h.code, h.entity) for h in after}
+    return [h for h in before if (h.check, h.code, h.entity) not in now]
+
+
+def _codes(held: list[Held] | tuple[Held, ...], state: HealthState | None, shown: int = 3) -> str:
+    named = [
+        f"{h.code} on {describe_entity(h.entity, entity_of(state, h) if state else None)}"
+        for h in held[:shown]
+    ]
+    return ", ".join(named) + _more(len(held) - shown)
+

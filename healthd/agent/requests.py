@@ -1,0 +1,179 @@
+"""On-demand requests by annotation: reading them, taking each exactly once, answering.
+
+Admins (or `healthd trigger`) ask for checks by writing `healthd.io/run` (`all`,
+`pciebw,remapped`, `dcgm:3`, optionally with `healthd.io/run-id`) or
+`healthd.io/clear=true` on the Node. The agent sees them on its node watch:
+
+- `read_requests` parses them (pure): a malformed value, an unknown check or an
+  argument its check rejects (`dcgm:9`) becomes `Request.error`, never an exception;
+- `take` removes a request with a JSON patch whose `test` guards the value that was
+  read, so a request is consumed once and a newer one written meanwhile is never
+  lost (the test fails and the caller re-reads);
+- `answer` builds the `healthd.io/last-run` JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import ValidationError
+
+from checks.base import Check
+from healthd.agent.node_view import rfc3339
+from healthd.kube.conventions import Keys, Verdict
+from healthd.kube.errors import Invalid, KubeError, NotFound
+from healthd.kube.objects import meta, resource_version_of
+from healthd.selection import Selected, SelectionError, parse_selection
+
+if TYPE_CHECKING:
+    from healthd.agent.node_status import NodePublisher
+
+log = logging.getLogger(__name__)
+
+ERROR_CHARS = 1000  # an error in last-run stays readable and bounded
+
+
+@dataclass(frozen=True)
+class Request:
+    """One on-demand request as read from the node. `error` non-empty: refuse it.
+
+    `annotation` is the key it came from; `explicit_id` says the id came from
+    `healthd.io/run-id` (which `take` then removes too)."""
+
+    id: str
+    text: str
+    kind: Literal["run", "clear"]
+    selected: list[Selected] = field(default_factory=list)
+    error: str = ""
+    annotation: str = ""
+    explicit_id: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+
+def read_requests(
+    node_obj: dict[str, Any], keys: Keys, registry: Mapping[str, type[Check]]
+) -> list[Request]:
+    """The run and clear requests on the node, in that order (none: empty list)."""
+    annotations = meta(node_obj).get("annotations")
+    if not isinstance(annotations, dict):
+        return []
+    version = resource_version_of(node_obj) or ""
+    out: list[Request] = []
+    if keys.run in annotations:
+        out.append(_run_request(annotations, keys, registry, version))
+    if keys.clear in annotations:
+        out.append(_clear_request(str(annotations[keys.clear]), keys, version))
+    return out
+
+
+def _run_request(annotations: Mapping[str, Any], keys: Keys,
+                 registry: Mapping[str, type[Check]], version: str) -> Request:
+    text = str(annotations[keys.run])
+    given = annotations.get(keys.run_id)
+    request_id = str(given) if given else derived_id("run", version, text)
+    try:
+        selected = parse_selection(text, registry)
+        error = _argument_error(selected, registry)
+    except SelectionError as exc:
+        selected, error = [], str(exc)
+    return Request(request_id, text, "run", selected if not error else [], error,
+                   annotation=keys.run, explicit_id=bool(given))
+
+
+def _clear_request(text: str, keys: Keys, version: str) -> Request:
+    error = "" if text.strip().lower() == "true" else (
+        f"{keys.clear} must be true (got {text!r})")
+    return Request(derived_id("clear", version, text), text, "clear", [], error,
+                   annotation=keys.clear)
+
+
+def derived_id(kind: str, resource_version: str, text: str) -> str:
+    """A stable id for a request written without `run-id`: the same node version and
+    value always give the same id."""
+    digest = hashlib.sha256(f"{kind}\0{resource_version}\0{text}".encode()).hexdigest()
+    return f"{kind}-{digest[:12]}"
+
+
+def _argument_error(selected: list[Selected], registry: Mapping[str, type[Check]]) -> str:
+    """Validate each `name:arg` with its check's Params (`dcgm:9`: level must be 1..4)."""
+    for item in selected:
+        cls = registry[item.name]
+        if item.arg is None or cls.ARG is None:
+            continue
+        try:
+            cls.Params.model_validate({cls.ARG: item.arg})
+        except ValidationError as exc:
+            problems = "; ".join(e["msg"] for e in exc.errors())
+            return f"bad argument in {item}: {cls.ARG}={item.arg!r}: {problems}"
+    return ""
+
+
+def pointer(key: str) -> str:
+    """The JSON pointer to annotation `key` (RFC 6901: `~` -> `~0`, `/` -> `~1`)."""
+    return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+
+
+def take_ops(request: Request, keys: Keys) -> list[dict[str, Any]]:
+    """JSON-patch ops that remove the request only if it still reads the same."""
+    key = request.annotation or (keys.run if request.kind == "run" else keys.clear)
+    guarded = [(key, request.text)]
+    if request.explicit_id:
+        guarded.append((keys.run_id, request.id))
+    ops: list[dict[str, Any]] = []
+    for name, value in guarded:
+        ops.append({"op": "test", "path": pointer(name), "value": value})
+        ops.append({"op": "remove", "path": pointer(name)})
+    return ops
+
+
+async def take(publisher: NodePublisher, request: Request, keys: Keys) -> bool:
+    """Consume `request`: True when it was removed by this call. False when it changed
+    meanwhile (a newer request is on the node: re-read it) or the server cannot be
+    reached now (the request stays on the node and the next node event retries)."""
+    try:
+        await publisher.patch_annotations(take_ops(request, keys))
+    except (Invalid, NotFound):
+        return False
+    except KubeError as exc:
+        log.warning("cannot take request %s: %s", request.id, exc,
+                    extra={"request_id": request.id})
+        return False
+    return True
+
+
+def answer(
+    request: Request,
+    *,
+    accepted: bool,
+    error: str,
+    start: float,
+    end: float,
+    verdict: Verdict,
+    checks: Mapping[str, str],
+) -> str:
+    """The `healthd.io/last-run` JSON: id, request, accepted or error, times, verdict,
+    per-check status."""
+    body = {
+        "id": request.id,
+        "request": request.text,
+        "kind": request.kind,
+        "accepted": accepted,
+        "error": _clip(error),
+        "start": rfc3339(start),
+        "end": rfc3339(end),
+        "verdict": verdict.value,
+        "checks": {str(k): str(v) for k, v in checks.items()},
+    }
+    return json.dumps(body, separators=(",", ":"))
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= ERROR_CHARS else text[: ERROR_CHARS - 3] + "..."

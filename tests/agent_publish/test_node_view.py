@@ -1,0 +1,81 @@
+"""What the node should show for a state (pure): the label only once judged, the
+health annotation's content and its size bound with many findings, the condition."""
+
+from __future__ import annotations
+
+import json
+
+from healthd.agent.node_view import HEALTH_LIMIT, desired_from, health_json
+from healthd.agent.verdict import initial, start_testing
+from healthd.kube.conventions import Reason, dcgm_label_value
+from tests.agent_publish.conftest import KEYS, NODE, finding, judged, result
+
+RANKS = {"EVICT": 3, "ERR": 2, "WARN": 1, "PASS": 0}
+XID_CODES = [8, 48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120]
+
+
+def many_findings_state():
+    """8 GPUs, each with every kind of finding several checks can report."""
+    runs = []
+    for check, codes in (("xid", [f"XID_{x}" for x in XID_CODES]),
+                         ("remapped", ["REMAP_PENDING", "REMAP_FAILURE"]),
+                         ("pcie", ["PCIE_LINK_DEGRADED", "PCIE_REPLAYS"]),
+                         ("ecc", ["ECC_UNCORRECTED", "PAGES_PENDING"]),
+                         ("power", ["HW_SLOWDOWN"]), ("nvlink", ["NVLINK_DOWN"])):
+        found = [finding(code, gpu, f"{code} on this GPU: " + "detail " * 20)
+                 for gpu in range(8) for code in codes]
+        runs.append((check, result(check, *found)))
+    return judged(*runs)
+
+
+def test_health_annotation_stays_under_the_bound_and_keeps_the_worst() -> None:
+    state = many_findings_state()
+    text = health_json(state)
+    assert len(text.encode()) <= HEALTH_LIMIT
+    body = json.loads(text)
+    assert body["verdict"] == "EVICT" and body["top"] == state.top.code
+    assert body["truncated"] > 0
+    kept = body["held"] + body["findings"]
+    held_slots = {(h.check, h.code, h.entity) for h in state.held}
+    everything = [h.severity.rank for h in state.held] + [
+        f.severity.rank for key, found in state.check_findings.items() for f in found
+        if (key, f.code, f.entity.label) not in held_slots]
+    assert len(kept) + body["truncated"] == len(everything)
+    # Least severe dropped first: what is kept is the most severe part of everything.
+    kept_ranks = sorted((RANKS[item["severity"]] for item in kept), reverse=True)
+    assert kept_ranks == sorted(everything, reverse=True)[: len(kept)]
+    assert {e["code"] for e in body["held"]} >= {"XID_79", "REMAP_FAILURE"}
+    assert set(body["checks"]) == {"xid", "remapped", "pcie", "ecc", "power", "nvlink"}
+
+
+def test_small_state_is_complete_without_truncation() -> None:
+    state = judged(("remapped", result("remapped", finding("REMAP_PENDING", 2, "2 rows"))),
+                   ("xid", result("xid", finding("XID_13", 1, "XID 13: graphics engine"))))
+    body = json.loads(health_json(state))
+    assert "truncated" not in body
+    (held,) = body["held"]
+    assert held["code"] == "REMAP_PENDING" and held["entity"] == "gpu2"
+    assert held["check"] == "remapped" and held["severity"] == "ERR"
+    assert held["uuid"].startswith("GPU-00000002")
+    assert [f["code"] for f in body["findings"]] == ["XID_13"]  # recorded, not held
+    assert body["checks"]["remapped"]["status"] == "ERR"
+
+
+def test_label_only_once_judged_and_dcgm_labels_from_the_caller() -> None:
+    value = dcgm_label_value(False, 1_750_000_000)
+    unjudged = desired_from(initial(0), KEYS, node=NODE, dcgm_levels={3: value})
+    assert unjudged.labels == {KEYS.dcgm_level(3): value}
+    assert unjudged.condition["status"] == "Unknown"
+    assert unjudged.condition["reason"] == Reason.CANNOT_JUDGE
+    ok = desired_from(judged(("remapped", result("remapped"))), KEYS, node=NODE, dcgm_levels={},
+                      last_run='{"id":"x"}')
+    assert ok.labels == {KEYS.gpuhealth: "PASS"}
+    assert ok.annotations[KEYS.last_run] == '{"id":"x"}'
+    assert "lastTransitionTime" not in ok.condition
+
+
+def test_testing_verdict_condition_is_false_with_diagnostic_reason() -> None:
+    state = start_testing(judged(("remapped", result("remapped"))), "dcgm:3", at=1.0)
+    cond = desired_from(state, KEYS, node=NODE, dcgm_levels={}).condition
+    assert (cond["status"], cond["reason"]) == ("False", Reason.TESTING)
+    assert "dcgm:3" in cond["message"]
