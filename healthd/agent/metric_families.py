@@ -1,0 +1,328 @@
+"""The metric families that describe the latest result of every check, built at scrape time.
+
+A scrape turns the latest CheckResult of every check key (plus the latest verdict
+state) into gauge families: status per check and per entity, measured values
+(`MEASURES`, one declarative row per value a check records), the Autopilot
+compatibility gauge, the node verdict. Because nothing is kept between scrapes, a
+GPU, peer or storage class missing from a check's latest result simply has no series
+any more. The family table is in healthd.agent.metrics, which owns the counters and
+feeds this collector.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+
+from checks.base import CheckResult, Entity, EntityKind, Finding, Severity, Value
+from healthd.kube.conventions import Verdict
+
+if TYPE_CHECKING:
+    from healthd.agent.verdict import HealthState
+
+GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "modelName")  # dcgm-exporter's names
+ENTITY_LABELS: dict[EntityKind, tuple[str, ...]] = {
+    "gpu": GPU_LABELS,
+    "peer": ("peer",),
+    "storage": ("storage_class",),
+    "node": (),
+}
+# Check name -> Autopilot's `health` label value (Autopilot calls power `power-slowdown`).
+AUTOPILOT_HEALTH = {
+    "pciebw": "pciebw",
+    "remapped": "remapped",
+    "power": "power-slowdown",
+    "dcgm": "dcgm",
+    "ping": "ping",
+    "pvc": "pvc",
+}
+AUTOPILOT_HELP = "Summary of the health checks measurements on compute nodes. Gauge Vector version"
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One measured value a check records on its entities, exported as a gauge."""
+
+    check: str  # check NAME whose results carry it
+    family: str
+    help: str
+    value: str  # key in EntityStatus.values
+    kind: EntityKind = "gpu"
+    extra: tuple[tuple[str, str], ...] = ()  # fixed labels telling sibling values apart
+    scale: float = 1.0
+
+
+def _split(
+    check: str,
+    family: str,
+    help: str,
+    label: str,
+    keys: Mapping[str, str],
+    *,
+    kind: EntityKind = "gpu",
+    scale: float = 1.0,
+) -> list[Measure]:
+    """Sibling values of one family told apart by one label (`direction`, `kind`)."""
+    return [
+        Measure(check, family, help, key, kind, ((label, v),), scale) for v, key in keys.items()
+    ]
+
+
+MEASURES: tuple[Measure, ...] = (
+    *_split("pciebw", "healthd_gpu_pcie_bandwidth_gbps", "Measured host<->device copy "
+            "bandwidth in GB/s.", "direction", {"h2d": "h2d_gbps", "d2h": "d2h_gbps"}),
+    Measure("pciebw", "healthd_gpu_pcie_link_bandwidth_gbps",
+            "GB/s the current PCIe link can carry.", "link_gbps"),
+    *_split("pcie", "healthd_gpu_pcie_link_generation", "PCIe link generation.", "link",
+            {"current": "pcie_gen", "max": "pcie_max_gen"}),
+    *_split("pcie", "healthd_gpu_pcie_link_width", "PCIe link width in lanes.", "link",
+            {"current": "pcie_width", "max": "pcie_max_width"}),
+    *_split("remapped", "healthd_gpu_remapped_rows", "GPU memory rows remapped.", "kind",
+            {"correctable": "correctable", "uncorrectable": "uncorrectable"}),
+    Measure("remapped", "healthd_gpu_row_remap_pending",
+            "1 when a row remap waits for a GPU reset.", "pending"),
+    Measure("remapped", "healthd_gpu_row_remap_failed", "1 when a row remap failed.", "failure"),
+    *_split("ecc", "healthd_gpu_ecc_volatile_errors", "ECC errors since the driver loaded.",
+            "kind", {"corrected": "ecc_corrected", "uncorrected": "ecc_uncorrected"}),
+    Measure("power", "healthd_gpu_power_watts", "GPU power draw in watts.", "power_w"),
+    Measure("power", "healthd_gpu_power_limit_watts", "GPU power limit in watts.", "limit_w"),
+    Measure("ping", "healthd_peer_ping_loss_ratio",
+            "Share of echoes lost on the peer's best address.", "loss", "peer"),
+    *_split("ping", "healthd_peer_ping_rtt_seconds", "Ping round-trip time in seconds.", "stat",
+            {"avg": "rtt_avg_ms", "max": "rtt_max_ms"}, kind="peer", scale=1e-3),
+    Measure("pvc", "healthd_storage_pvc_bind_seconds",
+            "Seconds the test PVC took to bind.", "bind_s", "storage"),
+)
+
+
+@dataclass(frozen=True)
+class Latest:
+    """The latest result of one check key, as a scrape sees it."""
+
+    seq: int  # observation order, so the newest of several keys (dcgm, dcgm:3) wins
+    result: CheckResult
+    ended_at: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    latest: Mapping[str, Latest]
+    state: HealthState | None
+
+
+def number(value: Value | None) -> float | None:
+    """A measured value as a sample value; None for text and missing values."""
+    if isinstance(value, bool | int | float):
+        return float(value)
+    return None
+
+
+def gpu_labels(entity: Entity) -> dict[str, str]:
+    """dcgm-exporter's labels for a GPU entity (all empty for other entities)."""
+    if entity.kind != "gpu":
+        return dict.fromkeys(GPU_LABELS, "")
+    return {
+        "gpu": entity.name,
+        "UUID": entity.uuid,
+        "pci_bus_id": entity.pci_bus_id,
+        "modelName": entity.model,
+    }
+
+
+class _Families:
+    """Gauge families assembled during one scrape; a repeated label set keeps the last
+    value (two entities that map to the same labels must not yield duplicate series)."""
+
+    def __init__(self) -> None:
+        self._samples: dict[str, dict[tuple[str, ...], float]] = {}
+        self._meta: dict[str, tuple[str, tuple[str, ...]]] = {}
+
+    def add(self, family: str, help: str, labels: Mapping[str, str], value: float) -> None:
+        self._meta.setdefault(family, (help, tuple(labels)))
+        self._samples.setdefault(family, {})[tuple(labels.values())] = value
+
+    def metrics(self) -> Iterator[Metric]:
+        for family, samples in self._samples.items():
+            help, names = self._meta[family]
+            gauge = GaugeMetricFamily(family, help, labels=names)
+            for values, value in samples.items():
+                gauge.add_metric(values, value)
+            yield gauge
+
+
+class SnapshotCollector:
+    """A prometheus_client collector: `read()` gives the latest results and state.
+
+    `peer_detail` False leaves peers out of the per-entity and ping families (each
+    peer costs every node five series: on a thousand-node fleet that is millions);
+    the Autopilot gauge keeps its one series per peer either way."""
+
+    def __init__(
+        self,
+        read: Callable[[], Snapshot],
+        *,
+        node: str,
+        cpu_model: str,
+        gpu_model: str,
+        peer_detail: bool = True,
+    ) -> None:
+        self._read = read
+        self._node = node
+        self._cpu_model = cpu_model
+        self._gpu_model = gpu_model
+        self._peer_detail = peer_detail
+
+    def describe(self) -> list[Metric]:
+        return []  # the families vary with the results: nothing fixed to announce
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._read()
+        out = _Families()
+        identities = _gpu_identities(entry.result for entry in snap.latest.values())
+        for key, entry in sorted(snap.latest.items()):
+            self._check(out, key, entry)
+            self._entities(out, key, entry.result, identities)
+        self._autopilot(out, snap.latest, identities)
+        if snap.state is not None:
+            self._verdict(out, snap.state)
+        yield from out.metrics()
+
+    def _check(self, out: _Families, key: str, entry: Latest) -> None:
+        base = {"node": self._node, "check": key}
+        for status in Severity:
+            out.add("healthd_check_status", "Status of the check's latest run (state set).",
+                    {**base, "status": status.value},
+                    1.0 if entry.result.status is status else 0.0)
+        out.add("healthd_check_last_run_timestamp_seconds",
+                "When the check's latest run ended (Unix time).", base, entry.ended_at)
+
+    def _entities(
+        self, out: _Families, key: str, result: CheckResult, identities: Mapping[str, Entity]
+    ) -> None:
+        measures = [m for m in MEASURES if m.check == check_name(key)]
+        for status in result.entities:
+            entity = _complete(status.entity, identities)
+            if entity.kind == "peer" and not self._peer_detail:
+                continue
+            labels = {"node": self._node, "check": key, "entity": entity.label,
+                      **gpu_labels(entity), "status": status.status.value}
+            out.add("healthd_check_entity_status",
+                    "Status of each entity in the check's latest run (value 1).", labels, 1.0)
+            for measure in measures:
+                self._measure(out, measure, entity, status.values)
+
+    def _measure(
+        self, out: _Families, m: Measure, entity: Entity, values: Mapping[str, Value]
+    ) -> None:
+        value = number(values.get(m.value))
+        if entity.kind != m.kind or value is None:
+            return
+        labels = {"node": self._node, **_entity_labels(entity), **dict(m.extra)}
+        out.add(m.family, m.help, labels, value * m.scale)
+
+    def _autopilot(
+        self, out: _Families, latest: Mapping[str, Latest], identities: Mapping[str, Entity]
+    ) -> None:
+        newest: dict[str, Latest] = {}
+        for key, entry in latest.items():
+            health = AUTOPILOT_HEALTH.get(check_name(key))
+            if health and (health not in newest or newest[health].seq < entry.seq):
+                newest[health] = entry
+        gpumodel = self._gpu_model or _first_model(identities) or "N/A"  # Autopilot's N/A
+        for health, entry in sorted(newest.items()):
+            for deviceid, value in _autopilot_values(health, entry.result):
+                labels = {"health": health, "node": self._node, "deviceid": deviceid,
+                          "cpumodel": self._cpu_model, "gpumodel": gpumodel}
+                out.add("autopilot_health_checks", AUTOPILOT_HELP, labels, value)
+
+    def _verdict(self, out: _Families, state: HealthState) -> None:
+        node = {"node": self._node}
+        for verdict in Verdict:
+            out.add("healthd_node_verdict", "The node's verdict (state set).",
+                    {**node, "verdict": verdict.value}, 1.0 if state.verdict is verdict else 0.0)
+        out.add("healthd_node_verdict_since_timestamp_seconds",
+                "When the node's verdict last changed (Unix time).", node, state.since)
+        out.add("healthd_node_judged", "1 once any check has given a judgement.", node,
+                1.0 if state.judged else 0.0)
+        for severity in (Severity.WARN, Severity.ERR, Severity.EVICT):
+            count = sum(1 for h in state.held if h.severity is severity)
+            out.add("healthd_node_held_findings", "Findings holding the verdict, by severity.",
+                    {**node, "severity": severity.value}, float(count))
+
+
+def check_name(key: str) -> str:
+    """The check NAME of a check KEY (`dcgm:3` -> `dcgm`)."""
+    return key.partition(":")[0]
+
+
+def _entity_labels(entity: Entity) -> dict[str, str]:
+    if entity.kind == "gpu":
+        return gpu_labels(entity)
+    return {name: entity.name for name in ENTITY_LABELS[entity.kind]}
+
+
+def _gpu_identities(results: Iterable[CheckResult]) -> dict[str, Entity]:
+    """GPU index -> the fullest identity any result gives it (DCGM names GPUs by index
+    only; the NVML checks know their UUID, bus id and model)."""
+    known: dict[str, Entity] = {}
+    for result in results:
+        for status in result.entities:
+            entity = status.entity
+            if entity.kind == "gpu" and entity.uuid and entity.name not in known:
+                known[entity.name] = entity
+    return known
+
+
+def _complete(entity: Entity, identities: Mapping[str, Entity]) -> Entity:
+    if entity.kind == "gpu" and not entity.uuid and entity.name in identities:
+        return identities[entity.name]
+    return entity
+
+
+def _first_model(identities: Mapping[str, Entity]) -> str:
+    ordered = sorted(identities.values(), key=lambda e: e.index or 0)
+    return next((e.model for e in ordered if e.model), "")
+
+
+def _failing(findings: Iterable[Finding]) -> bool:
+    """Autopilot's 1: something at WARN or worse was found."""
+    return any(f.severity.rank >= Severity.WARN.rank for f in findings)
+
+
+def _autopilot_values(health: str, result: CheckResult) -> list[tuple[str, float]]:
+    """(deviceid, value) pairs with Autopilot's meaning for one check's latest result."""
+    if health == "pciebw":
+        return [(s.entity.name, v) for s in result.entities
+                if s.entity.kind == "gpu" and (v := number(s.values.get("h2d_gbps"))) is not None]
+    if health in ("dcgm", "pvc"):
+        if _failing(result.findings):
+            return [("", 1.0)]
+        return [("", 0.0)] if result.status.ordered else []
+    kind = "peer" if health == "ping" else "gpu"
+    out: list[tuple[str, float]] = []
+    for status in result.entities:
+        if status.entity.kind != kind:
+            continue
+        flag = _entity_flag(status.entity, status.status, status.values, result.findings)
+        if flag is not None:
+            out.append((status.entity.name, flag))
+    return out
+
+
+def _entity_flag(
+    entity: Entity, status: Severity, values: Mapping[str, Value], findings: Iterable[Finding]
+) -> float | None:
+    """1 when the entity has a WARN-or-worse finding, 0 when it was judged fine, None
+    when the check could not tell. A peer not judged because this node is isolated
+    still counts as unreachable when every echo was lost (Autopilot's 100% loss)."""
+    if _failing(f for f in findings if f.entity == entity):
+        return 1.0
+    if status.ordered:
+        return 0.0
+    loss = number(values.get("loss"))
+    if entity.kind == "peer" and loss is not None and loss >= 1.0:
+        return 1.0
+    return None

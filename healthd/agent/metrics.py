@@ -1,0 +1,188 @@
+"""Every Prometheus metric the agent exports, on an explicit CollectorRegistry.
+
+The agent feeds this module what happened (check results, the verdict state, the
+publisher's health, fault-to-label latencies) and a scrape reads it back. Two kinds
+of family, following client_python's advice for snapshots:
+
+- counts and durations are plain Counter/Histogram objects, updated as results come;
+- everything that describes *the latest result* of a check (status per entity,
+  measured values, the Autopilot compatibility gauge, the verdict) is built at scrape
+  time by healthd.agent.metric_families from the latest CheckResult of every check
+  key. A GPU, peer or storage class absent from a check's latest result therefore
+  has no series any more: nothing stale is left behind.
+
+Every healthd family carries a `node` label (dcgm-exporter calls it `Hostname`; we
+use `node`, the name Kubernetes and kube-state-metrics use). GPU series carry
+dcgm-exporter's labels so joins with it work: `gpu` (index), `UUID`, `pci_bus_id`,
+`modelName` ("GPU labels" below). `check` is the check KEY (`remapped`, `dcgm:3`).
+
+| family | type | labels | meaning |
+| --- | --- | --- | --- |
+| `autopilot_health_checks` | gauge | health, node, deviceid, cpumodel, gpumodel | Autopilot compatibility, same meaning: `pciebw` H2D GB/s per GPU index; `remapped`, `power-slowdown` 0/1 per GPU index; `dcgm`, `pvc` 0/1 with deviceid ""; `ping` 0/1 per peer node name. 1 = a WARN-or-worse finding (or a peer that lost every echo). No series while the check cannot tell |
+| `healthd_check_status` | gauge (state set) | node, check, status | 1 for the status of the check's latest run, 0 for the other five statuses |
+| `healthd_check_entity_status` | gauge | node, check, entity, GPU labels, status | one series per entity of the check's latest run, value 1, `status` its status (`entity` is `gpu3`, `node`, `peer/n2`, `storage/fast`; GPU labels empty for other entities) |
+| `healthd_check_runs_total` | counter | node, check, result | completed runs by overall result (PASS WARN ERR EVICT UNKNOWN SKIPPED) |
+| `healthd_check_duration_seconds` | histogram | node, check | how long runs took |
+| `healthd_check_last_run_timestamp_seconds` | gauge | node, check | when the latest run ended (Unix time) |
+| `healthd_node_verdict` | gauge (state set) | node, verdict | 1 for the current verdict, 0 for the others; absent before the agent's first state |
+| `healthd_node_verdict_since_timestamp_seconds` | gauge | node | when the verdict last changed (Unix time) |
+| `healthd_node_judged` | gauge | node | 1 once any check has given a judgement (before that the label is not written) |
+| `healthd_node_held_findings` | gauge | node, severity | findings holding the verdict above PASS, by severity (WARN ERR EVICT) |
+| `healthd_gpu_pcie_bandwidth_gbps` | gauge | GPU labels, direction | measured copy bandwidth in GB/s, `h2d` / `d2h` (pciebw) |
+| `healthd_gpu_pcie_link_bandwidth_gbps` | gauge | GPU labels | GB/s the current PCIe link can carry (pciebw) |
+| `healthd_gpu_pcie_link_generation` | gauge | GPU labels, link | PCIe generation, `current` / `max` (pcie) |
+| `healthd_gpu_pcie_link_width` | gauge | GPU labels, link | PCIe lanes, `current` / `max` (pcie) |
+| `healthd_gpu_remapped_rows` | gauge | GPU labels, kind | rows remapped, `correctable` / `uncorrectable` (remapped) |
+| `healthd_gpu_row_remap_pending` | gauge | GPU labels | 1 when a remap waits for a GPU reset (remapped) |
+| `healthd_gpu_row_remap_failed` | gauge | GPU labels | 1 when a row remap failed (remapped) |
+| `healthd_gpu_ecc_volatile_errors` | gauge | GPU labels, kind | ECC errors since the driver loaded, `corrected` / `uncorrected` (ecc) |
+| `healthd_gpu_power_watts` | gauge | GPU labels | power draw (power) |
+| `healthd_gpu_power_limit_watts` | gauge | GPU labels | enforced power limit (power) |
+| `healthd_gpu_xid_events_total` | counter | GPU labels, xid | XID events received, by code (each XID finding adds its `count` value) |
+| `healthd_peer_ping_loss_ratio` | gauge | node, peer | share of echoes lost on the peer's best address (ping) |
+| `healthd_peer_ping_rtt_seconds` | gauge | node, peer, stat | round-trip time, `avg` / `max` (ping) |
+| `healthd_storage_pvc_bind_seconds` | gauge | node, storage_class | seconds the test PVC took to bind (pvc) |
+| `healthd_agent_fault_to_label_seconds` | histogram | node | from a fault's detection to the node label carrying it |
+| `healthd_agent_api_in_sync` | gauge | node | 1 when the Node shows everything the agent wants it to |
+| `healthd_agent_api_failing` | gauge | node | 1 when the latest write to the API server failed |
+
+Peers cost five series each on every node (status, loss, two RTTs, Autopilot's);
+`AgentMetrics(peer_detail=False)` keeps only Autopilot's on very large fleets.
+The XID counter keeps its series for the life of the process: a GPU that fell off
+the bus (XID 79) may vanish from every later snapshot, and its count must not.
+A scrape only reads; nothing here changes any state the agent acts on.
+"""  # noqa: E501 (the table is meant to be copied as it is)
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from checks.base import CheckResult, Finding
+from healthd.agent.metric_families import (
+    GPU_LABELS,
+    Latest,
+    Snapshot,
+    SnapshotCollector,
+    gpu_labels,
+    number,
+)
+
+if TYPE_CHECKING:
+    from healthd.agent.verdict import HealthState
+
+# From NVML checks (milliseconds) to a level-3 DCGM diagnostic (a quarter of an hour).
+DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+# The goal is seconds from fault to label; the tail shows an API server that was away.
+FAULT_TO_LABEL_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
+
+
+def read_cpu_model(path: str = "/proc/cpuinfo") -> str:
+    """The CPU's `model name` (Autopilot's `cpumodel` label); "" when unreadable."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                name, sep, value = line.partition(":")
+                if sep and name.strip() == "model name":
+                    return value.strip()
+    except OSError:
+        return ""
+    return ""
+
+
+class AgentMetrics:
+    """Every agent metric, on an explicit CollectorRegistry (never the global REGISTRY).
+
+    `gpu_model` "" means: the model of the lowest-numbered GPU any result names
+    (Autopilot's `gpumodel`), "N/A" when none does. `peer_detail` False drops the
+    per-peer healthd series (see metric_families.SnapshotCollector). `clock` dates
+    results that carry no start time."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        node: str,
+        cpu_model: str = "",
+        gpu_model: str = "",
+        peer_detail: bool = True,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.node = node
+        self._clock = clock
+        self._lock = threading.Lock()  # a scrape may run in another thread than updates
+        self._latest: dict[str, Latest] = {}
+        self._seq = 0
+        self._state: HealthState | None = None
+        self._runs = Counter(
+            "healthd_check_runs_total", "Check runs by overall result.",
+            ["node", "check", "result"], registry=registry,
+        )
+        self._durations = Histogram(
+            "healthd_check_duration_seconds", "Check run durations.",
+            ["node", "check"], buckets=DURATION_BUCKETS, registry=registry,
+        )
+        self._xids = Counter(
+            "healthd_gpu_xid_events_total", "XID events received, by code.",
+            ["node", *GPU_LABELS, "xid"], registry=registry,
+        )
+        self._fault_to_label = Histogram(
+            "healthd_agent_fault_to_label_seconds",
+            "Seconds from a fault's detection to the node label carrying it.",
+            ["node"], buckets=FAULT_TO_LABEL_BUCKETS, registry=registry,
+        )
+        self._in_sync = Gauge(
+            "healthd_agent_api_in_sync", "1 when the Node shows everything the agent wants.",
+            ["node"], registry=registry,
+        )
+        self._failing = Gauge(
+            "healthd_agent_api_failing", "1 when the latest write to the API server failed.",
+            ["node"], registry=registry,
+        )
+        collector = SnapshotCollector(
+            self.snapshot, node=node, cpu_model=cpu_model, gpu_model=gpu_model,
+            peer_detail=peer_detail,
+        )
+        registry.register(collector)
+
+    def observe_result(self, key: str, result: CheckResult) -> None:
+        """Count one completed run of check `key` (result, duration, XIDs) and make it
+        the latest result of `key`, which scrapes describe."""
+        ended = result.started_at + result.duration_s if result.started_at else self._clock()
+        self._runs.labels(self.node, key, result.status.value).inc()
+        self._durations.labels(self.node, key).observe(max(0.0, result.duration_s))
+        for finding in result.findings:
+            self._count_xid(finding)
+        with self._lock:
+            self._seq += 1
+            self._latest[key] = Latest(self._seq, result, ended)
+
+    def observe_state(self, state: HealthState) -> None:
+        """The node's verdict state, read back at scrape time."""
+        with self._lock:
+            self._state = state
+
+    def observe_fault_to_label(self, seconds: float) -> None:
+        self._fault_to_label.labels(self.node).observe(max(0.0, seconds))
+
+    def observe_publisher(self, in_sync: bool, last_error: str) -> None:
+        self._in_sync.labels(self.node).set(1 if in_sync else 0)
+        self._failing.labels(self.node).set(1 if last_error else 0)
+
+    def snapshot(self) -> Snapshot:
+        """What a scrape describes: the latest result per check key and the state."""
+        with self._lock:
+            return Snapshot(dict(self._latest), self._state)
+
+    def _count_xid(self, finding: Finding) -> None:
+        xid = finding.values.get("xid")
+        if finding.entity.kind != "gpu" or not finding.code.startswith("XID_") or xid is None:
+            return
+        count = number(finding.values.get("count", 1)) or 0.0
+        if count > 0:
+            labels = gpu_labels(finding.entity).values()
+            self._xids.labels(self.node, *labels, str(xid)).inc(count)
