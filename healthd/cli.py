@@ -1,7 +1,8 @@
 """The `healthd` command line.
 
     healthd check [--checks LIST] [--sim SPEC] [--config FILE] [--peer NAME=ADDR[,ADDR]]
-                  [--output table|json]
+                  [--output table|json] [--termination-log PATH]
+    healthd agent [--config FILE] [--kubeconfig FILE] [--sim SPEC] [--node NAME] [--http-port N]
     healthd config validate FILE
     healthd version
 
@@ -29,6 +30,7 @@ from healthd.config import Config, ConfigError, load_config
 from healthd.once import Report, node_name, plan, run_planned
 from healthd.report import render_problems, render_results
 from healthd.selection import SelectionError, parse_selection
+from healthd.termination import write_summary
 
 EX_USAGE = 64
 EX_CONFIG = 78
@@ -87,6 +89,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="a peer for the ping check (repeatable)",
     )
     check.add_argument("--output", choices=("table", "json"), default="table")
+    check.add_argument(
+        "--termination-log",
+        metavar="PATH",
+        help="also write a compact JSON summary (4096 bytes at most) to PATH",
+    )
+
+    agent = sub.add_parser("agent", help="run the node agent (DaemonSet): check, publish, serve")
+    agent.add_argument("--config", metavar="FILE", help="healthd config YAML")
+    agent.add_argument("--kubeconfig", metavar="FILE", help="default: $KUBECONFIG or in-cluster")
+    agent.add_argument("--sim", metavar="SPEC", help="run on a simulated machine (YAML or name)")
+    agent.add_argument("--node", metavar="NAME", help="this node's name (default: NODE_NAME)")
+    agent.add_argument("--http-port", type=int, metavar="N", help="/metrics, /healthz, /readyz")
+    agent.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING"))
 
     config = sub.add_parser("config", help="configuration tools")
     config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
@@ -158,6 +173,10 @@ async def _run_check(args: argparse.Namespace) -> Report:
 
 def cmd_check(args: argparse.Namespace) -> int:
     report = anyio.run(_run_check, args)
+    if args.termination_log:
+        problem = write_summary(args.termination_log, report.node, report.results)
+        if problem:
+            print(f"healthd: {problem}", file=sys.stderr)
     if args.output == "json":
         print(json.dumps(report.to_json(), indent=2))
     elif report.driver_error and not report.simulated:
@@ -188,6 +207,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "config":
         return cmd_config_validate(args)
+    if args.command == "agent":
+        from healthd.agent.command import run_agent
+
+        return run_agent(args)
     return cmd_check(args)
 
 

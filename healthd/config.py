@@ -29,6 +29,7 @@ from pydantic import (
 import checks
 from checks.base import Check, Severity
 from checks.catalog import Catalog, Override, is_known_code
+from healthd.agent.settings import AgentSettings
 
 ENV_OVERRIDES = {
     "NODE_NAME": "node_name",
@@ -87,6 +88,7 @@ class Config(_Frozen):
     own_prefix: str = "healthd.io/"
     codes: dict[str, CodeOverride] = {}
     checks: dict[str, CheckConfig] = {}
+    agent: AgentSettings = AgentSettings()
 
     @field_validator("codes")
     @classmethod

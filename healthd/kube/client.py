@@ -60,6 +60,12 @@ class Kube:
         self._client = api_client
         self.timeout_s = timeout_s
 
+    @property
+    def api_client(self) -> aio_client.ApiClient:
+        """The underlying client, for code outside healthd that takes one (the pvc
+        check: `checks` never imports healthd)."""
+        return self._client
+
     # -- construction --------------------------------------------------------------
 
     @classmethod

@@ -61,6 +61,10 @@ class Reason(enum.StrEnum):
     BAD_REQUEST = "BadHealthRequest"
     REQUEST_DONE = "HealthRequestDone"
     CLEARED = "HealthCleared"
+    NODE_EVICTED = "NodeEvicted"
+    APPWRAPPER_RESET = "AppWrapperReset"
+    RESET_BREAKER_OPEN = "ResetBreakerOpen"
+    RESET_BREAKER_CLOSED = "ResetBreakerClosed"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,387 @@
+"""The agent's orchestrator: wires the config to the runner, the verdict, the Node and
+the metrics, and runs every activity of `healthd agent` until stopped.
+
+Activities (tasks of one task group, all children of `Agent.run`):
+
+- the schedule (healthd.agent.schedule): periodic rounds through the runner;
+- the node watch (`metadata.name=<node>` only): feeds the publisher what the Node
+  shows, the GPU capacity, and on-demand requests (healthd.agent.ondemand);
+- the XID consumer: every XID event NVML delivers triggers a run of the `xid` check
+  at once (trigger `event`), so a fault reaches the label in seconds;
+- the publisher loop (healthd.agent.node_status), the peer watch (ping's peers) and
+  a small loop that reports the publisher's health to the metrics.
+
+Every result goes through `_on_result`: the pure verdict machine folds it into the
+state, the metrics record it, and the publisher gets the new desired Node. Exclusive
+checks run as Jobs (healthd.agent.deepdiag) only when no pod holds the node's GPUs;
+the node shows TESTING meanwhile and leaves it whatever happens.
+
+`stop()` is the graceful end (SIGTERM): cancel the checks (their subprocesses die
+with them), give the publisher `shutdown_flush_s` to write the last state, return.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+from prometheus_client import CollectorRegistry
+
+from checks.base import Check, CheckContext, CheckResult, Severity
+from checks.nvml import NvmlGpuSource, XidEvent
+from healthd.agent.busy import gpu_pods
+from healthd.agent.deepdiag import DeepDiagnostic
+from healthd.agent.http import serve_http
+from healthd.agent.metrics import AgentMetrics, read_cpu_model
+from healthd.agent.node_status import NodePublisher, desired_from
+from healthd.agent.ondemand import RequestHandler
+from healthd.agent.peers import PeerWatcher
+from healthd.agent.runner import Planned, Runner
+from healthd.agent.schedule import Job, Schedule, plan_jobs, planned_check
+from healthd.agent.verdict import HealthState, Policy, Trigger, apply, end_testing, initial
+from healthd.agent.verdict import start_testing as testing_started
+from healthd.config import Config
+from healthd.kube.client import Kube
+from healthd.kube.conventions import COMPONENT, GPU_RESOURCE, Keys, dcgm_label_value
+from healthd.kube.errors import KubeError
+from healthd.kube.events import EventRecorder
+from healthd.kube.objects import NODES
+from healthd.kube.watching import watch_forever
+from healthd.once import Planned as OncePlanned
+
+if TYPE_CHECKING:
+    from healthd.sim.node import SimulatedNode
+
+log = logging.getLogger(__name__)
+
+PUBLISHER_REPORT_S = 1.0  # how often the publisher's health reaches the metrics
+LABEL_WAIT_S = 60.0  # fault-to-label: give up measuring after this long
+
+
+class DeepCheck:
+    """An exclusive check run as a Job: the runner sees an ordinary exclusive check,
+    so the gate keeps every other check off the GPUs while it runs."""
+
+    def __init__(self, check: Check, diag: DeepDiagnostic, key: str, gpu_count: int) -> None:
+        self.inner, self.diag, self.key, self.gpu_count = check, diag, key, gpu_count
+        self.NAME = check.NAME
+        self.params = check.params
+
+    @property
+    def exclusive(self) -> bool:
+        return True
+
+    @property
+    def timeout_s(self) -> float:
+        settings = self.diag.settings
+        return settings.schedule_deadline_s + settings.run_deadline_s + 30
+
+    async def run(self, ctx: CheckContext) -> CheckResult:
+        outcome = await self.diag.run(self.key, self.gpu_count)
+        if outcome.result is None:  # DeepDiagnostic already told the node (an Event)
+            return CheckResult.unknown(self.NAME, outcome.error)
+        return outcome.result
+
+
+def effective_config(config: Config) -> Config:
+    """The agent's xid check listens for `agent.xid_window_s` per periodic run unless
+    its params say otherwise (events stream in continuously anyway)."""
+    section = config.check_section("xid")
+    if "window_s" in section.params:
+        return config
+    params = {**section.params, "window_s": config.agent.xid_window_s}
+    xid = section.model_copy(update={"params": params})
+    return config.model_copy(update={"checks": {**config.checks, "xid": xid}})
+
+
+class Agent:
+    """`healthd agent`: see the module docstring. Construct, then `await run()`."""
+
+    def __init__(self, config: Config, *, node: str, kubeconfig: str | None = None,
+                 kube: Kube | None = None, sim: SimulatedNode | None = None,
+                 http_port: int | None = None, registry: CollectorRegistry | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config = effective_config(config)
+        self.settings = self.config.agent
+        self.node = node
+        self.keys = Keys(config.label_prefix, config.own_prefix)
+        self.sim = sim
+        self.clock = clock
+        self.registry = registry or CollectorRegistry()
+        self.http_port = self.settings.http_port if http_port is None else http_port
+        self.policy = Policy(recover_after=self.settings.recover_after)
+        self.state: HealthState = initial(clock())
+        self.port: int | None = None  # the bound HTTP port, once serving
+        self.last_run: str | None = None  # the answer to the latest on-demand request
+        self.node_obj: dict[str, Any] | None = None
+        self.dcgm_levels: dict[int, str | None] = {}
+        self._kubeconfig, self._given_kube = kubeconfig, kube
+        self._deep_levels: dict[str, int | None] = {}  # exclusive key -> DCGM level
+        self._first_round: set[str] = set()  # jobs whose first turn is still to come
+        self._first_round_done = anyio.Event()
+        self._node_seen = anyio.Event()
+        self._node_changed = anyio.Event()
+        self._stopping = False
+        self._work: anyio.CancelScope | None = None
+        self._tasks: anyio.abc.TaskGroup | None = None
+        self.metrics = AgentMetrics(self.registry, node=node, cpu_model=read_cpu_model())
+        self.ctx = CheckContext(catalog=self.config.catalog(), node_name=node,
+                                expected_gpus=self.config.expected_gpus,
+                                namespace=self.config.namespace)
+        self.runner = Runner(self.ctx, on_result=self._on_result)
+        self._expected_from_node = self.config.expected_gpus is None and sim is None
+
+    # -- probes ------------------------------------------------------------------------
+
+    def healthy(self) -> tuple[bool, str]:
+        return (False, "shutting down") if self._stopping else (True, "ok")
+
+    def ready(self) -> tuple[bool, str]:
+        if not self._first_round_done.is_set():
+            return False, "the first round of checks has not finished"
+        return True, "ok"
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """End `run()` gracefully: cancel the checks, flush the last state, return."""
+        self._stopping = True
+        if self._work is not None:
+            self._work.cancel()
+
+    async def run(self) -> None:
+        """Run until cancelled or `stop()`; KubeError when no API config is usable."""
+        kube = self._given_kube or await Kube.connect(self._kubeconfig,
+                                                      timeout_s=self.settings.api_timeout_s)
+        gpus = NvmlGpuSource()
+        try:
+            await self._run_with(kube, gpus)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await gpus.aclose()
+                if self._given_kube is None:
+                    await kube.close()
+
+    async def _run_with(self, kube: Kube, gpus: NvmlGpuSource) -> None:
+        self.kube = kube
+        self.ctx.gpus = gpus
+        self.ctx.kube = kube.api_client  # the pvc check's client
+        self.events = EventRecorder(kube, component=COMPONENT, host=self.node)
+        self.publisher = NodePublisher(kube, self.node, self.keys, self.events,
+                                       clock=self.clock)
+        self.diag = DeepDiagnostic(kube, self.node, self.settings.deep_diagnostics,
+                                   self.events, catalog=self.ctx.catalog)
+        peers = PeerWatcher(kube, self.node, namespace=self.settings.peers.namespace,
+                            label_selector=self.settings.peers.label_selector,
+                            on_change=self._peers_changed)
+        requests = RequestHandler(self)
+        jobs = self._jobs()
+        log.info("agent starting on node %s: %d scheduled jobs, API %s", self.node,
+                 len(jobs), getattr(kube, "host", ""))
+        async with serve_http(self.http_port, self.registry, healthy=self.healthy,
+                              ready=self.ready) as port, anyio.create_task_group() as outer:
+            self.port = port
+            outer.start_soon(self.publisher.run)
+            with anyio.CancelScope() as self._work:
+                if self._stopping:
+                    self._work.cancel()
+                async with anyio.create_task_group() as self._tasks:
+                    self._tasks.start_soon(self._watch_node)
+                    self._tasks.start_soon(requests.serve)
+                    self._tasks.start_soon(peers.run)
+                    self._tasks.start_soon(self._report_publisher)
+                    self._tasks.start_soon(self._start_schedule, jobs)
+                    if self.config.check_section("xid").enabled:
+                        self._tasks.start_soon(self._consume_xids, gpus)
+            if self._stopping:
+                with anyio.CancelScope(shield=True):
+                    synced = await self.publisher.flush(self.settings.shutdown_flush_s)
+                log.info("agent stopped (last state %s)", "written" if synced else "NOT written")
+            outer.cancel_scope.cancel()
+
+    async def _start_schedule(self, jobs: list[Job]) -> None:
+        # The GPU count may come from the Node: wait briefly for it before the first round.
+        with anyio.move_on_after(self.settings.api_timeout_s):
+            await self._node_seen.wait()
+        self._first_round = {job.name for job in jobs if job.at_start}
+        if not self._first_round:
+            self._first_round_done.set()
+        await Schedule(jobs).run(self._fire)
+
+    # -- plans -------------------------------------------------------------------------
+
+    def _jobs(self) -> list[Job]:
+        return [replace(job, planned=tuple(self._simulated(p) for p in job.planned))
+                for job in plan_jobs(self.config)]
+
+    def plan(self, key: str) -> Planned:
+        """The check `key` as configured (ValueError for a bad argument)."""
+        return self._simulated(planned_check(self.config, key))
+
+    def _simulated(self, planned: Planned) -> Planned:
+        """On a simulated machine, point the check at the simulated hardware."""
+        if self.sim is None:
+            return planned
+        (prepared,) = self.sim.prepare(self.ctx, [OncePlanned(planned.check, planned.timeout_s)])
+        return replace(planned, check=prepared.check)
+
+    async def _fire(self, job: Job) -> None:
+        try:
+            if self.runner.gate.exclusive_wanted and not any(p.exclusive for p in job.planned):
+                # A deep diagnostic holds the GPUs: skip the turn rather than queue behind it.
+                log.debug("%s: skipped while a deep diagnostic runs", job.name)
+                return
+            await self.run_planned(job.planned, Trigger.PERIODIC)
+        finally:
+            self._first_round.discard(job.name)
+            if not self._first_round:
+                self._first_round_done.set()
+
+    # -- running -----------------------------------------------------------------------
+
+    async def run_planned(self, planned: tuple[Planned, ...] | list[Planned],
+                          trigger: Trigger) -> dict[str, CheckResult | str]:
+        """Shared checks in one round, then exclusive ones as Jobs. Returns each key's
+        result, or the reason it did not run (an exclusive check on busy GPUs)."""
+        out: dict[str, CheckResult | str] = {}
+        shared = [p for p in planned if not p.exclusive]
+        if shared:
+            out.update(await self.runner.run_round(shared, trigger))
+        for item in planned:
+            if item.exclusive:
+                out[item.key] = await self.run_deep(item, trigger)
+        return out
+
+    async def busy_pods(self) -> list[str]:
+        """Pods holding this node's GPUs (KubeError when the API cannot tell)."""
+        return await gpu_pods(self.kube, self.node)
+
+    async def run_deep(self, item: Planned, trigger: Trigger) -> CheckResult | str:
+        """One exclusive check as a Job, if the GPUs are free: TESTING while it runs."""
+        if item.key in self.runner.running():  # join it; its owner keeps TESTING
+            return await self.runner.run(item.key, item.check, trigger, item.timeout_s)
+        try:
+            busy = await self.busy_pods()
+        except KubeError as exc:
+            return f"cannot tell whether the GPUs are free: {exc}"
+        if busy:
+            return f"GPUs are busy: held by {', '.join(busy)}"
+        level = getattr(item.check, "level", None) if item.check.NAME == "dcgm" else None
+        self._deep_levels[item.key] = level
+        self.set_state(testing_started(self.state, item.key, at=self.clock()))
+        deep = DeepCheck(item.check, self.diag, item.key, self._gpu_count())
+        try:
+            return await self.runner.run(item.key, deep, trigger, deep.timeout_s)
+        finally:
+            self._deep_levels.pop(item.key, None)
+            self.set_state(end_testing(self.state, item.key, at=self.clock()))
+
+    def _gpu_count(self) -> int:
+        capacity = _node_gpus(self.node_obj)
+        return capacity or self.ctx.expected_gpus or 1
+
+    # -- results and state -------------------------------------------------------------
+
+    async def _on_result(self, key: str, result: CheckResult, trigger: Trigger) -> None:
+        at = self.clock()
+        state = apply(self.state, key, result, trigger=trigger, at=at, policy=self.policy)
+        if key in self._deep_levels:
+            level = self._deep_levels[key]
+            if level is not None and result.status.ordered:
+                passed = result.status.rank < Severity.ERR.rank
+                self.dcgm_levels[level] = dcgm_label_value(passed, at)
+            state = end_testing(state, key, at=at)  # one write: result and end of TESTING
+        self.metrics.observe_result(key, result)
+        before = self.state.checks.get(key)
+        changed = before is None or before.status is not result.status
+        log.log(logging.INFO if changed else logging.DEBUG, "%s: %s%s", key,
+                result.status.value, f" ({result.reason})" if result.reason else "",
+                extra={"trigger": trigger.value, "duration_s": round(result.duration_s, 3)})
+        self.set_state(state)
+
+    def set_state(self, state: HealthState) -> None:
+        """Adopt a new state: metrics, and the desired Node to the publisher."""
+        if state.verdict is not self.state.verdict:
+            log.info("verdict %s -> %s", self.state.verdict.value, state.verdict.value,
+                     extra={"verdict": state.verdict.value})
+        self.state = state
+        self.metrics.observe_state(state)
+        self.publish()
+
+    def publish(self) -> None:
+        desired = desired_from(self.state, self.keys, node=self.node,
+                               dcgm_levels=self.dcgm_levels, last_run=self.last_run)
+        self.publisher.want(desired, self.state)
+
+    # -- watches and streams -----------------------------------------------------------
+
+    async def _watch_node(self) -> None:
+        async for event in watch_forever(self.kube, NODES,
+                                         field_selector=f"metadata.name={self.node}"):
+            if event.type == "DELETED":
+                log.warning("node %s was deleted; waiting for it to come back", self.node)
+                continue
+            self.node_obj = event.object
+            self.publisher.observe(event.object)
+            if self._expected_from_node and (count := _node_gpus(event.object)):
+                self.ctx.expected_gpus = count
+            self._node_seen.set()
+            self.node_changed()
+
+    def node_changed(self) -> None:
+        self._node_changed.set()
+
+    async def wait_node_change(self) -> dict[str, Any] | None:
+        """Wait for the next node event (or one not yet consumed); the node as seen."""
+        await self._node_changed.wait()
+        self._node_changed = anyio.Event()
+        return self.node_obj
+
+    async def _consume_xids(self, gpus: NvmlGpuSource) -> None:
+        xid = self.plan("xid")
+        async for event in gpus.watch_xids():
+            log.info("XID %d on GPU %d", event.xid, event.gpu_index)
+            result = await self.runner.run(xid.key, xid.check, Trigger.EVENT, xid.timeout_s,
+                                           gated=False)
+            if not _reports(result, event):
+                # It joined a run whose window had closed: this run drains the event.
+                result = await self.runner.run(xid.key, xid.check, Trigger.EVENT,
+                                               xid.timeout_s, gated=False)
+            if self.state.judged and _reports(result, event) and self._tasks is not None:
+                self._tasks.start_soon(self._measure_fault_to_label, event.at)
+
+    async def _measure_fault_to_label(self, detected_at: float) -> None:
+        if await self.publisher.flush(LABEL_WAIT_S):
+            self.metrics.observe_fault_to_label(self.clock() - detected_at)
+
+    async def _report_publisher(self) -> None:
+        while True:
+            self.metrics.observe_publisher(self.publisher.in_sync, self.publisher.last_error)
+            await anyio.sleep(PUBLISHER_REPORT_S)
+
+    def _peers_changed(self, peers: list[Any]) -> None:
+        self.ctx.peers = peers
+
+
+def _reports(result: CheckResult, event: XidEvent) -> bool:
+    """Whether an xid run's result carries `event` (its code on its GPU)."""
+    code = f"XID_{event.xid}"
+    return any(f.code == code and (f.entity.uuid == event.uuid or
+                                   f.entity.index == event.gpu_index)
+               for f in result.findings)
+
+
+def _node_gpus(node: dict[str, Any] | None) -> int:
+    """The node's GPU capacity (`status.capacity["nvidia.com/gpu"]`), 0 when unknown."""
+    status = node.get("status") if isinstance(node, dict) else None
+    capacity = status.get("capacity") if isinstance(status, dict) else None
+    try:
+        return int(str((capacity or {}).get(GPU_RESOURCE, 0)))
+    except ValueError:
+        return 0
+

@@ -1,0 +1,96 @@
+"""Whether the node's GPUs are in use: the gate in front of exclusive diagnostics.
+
+A deep diagnostic (`dcgm:3`) needs every GPU of the node to itself, so it may start
+only when no pod on the node holds one. "Holds" follows the scheduler's accounting:
+a pod counts from the moment it is bound to the node until it has terminated
+(phase Succeeded or Failed). A pod being deleted still counts: its containers keep
+the GPUs until the kubelet has stopped them and the object is gone. The count takes
+the larger of requests and limits over regular and init containers (an init
+container holds its GPUs while it runs), so a pod that asks for a GPU anywhere
+counts. The agent's own diagnostic pods never count: they are what will run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from healthd.kube.conventions import GPU_RESOURCE
+from healthd.kube.objects import PODS, meta
+
+if TYPE_CHECKING:
+    from healthd.kube.client import Kube
+
+DIAGNOSTIC_LABEL = "healthd.io/diagnostic"  # on the agent's own diagnostic Jobs and pods
+TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def _quantity(value: Any) -> int:
+    """An extended-resource quantity (`"2"`, 2); anything unreadable is 0."""
+    try:
+        return max(0, int(str(value).strip()))
+    except ValueError:
+        return 0
+
+
+def _container_gpus(container: Any) -> int:
+    resources = container.get("resources") if isinstance(container, dict) else None
+    if not isinstance(resources, dict):
+        return 0
+    amounts = [0]
+    for part in ("requests", "limits"):
+        section = resources.get(part)
+        if isinstance(section, Mapping):
+            amounts.append(_quantity(section.get(GPU_RESOURCE, 0)))
+    return max(amounts)
+
+
+def _containers(spec: Mapping[str, Any], field: str) -> list[Any]:
+    value = spec.get(field)
+    return value if isinstance(value, list) else []
+
+
+def pod_gpus(pod: Mapping[str, Any]) -> int:
+    """GPUs a pod holds while it is on the node, as the scheduler counts them: the
+    larger of the sum over regular containers and the largest init container."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return 0
+    regular = sum(_container_gpus(c) for c in _containers(spec, "containers"))
+    init = max((_container_gpus(c) for c in _containers(spec, "initContainers")), default=0)
+    return max(regular, init)
+
+
+def is_terminated(pod: Mapping[str, Any]) -> bool:
+    status = pod.get("status")
+    return isinstance(status, Mapping) and status.get("phase") in TERMINATED_PHASES
+
+
+def is_diagnostic(pod: Mapping[str, Any]) -> bool:
+    labels = meta(dict(pod)).get("labels")
+    return isinstance(labels, Mapping) and labels.get(DIAGNOSTIC_LABEL) == "true"
+
+
+def holds_gpus(pod: Mapping[str, Any]) -> bool:
+    """A live (not terminated) workload pod that asks for at least one GPU."""
+    return not is_terminated(pod) and not is_diagnostic(pod) and pod_gpus(pod) > 0
+
+
+def gpu_holders(pods: Iterable[Any]) -> list[str]:
+    """`namespace/name` of the pods among `pods` that hold GPUs, sorted."""
+    out = []
+    for pod in pods:
+        if isinstance(pod, dict) and holds_gpus(pod):
+            m = meta(pod)
+            out.append(f"{m.get('namespace', '')}/{m.get('name', '')}")
+    return sorted(out)
+
+
+async def gpu_pods(kube: Kube, node: str) -> list[str]:
+    """`namespace/name` of the non-terminated pods on `node` that hold GPUs.
+
+    Raises `healthd.kube.errors.KubeError` when the pods cannot be listed: the caller
+    must not start a diagnostic it cannot prove safe."""
+    listed = await kube.list(PODS, field_selector=f"spec.nodeName={node}")
+    items = listed.get("items") if isinstance(listed, dict) else None
+    return gpu_holders(items if isinstance(items, list) else [])

@@ -1,0 +1,114 @@
+"""`healthd agent` as a process: config, logging, the simulated machine, signals,
+exit codes.
+
+Exit codes: 0 after SIGTERM/SIGINT (the agent stopped cleanly, within
+`agent.shutdown_flush_s` plus the time checks take to die: well under 10 s);
+78 (EX_CONFIG) for a config, machine spec or kubeconfig that cannot be used, with
+the field or file named; 1 when the agent cannot start otherwise (the HTTP port is
+taken). A second signal during shutdown ends the process at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+from contextlib import ExitStack
+from typing import TYPE_CHECKING
+
+import anyio
+
+from healthd.agent.agent import Agent
+from healthd.agent.logs import configure_logging
+from healthd.config import Config, ConfigError, load_config
+from healthd.kube.errors import KubeError
+
+if TYPE_CHECKING:
+    from healthd.sim.node import SimulatedNode
+
+log = logging.getLogger(__name__)
+
+EX_CONFIG = 78
+EX_SOFTWARE = 1
+HARD_STOP_S = 9.0  # after a signal: the process ends by then, flushed or not
+
+
+def resolve_node_name(config: Config, node: str | None, sim: SimulatedNode | None) -> str:
+    """--node, else NODE_NAME (the config), else the simulated machine's, else the host."""
+    return node or config.node_name or (sim.spec.node if sim else "") or socket.gethostname()
+
+
+class StartupError(Exception):
+    """The agent cannot start; `code` is the exit status."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _config(path: str | None) -> Config:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        raise StartupError(str(exc), EX_CONFIG) from exc
+
+
+async def run_until_signal(agent: Agent) -> None:
+    """Run the agent until SIGTERM or SIGINT, then stop it gracefully."""
+    async with anyio.create_task_group() as group:
+
+        async def on_signal() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    log.info("received %s: stopping", signal.Signals(signum).name)
+                    agent.stop()
+                    group.cancel_scope.deadline = anyio.current_time() + HARD_STOP_S
+                    break
+                async for _ in signals:  # a second signal: stop now
+                    group.cancel_scope.cancel()
+
+        group.start_soon(on_signal)
+        await agent.run()
+        group.cancel_scope.cancel()
+
+
+def _startup_error(exc: BaseException) -> BaseException:
+    """The error that stopped the agent, out of its task groups: a StartupError when
+    it is one we can explain, else the original."""
+    leaf = exc
+    while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
+        leaf = leaf.exceptions[0]
+    if isinstance(leaf, KubeError):
+        return StartupError(str(leaf), EX_CONFIG)
+    if isinstance(leaf, OSError):
+        return StartupError(str(leaf), EX_SOFTWARE)
+    return exc
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    """The `healthd agent` subcommand."""
+    try:
+        with ExitStack() as stack:
+            config = _config(args.config)
+            sim = None
+            if args.sim:
+                from healthd.sim.node import SimulationError, simulate
+
+                try:
+                    sim = stack.enter_context(simulate(args.sim))
+                except SimulationError as exc:
+                    raise StartupError(str(exc), EX_CONFIG) from exc
+            node = resolve_node_name(config, args.node, sim)
+            configure_logging(args.log_level, node)
+            agent = Agent(config, node=node, kubeconfig=args.kubeconfig, sim=sim,
+                          http_port=args.http_port)
+            try:
+                anyio.run(run_until_signal, agent)
+            except Exception as exc:
+                raise _startup_error(exc) from exc
+    except StartupError as exc:
+        print(f"healthd: {exc}", file=sys.stderr)
+        return exc.code
+    return 0

@@ -1,0 +1,252 @@
+"""Deep diagnostics as Kubernetes Jobs: the agent's way to run an exclusive check.
+
+An exclusive check (`dcgm:3`) needs every GPU of the node. Running it inside the
+agent would hide that from the scheduler, which could place work on GPUs the
+diagnostic is hammering. So the agent creates a Job pinned to its node that
+requests (and limits) all the node's GPUs: the scheduler reserves them, and nothing
+else lands there while it runs. The pod runs `healthd check --checks <key>` and
+leaves a compact summary (healthd.termination) in its termination message, which
+the agent reads back into a CheckResult.
+
+Pinning uses node affinity (`matchFields metadata.name In [node]`), never
+`spec.nodeName`, which would bypass the scheduler and its GPU accounting.
+
+Whatever happens (no pod within the schedule deadline, the pod dies, the API fails,
+the caller is cancelled) the Job is deleted in a shielded `finally`, and a failure
+is a `DiagOutcome` with a readable `error` plus a Warning Event on the Node, never
+an exception.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from checks.base import CheckResult
+from checks.catalog import Catalog
+from healthd.agent.busy import DIAGNOSTIC_LABEL, TERMINATED_PHASES
+from healthd.kube.conventions import GPU_RESOURCE, Reason
+from healthd.kube.errors import KubeError
+from healthd.kube.objects import JOBS, PODS, meta, name_of
+from healthd.kube.watching import watch_forever
+from healthd.termination import SummaryError, parse_summary
+
+if TYPE_CHECKING:
+    from healthd.agent.settings import DeepDiagSettings
+    from healthd.kube.client import Kube
+    from healthd.kube.events import EventRecorder
+
+Obj = dict[str, Any]  # a Kubernetes object as JSON
+
+NODE_LABEL = "healthd.io/node"
+TERMINATION_LOG = "/dev/termination-log"
+TTL_AFTER_FINISHED_S = 600  # the cluster cleans up if the agent dies before deleting
+DELETE_TIMEOUT_S = 10.0
+_GENERATED_SUFFIX = 5  # characters the API server appends to generateName
+_MAX_NAME = 63  # Job names feed the pods' job-name label, which is capped at 63
+
+
+@dataclass(frozen=True)
+class DiagOutcome:
+    """A diagnostic's result, or (result None) why it could not produce one."""
+
+    result: CheckResult | None
+    error: str = ""
+
+
+class DiagnosticFailed(Exception):
+    """Internal: the run ended without a result; the message says why."""
+
+
+def _label_value(text: str) -> str:
+    """`text` made a valid label value (63 chars, alphanumeric at both ends)."""
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]", "-", text)[:_MAX_NAME]
+    return cleaned.strip("-_.")
+
+
+def job_name_prefix(node: str) -> str:
+    prefix = f"healthd-diag-{node.lower()}"[: _MAX_NAME - _GENERATED_SUFFIX - 1]
+    return re.sub(r"[^a-z0-9-]", "-", prefix).rstrip("-") + "-"
+
+
+def diagnostic_command(key: str) -> list[str]:
+    return ["healthd", "check", "--checks", key, "--output", "json",
+            "--termination-log", TERMINATION_LOG]
+
+
+def job_manifest(node: str, key: str, gpu_count: int, settings: DeepDiagSettings) -> Obj:
+    """The Job that runs check `key` on `node` with all `gpu_count` GPUs reserved."""
+    labels = {DIAGNOSTIC_LABEL: "true", NODE_LABEL: _label_value(node)}
+    gpus = {GPU_RESOURCE: str(gpu_count)}
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}},
+        "tolerations": [dict(t) for t in settings.tolerations],
+        "containers": [{
+            "name": "diagnostic",
+            "image": settings.image,
+            "command": diagnostic_command(key),
+            "env": [{"name": "NODE_NAME",
+                     "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+            "resources": {"requests": dict(gpus), "limits": dict(gpus)},
+            "terminationMessagePath": TERMINATION_LOG,
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+        }],
+    }
+    if settings.priority_class:
+        pod_spec["priorityClassName"] = settings.priority_class
+    if settings.service_account:
+        pod_spec["serviceAccountName"] = settings.service_account
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"generateName": job_name_prefix(node), "namespace": settings.namespace,
+                     "labels": {**labels, "healthd.io/check": _label_value(key)}},
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": int(settings.schedule_deadline_s + settings.run_deadline_s),
+            "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+
+
+# -- reading the pod -------------------------------------------------------------------
+
+
+def _container_state(pod: Obj) -> Obj:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    state = statuses[0].get("state") if statuses and isinstance(statuses[0], dict) else None
+    return state if isinstance(state, dict) else {}
+
+
+def is_scheduled(pod: Obj) -> bool:
+    return bool((pod.get("spec") or {}).get("nodeName"))
+
+
+def is_finished(pod: Obj) -> bool:
+    return (pod.get("status") or {}).get("phase") in TERMINATED_PHASES \
+        or "terminated" in _container_state(pod)
+
+
+def unscheduled_reason(pod: Obj | None) -> str:
+    """The scheduler's explanation (PodScheduled condition), or what is known."""
+    if pod is None:
+        return "no pod was created for the Job"
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") != "True":
+            return str(cond.get("message") or cond.get("reason") or "pending")
+    return "pod pending"
+
+
+def failure_reason(pod: Obj) -> str:
+    """Why a pod ended without a result: container reason and exit code, or the pod's."""
+    terminated = _container_state(pod).get("terminated") or {}
+    status = pod.get("status") or {}
+    reason = terminated.get("reason") or status.get("reason") or status.get("phase") or "unknown"
+    exit_code = terminated.get("exitCode")
+    text = f"{reason} (exit code {exit_code})" if exit_code is not None else str(reason)
+    detail = str(terminated.get("message") or status.get("message") or "").strip()
+    return f"{text}: {detail[-300:]}" if detail else text
+
+
+def result_from_pod(pod: Obj, check: str, catalog: Catalog) -> CheckResult:
+    """The check result in a finished pod's termination message."""
+    message = str((_container_state(pod).get("terminated") or {}).get("message") or "")
+    try:
+        return parse_summary(message, check, catalog)
+    except SummaryError as exc:
+        phase = (pod.get("status") or {}).get("phase")
+        if phase == "Failed" or not message.strip():
+            raise DiagnosticFailed(f"diagnostic pod failed: {failure_reason(pod)}") from exc
+        raise DiagnosticFailed(f"diagnostic pod finished without a readable result: {exc}") \
+            from exc
+
+
+# -- the run ---------------------------------------------------------------------------
+
+
+class DeepDiagnostic:
+    """Runs exclusive checks on `node` as Jobs (see the module docstring)."""
+
+    def __init__(self, kube: Kube, node: str, settings: DeepDiagSettings,
+                 events: EventRecorder, *, catalog: Catalog | None = None) -> None:
+        self.kube = kube
+        self.node = node
+        self.settings = settings
+        self.events = events
+        self.catalog = catalog or Catalog()
+
+    async def run(self, key: str, gpu_count: int) -> DiagOutcome:
+        """Create the Job, follow its pod to the end, read the result, delete the Job."""
+        started = time.time()
+        job: Obj | None = None
+        if gpu_count < 1:  # a Job asking for no GPU would reserve nothing: not exclusive
+            outcome = DiagOutcome(None, f"no GPUs to reserve (gpu_count={gpu_count})")
+            await self._warn(key, outcome.error)
+            return outcome
+        try:
+            job = await self.kube.create(JOBS, job_manifest(self.node, key, gpu_count,
+                                                            self.settings))
+            result = await self._follow(job, key.partition(":")[0])
+            outcome = DiagOutcome(result.timed(started, result.duration_s), "")
+        except KubeError as exc:
+            outcome = DiagOutcome(None, f"cannot create the diagnostic Job: {exc}")
+        except DiagnosticFailed as exc:
+            outcome = DiagOutcome(None, str(exc))
+        finally:
+            if job is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._delete(job)
+        if outcome.error:
+            await self._warn(key, outcome.error)
+        return outcome
+
+    async def _follow(self, job: Obj, check: str) -> CheckResult:
+        """Watch the Job's pod: scheduled within the schedule deadline, finished
+        within the run deadline after that."""
+        uid = meta(job).get("uid", "")
+        schedule_s, run_s = self.settings.schedule_deadline_s, self.settings.run_deadline_s
+        pod: Obj | None = None
+        scheduled = False
+        watching = watch_forever(self.kube, PODS, self.settings.namespace,
+                                 label_selector=f"controller-uid={uid}")
+        with anyio.CancelScope(deadline=anyio.current_time() + schedule_s) as scope:
+            async with aclosing(watching) as events:  # type: ignore[type-var]
+                async for event in events:
+                    if event.type == "DELETED":
+                        raise DiagnosticFailed(f"diagnostic pod {name_of(event.object)} was "
+                                               "deleted before it finished")
+                    pod = event.object
+                    if is_finished(pod):
+                        return result_from_pod(pod, check, self.catalog)
+                    if is_scheduled(pod) and not scheduled:
+                        scheduled = True  # from now on, the run deadline applies
+                        scope.deadline = anyio.current_time() + run_s
+        if scheduled:
+            raise DiagnosticFailed(f"diagnostic did not finish within {run_s:g} s")
+        raise DiagnosticFailed(f"not scheduled within {schedule_s:g} s: "
+                               f"{unscheduled_reason(pod)}")
+
+    async def _delete(self, job: Obj) -> None:
+        """Delete the Job and (Background propagation) its pods; failures are logged
+        in an Event, the Job's TTL is the fallback."""
+        try:
+            with anyio.fail_after(DELETE_TIMEOUT_S):
+                await self.kube.delete(JOBS, name_of(job), self.settings.namespace,
+                                       propagation="Background")
+        except (KubeError, TimeoutError) as exc:
+            await self._warn("cleanup", f"cannot delete diagnostic Job {name_of(job)}: {exc}")
+
+    async def _warn(self, key: str, message: str) -> None:
+        involved = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.node}}
+        with anyio.CancelScope(shield=True), anyio.move_on_after(DELETE_TIMEOUT_S):
+            await self.events.record(involved, type="Warning", reason=Reason.DIAGNOSTIC_FAILED,
+                                     message=f"diagnostic {key}: {message}")

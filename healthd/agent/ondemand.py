@@ -1,0 +1,154 @@
+"""Serving on-demand requests: `healthd.io/run` and `healthd.io/clear` on the agent's
+own Node, taken once, run through the same runner as everything else, answered.
+
+One request at a time, in the order the node watch shows them. For each request on
+the node (healthd.agent.requests parses them):
+
+1. take it (JSON-patch `test` + `remove`): if the value changed meanwhile, a newer
+   request is there and the next node event brings it; nothing is lost or run twice;
+2. refuse it when it cannot run: a malformed value, an unknown check, an argument
+   out of range, an exclusive check while pods hold the GPUs (the answer names
+   them), an API that cannot say whether they do. A refusal changes nothing but
+   `last-run` and posts a Warning Event;
+3. run it: `run` runs the selected checks (trigger `on-demand`); `clear` marks what
+   holds the node for release and re-runs those checks (trigger `clear`);
+4. answer it in `healthd.io/last-run` (id, request, accepted, times, verdict,
+   per-check status), written together with the state it produced, and a Normal
+   Event.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import checks
+from checks.base import CheckResult
+from healthd.agent.logs import log_context
+from healthd.agent.requests import Request, answer, read_requests, take
+from healthd.agent.runner import Planned
+from healthd.agent.verdict import Trigger, request_clear
+from healthd.kube.conventions import Reason
+from healthd.kube.errors import KubeError
+from healthd.kube.events import NORMAL, WARNING
+from healthd.kube.objects import resource_version_of
+
+if TYPE_CHECKING:
+    from healthd.agent.agent import Agent
+
+log = logging.getLogger(__name__)
+
+ANSWER_FLUSH_S = 5.0  # let the verdict reach the node before the answer says it is done
+_SEEN = 64  # requests remembered as taken (a stale node copy must not retry them)
+
+
+class Refused(Exception):
+    """The request cannot run; the message says why (it goes in last-run)."""
+
+
+class RequestHandler:
+    """Serves the agent's on-demand requests (see the module docstring)."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self._taken: deque[tuple[str, str, str, str]] = deque(maxlen=_SEEN)
+
+    async def serve(self) -> None:
+        """Handle requests as node events show them; runs until cancelled."""
+        while True:
+            node = await self.agent.wait_node_change()
+            if node is None:
+                continue
+            for request in read_requests(node, self.agent.keys, checks.REGISTRY):
+                seen = (request.kind, request.id, request.text, resource_version_of(node) or "")
+                if seen in self._taken:
+                    continue  # our copy of the node predates our own take
+                if not await take(self.agent.publisher, request, self.agent.keys):
+                    continue
+                self._taken.append(seen)
+                with log_context(request_id=request.id):
+                    await self.handle(request)
+
+    async def handle(self, request: Request) -> None:
+        """Run or refuse one taken request, then answer it."""
+        agent = self.agent
+        start = agent.clock()
+        log.info("on-demand request %s: %s", request.kind, request.text)
+        try:
+            if request.error:
+                raise Refused(request.error)
+            if request.kind == "clear":
+                statuses = await self._clear()
+            else:
+                statuses = await self._run(request)
+        except Refused as exc:
+            await self._answer(request, start, error=str(exc), statuses={})
+            return
+        await self._answer(request, start, error="", statuses=statuses)
+
+    async def _run(self, request: Request) -> dict[str, str]:
+        planned = self._plan([str(s) for s in request.selected])
+        await self._refuse_if_busy(planned)
+        return _statuses(await self.agent.run_planned(planned, Trigger.ON_DEMAND))
+
+    async def _clear(self) -> dict[str, str]:
+        agent = self.agent
+        state, keys = request_clear(agent.state, at=agent.clock())
+        agent.set_state(state)
+        planned = self._plan(sorted(keys))
+        await self._refuse_if_busy(planned)
+        return _statuses(await agent.run_planned(planned, Trigger.CLEAR))
+
+    def _plan(self, keys: list[str]) -> list[Planned]:
+        try:
+            return [self.agent.plan(key) for key in keys]
+        except ValueError as exc:
+            raise Refused(str(exc)) from None
+
+    async def _refuse_if_busy(self, planned: list[Planned]) -> None:
+        """Exclusive checks need every GPU: refuse the whole request while pods hold
+        them, before anything runs."""
+        exclusive = [p.key for p in planned if p.exclusive]
+        if not exclusive:
+            return
+        try:
+            busy = await self.agent.busy_pods()
+        except KubeError as exc:
+            raise Refused(f"cannot tell whether the GPUs are free for {', '.join(exclusive)}: "
+                          f"{exc}") from None
+        if busy:
+            raise Refused(f"{', '.join(exclusive)} needs every GPU of the node, but pods hold "
+                          f"GPUs: {', '.join(busy)}")
+
+    async def _answer(self, request: Request, start: float, *, error: str,
+                      statuses: Mapping[str, str]) -> None:
+        agent = self.agent
+        agent.last_run = answer(request, accepted=not error, error=error, start=start,
+                                end=agent.clock(), verdict=agent.state.verdict,
+                                checks=statuses)
+        agent.publish()
+        await agent.publisher.flush(ANSWER_FLUSH_S)
+        if error:
+            log.warning("request %s refused: %s", request.text, error)
+            await self._event(WARNING, Reason.BAD_REQUEST,
+                              f"request {request.text!r} ({request.id}) refused: {error}")
+        else:
+            summary = ", ".join(f"{k} {v}" for k, v in statuses.items()) or "nothing to re-run"
+            done = Reason.CLEARED if request.kind == "clear" else Reason.REQUEST_DONE
+            await self._event(NORMAL, done,
+                              f"request {request.text!r} ({request.id}) done: {summary}; "
+                              f"verdict {agent.state.verdict.value}")
+
+    async def _event(self, type_: str, reason: str, message: str) -> None:
+        node: dict[str, Any] = self.agent.node_obj or {
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": self.agent.node}}
+        involved = {"apiVersion": "v1", "kind": "Node", "metadata": node.get("metadata", {})}
+        await self.agent.events.record(involved, type=type_, reason=reason, message=message)
+
+
+def _statuses(results: Mapping[str, CheckResult | str]) -> dict[str, str]:
+    """Per-check status for the answer: the result's status, or why it did not run."""
+    return {key: r.status.value if isinstance(r, CheckResult) else f"NOT RUN: {r}"
+            for key, r in results.items()}

@@ -1,0 +1,152 @@
+"""The runner: a check never overlaps itself (a second caller joins the running one),
+exclusive checks run alone, every run has its deadline, every result reaches the
+consumer once, and one round reads NVML once."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import anyio
+import pytest
+
+from checks.base import BaseCheck, CheckContext, CheckResult, Severity
+from checks.catalog import Catalog
+from healthd.agent.runner import Planned, Runner
+from healthd.agent.verdict import Trigger
+
+pytestmark = pytest.mark.anyio
+
+
+class Probe(BaseCheck):
+    """A check that records how many runs of each kind overlap it."""
+
+    NAME: ClassVar[str] = "probe"
+    log: ClassVar[list[tuple[str, str]]] = []
+    active: ClassVar[set[str]] = set()
+
+    def __init__(self, name: str = "probe", *, delay: float = 0.05, exclusive: bool = False,
+                 fail: bool = False) -> None:
+        super().__init__()
+        self.name, self.delay, self._exclusive, self.fail = name, delay, exclusive, fail
+        self.runs = 0
+
+    @property
+    def exclusive(self) -> bool:
+        return self._exclusive
+
+    async def run(self, ctx: CheckContext) -> CheckResult:
+        self.runs += 1
+        Probe.log.append((self.name, ",".join(sorted(Probe.active))))
+        Probe.active.add(self.name)
+        try:
+            await anyio.sleep(self.delay)
+            if self.fail:
+                raise RuntimeError("sensor on fire")
+        finally:
+            Probe.active.discard(self.name)
+        return CheckResult(self.name, Severity.PASS)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_probe_log() -> None:
+    Probe.log.clear()
+    Probe.active.clear()
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, Severity, Trigger]] = []
+
+    async def __call__(self, key: str, result: CheckResult, trigger: Trigger) -> None:
+        self.seen.append((key, result.status, trigger))
+
+
+def runner_with(recorder: Recorder, gpus: object = None) -> Runner:
+    return Runner(CheckContext(catalog=Catalog(), gpus=gpus), on_result=recorder)  # type: ignore[arg-type]
+
+
+async def test_a_second_caller_joins_the_run_in_progress() -> None:
+    recorder = Recorder()
+    runner = runner_with(recorder)
+    check = Probe(delay=0.1)
+    results: list[CheckResult] = []
+
+    async def call(trigger: Trigger) -> None:
+        results.append(await runner.run("probe", check, trigger, 5))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(call, Trigger.PERIODIC)
+        await anyio.sleep(0.02)
+        group.start_soon(call, Trigger.ON_DEMAND)
+    assert check.runs == 1
+    assert [r.status for r in results] == [Severity.PASS, Severity.PASS]
+    assert recorder.seen == [("probe", Severity.PASS, Trigger.PERIODIC)]
+
+
+async def test_exclusive_checks_run_alone() -> None:
+    runner = runner_with(Recorder())
+    shared = [Probe(f"s{i}", delay=0.05) for i in range(3)]
+    deep = Probe("deep", delay=0.05, exclusive=True)
+    async with anyio.create_task_group() as group:
+        for check in shared[:2]:
+            group.start_soon(runner.run, check.name, check, Trigger.PERIODIC, 5)
+        await anyio.sleep(0.01)
+        group.start_soon(runner.run, "deep", deep, Trigger.ON_DEMAND, 5)
+        await anyio.sleep(0.01)
+        # Arrives while the exclusive run waits: must not slip in before it.
+        group.start_soon(runner.run, "s2", shared[2], Trigger.PERIODIC, 5)
+    overlaps = dict(Probe.log)
+    assert overlaps["deep"] == ""  # nothing was running when it started
+    assert "deep" not in overlaps["s2"]
+    assert [name for name, _ in Probe.log].index("s2") > [n for n, _ in Probe.log].index("deep")
+
+
+async def test_timeout_and_exception_are_unknown_and_still_reported() -> None:
+    recorder = Recorder()
+    runner = runner_with(recorder)
+    slow = await runner.run("slow", Probe(delay=5), Trigger.PERIODIC, 0.05)
+    broken = await runner.run("broken", Probe(delay=0, fail=True), Trigger.CLEAR, 5)
+    assert slow.status is Severity.UNKNOWN and "timed out" in slow.reason
+    assert broken.status is Severity.UNKNOWN and "sensor on fire" in broken.reason
+    assert [s[:2] for s in recorder.seen] == [("slow", Severity.UNKNOWN),
+                                               ("broken", Severity.UNKNOWN)]
+
+
+async def test_a_failing_consumer_does_not_stop_the_runner() -> None:
+    async def explode(key: str, result: CheckResult, trigger: Trigger) -> None:
+        raise ValueError("consumer bug")
+
+    runner = Runner(CheckContext(catalog=Catalog()), on_result=explode)
+    result = await runner.run("probe", Probe(delay=0), Trigger.PERIODIC, 5)
+    assert result.status is Severity.PASS
+    assert runner.running() == frozenset()
+
+
+class CountingSource:
+    def __init__(self) -> None:
+        self.rounds = 0
+
+    def new_round(self) -> None:
+        self.rounds += 1
+
+
+async def test_a_round_starts_one_nvml_pass_and_returns_results_by_key() -> None:
+    gpus = CountingSource()
+    runner = runner_with(Recorder(), gpus)
+    planned = [Planned(f"c{i}", Probe(f"c{i}", delay=0.01), 5) for i in range(4)]
+    planned.append(Planned("deep", Probe("deep", delay=0.01, exclusive=True), 5))
+    results = await runner.run_round(planned, Trigger.PERIODIC)
+    assert gpus.rounds == 1
+    assert list(results) == ["c0", "c1", "c2", "c3", "deep"]
+    assert dict(Probe.log)["deep"] == ""
+
+
+async def test_cancelling_a_run_releases_the_key_and_the_gate() -> None:
+    runner = runner_with(Recorder())
+    deep = Probe("deep", delay=10, exclusive=True)
+    with anyio.move_on_after(0.05):
+        await runner.run("deep", deep, Trigger.ON_DEMAND, 60)
+    assert runner.running() == frozenset() and not runner.gate.busy
+    with anyio.fail_after(2):
+        result = await runner.run("probe", Probe(delay=0), Trigger.PERIODIC, 5)
+    assert result.status is Severity.PASS
