@@ -24,6 +24,8 @@ def _objects(path: Path) -> list[dict[str, Any]]:
     for doc in yaml.safe_load_all(path.read_text()):
         if isinstance(doc, dict) and doc.get("kind") == "List":
             out.extend(doc.get("items") or [])
+        elif isinstance(doc, list):  # a plain YAML list of objects
+            out.extend(item for item in doc if isinstance(item, dict))
         elif isinstance(doc, dict):
             out.append(doc)
     return out
