@@ -3,6 +3,10 @@
     healthd check [--checks LIST] [--sim SPEC] [--config FILE] [--peer NAME=ADDR[,ADDR]]
                   [--output table|json] [--termination-log PATH]
     healthd agent [--config FILE] [--kubeconfig FILE] [--sim SPEC] [--node NAME] [--http-port N]
+    healthd controller [--config FILE] [--kubeconfig FILE] [--dry-run] [--http-port N]
+    healthd trigger (--selector S | --nodes N1,N2 | --job NS/APPWRAPPER) --checks LIST
+                    [--batch N] [--wait] [--timeout D] [--force-queue] [--output table|json]
+    healthd status [--selector S] [--verdict V] [--watch] [--output table|json]
     healthd config validate FILE
     healthd version
 
@@ -27,6 +31,7 @@ from checks.base import CheckContext, Peer
 from checks.nvml import DRIVER_NOT_FOUND, NvmlGpuSource
 from healthd import __version__
 from healthd.config import Config, ConfigError, load_config
+from healthd.fleet.arguments import add_fleet_parsers
 from healthd.once import Report, node_name, plan, run_planned
 from healthd.report import render_problems, render_results
 from healthd.selection import SelectionError, parse_selection
@@ -103,6 +108,15 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--http-port", type=int, metavar="N", help="/metrics, /healthz, /readyz")
     agent.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING"))
 
+    ctl = sub.add_parser(
+        "controller", help="run the cluster controller: AppWrapper resets, slack lending"
+    )
+    ctl.add_argument("--config", metavar="FILE", help="healthd config YAML")
+    ctl.add_argument("--kubeconfig", metavar="FILE", help="default: $KUBECONFIG or in-cluster")
+    ctl.add_argument("--dry-run", action="store_true", help="decide and log, write nothing")
+    ctl.add_argument("--http-port", type=int, metavar="N", help="/metrics, /healthz, /readyz")
+    ctl.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING"))
+
     config = sub.add_parser("config", help="configuration tools")
     config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
     validate = config_sub.add_parser(
@@ -110,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     validate.add_argument("file")
 
+    add_fleet_parsers(sub)
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -207,6 +222,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "config":
         return cmd_config_validate(args)
+    if args.command == "controller":
+        from healthd.controller.command import run_controller
+
+        return run_controller(args)
+    if args.command in ("trigger", "status"):
+        from healthd.fleet.command import run_status, run_trigger
+
+        return run_trigger(args) if args.command == "trigger" else run_status(args)
     if args.command == "agent":
         from healthd.agent.command import run_agent
 

@@ -30,9 +30,11 @@ import checks
 from checks.base import Check, Severity
 from checks.catalog import Catalog, Override, is_known_code
 from healthd.agent.settings import AgentSettings
+from healthd.controller.settings import ControllerSettings
 
 ENV_OVERRIDES = {
     "NODE_NAME": "node_name",
+    "POD_NAME": "pod_name",
     "POD_NAMESPACE": "namespace",
 }
 
@@ -82,6 +84,7 @@ class CheckConfig(_Frozen):
 
 class Config(_Frozen):
     node_name: str = ""
+    pod_name: str = ""  # the controller's Lease holder identity (POD_NAME)
     namespace: str = "healthd-system"
     expected_gpus: int | None = Field(None, ge=0, le=64)
     label_prefix: str = "autopilot.ibm.com/"
@@ -89,6 +92,7 @@ class Config(_Frozen):
     codes: dict[str, CodeOverride] = {}
     checks: dict[str, CheckConfig] = {}
     agent: AgentSettings = AgentSettings()
+    controller: ControllerSettings = ControllerSettings()
 
     @field_validator("codes")
     @classmethod

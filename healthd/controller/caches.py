@@ -1,0 +1,318 @@
+"""The controller's view of the cluster: in-memory stores fed by list+watch.
+
+One `Store` per kind (Nodes, AppWrapper pods, AppWrappers, the slack ClusterQueues,
+ResourceFlavors), each fed by its own `healthd.kube.watch_forever` loop, so the
+controller never polls: it resumes watches on resourceVersion, relists on 410 (the
+relist's synthetic DELETED events keep the stores exact) and waits out outages.
+Every change reaches `on_change(kind, old, new)` as it is applied, which is what lets
+the controller react to a label change in well under a second.
+
+A store is `synced` once its first full list has been applied; nothing may be
+written before the caches it decides from are synced (a half-filled node cache would
+make a healthy-looking cluster and wipe a valid lendingLimit).
+
+Kueue serves `v1beta2` (`cohortName`) or `v1beta1` (`cohort`); the caches discover
+which through `/apis/kueue.x-k8s.io` and prefer v1beta2.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, NamedTuple, cast
+
+import anyio
+
+from healthd.kube import Backoff, Kube, KubeError, NotFound, WatchEvent, watch_forever
+from healthd.kube.objects import (
+    APPWRAPPERS,
+    CLUSTERQUEUES_V1BETA1,
+    CLUSTERQUEUES_V1BETA2,
+    NODES,
+    PODS,
+    RESOURCEFLAVORS_V1BETA1,
+    RESOURCEFLAVORS_V1BETA2,
+    Resource,
+    key_of,
+    meta,
+    name_of,
+    resource_version_of,
+)
+from healthd.kube.watching import DELETED
+
+log = logging.getLogger(__name__)
+
+APPWRAPPER_LABEL = "workload.codeflare.dev/appwrapper"
+KUEUE_GROUP = "kueue.x-k8s.io"
+
+# The kinds, as passed to `on_change` and accepted by `wait_synced`.
+NODES_KIND = "nodes"
+PODS_KIND = "pods"
+APPWRAPPERS_KIND = "appwrappers"
+QUEUES_KIND = "clusterqueues"
+FLAVORS_KIND = "resourceflavors"
+KINDS = (NODES_KIND, PODS_KIND, APPWRAPPERS_KIND, QUEUES_KIND, FLAVORS_KIND)
+RESET_KINDS = (NODES_KIND, PODS_KIND, APPWRAPPERS_KIND)  # what resets decide from
+LENDING_KINDS = (NODES_KIND, QUEUES_KIND, FLAVORS_KIND)  # what lending decides from
+
+Obj = dict[str, Any]
+OnChange = Callable[[str, Obj | None, Obj | None], None]
+
+
+class KueueResources(NamedTuple):
+    """The ClusterQueue and ResourceFlavor collections of the Kueue version in use."""
+
+    queues: Resource
+    flavors: Resource
+
+    @property
+    def cohort_field(self) -> str:
+        """`cohortName` in v1beta2, `cohort` in v1beta1."""
+        return "cohort" if self.queues.version == "v1beta1" else "cohortName"
+
+
+KUEUE_V1BETA2 = KueueResources(CLUSTERQUEUES_V1BETA2, RESOURCEFLAVORS_V1BETA2)
+KUEUE_V1BETA1 = KueueResources(CLUSTERQUEUES_V1BETA1, RESOURCEFLAVORS_V1BETA1)
+
+
+class Store:
+    """One kind's objects by `ns/name` (or `name`), kept current by watch events.
+
+    `accept` filters what is kept (an object that stops matching is dropped as if
+    deleted); `synced` is set once the first full list has been applied.
+    """
+
+    def __init__(self, kind: str, accept: Callable[[Obj], bool] | None = None) -> None:
+        self.kind = kind
+        self.synced = anyio.Event()
+        self._objects: dict[str, Obj] = {}
+        self._accept = accept
+
+    def apply(self, event: WatchEvent) -> tuple[Obj | None, Obj | None]:
+        """Apply one event; returns (old, new), new None when the object is gone."""
+        key = key_of(event.object)
+        if event.type == DELETED or (self._accept and not self._accept(event.object)):
+            return self._objects.pop(key, None), None
+        old = self._objects.get(key)
+        self._objects[key] = event.object
+        return old, event.object
+
+    def get(self, key: str) -> Obj | None:
+        return self._objects.get(key)
+
+    def values(self) -> Iterable[Obj]:
+        return self._objects.values()
+
+    def keys(self) -> Iterable[str]:
+        return self._objects.keys()
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._objects
+
+
+class _Index:
+    """Keys of objects grouped by one derived value (pods by node, by AppWrapper)."""
+
+    def __init__(self, value_of: Callable[[Obj], str | None]) -> None:
+        self._value_of = value_of
+        self._groups: dict[str, dict[str, None]] = {}  # dicts keep insertion order
+
+    def update(self, old: Obj | None, new: Obj | None) -> None:
+        before = self._value_of(old) if old is not None else None
+        after = self._value_of(new) if new is not None else None
+        key = key_of(new if new is not None else old or {})
+        if before is not None and before != after:
+            group = self._groups.get(before, {})
+            group.pop(key, None)
+            if not group:
+                self._groups.pop(before, None)
+        if after is not None:
+            self._groups.setdefault(after, {})[key] = None
+
+    def keys(self, value: str) -> Iterator[str]:
+        return iter(list(self._groups.get(value, ())))
+
+
+def _node_name(pod: Obj) -> str | None:
+    spec = pod.get("spec")
+    name = spec.get("nodeName") if isinstance(spec, dict) else None
+    return str(name) if name else None
+
+
+def _appwrapper_key(pod: Obj) -> str | None:
+    labels = meta(pod).get("labels")
+    owner = labels.get(APPWRAPPER_LABEL) if isinstance(labels, dict) else None
+    ns = meta(pod).get("namespace")
+    return f"{ns}/{owner}" if owner and ns else None
+
+
+class _ListingWatcher:
+    """A `Kube` as `watch_forever` sees it, that also tells when a first list is in.
+
+    `watch_forever` yields a list's items back to back (no I/O in between) before it
+    starts the watch; counting them is how a store learns it holds the full list.
+    """
+
+    def __init__(self, kube: Kube, store: Store) -> None:
+        self._kube = kube
+        self._store = store
+        self.pending: int | None = None  # first-list events still to apply
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kube, name)
+
+    async def list(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        listing = await self._kube.list(*args, **kwargs)
+        if not self._store.synced.is_set():
+            items = listing.get("items") or []
+            self.pending = len({key_of(i) for i in items if isinstance(i, dict)})
+            self._mark_if_done()
+        return listing
+
+    def applied(self) -> None:
+        if self.pending is not None:
+            self.pending -= 1
+            self._mark_if_done()
+
+    def _mark_if_done(self) -> None:
+        if self.pending is not None and self.pending <= 0:
+            self.pending = None
+            self._store.synced.set()
+            log.info("cache of %s synced: %d objects", self._store.kind, len(self._store))
+
+
+class Caches:
+    """The five stores, their watch loops, and the indexes the controller needs.
+
+    `on_change(kind, old, new)` runs synchronously after each applied change
+    (including the first list); it must be quick and must not raise (errors are
+    logged and dropped so a faulty handler cannot stop a cache).
+    """
+
+    def __init__(self, kube: Kube, *, slack_queues: Sequence[str],
+                 on_change: OnChange | None = None, backoff: Backoff | None = None) -> None:
+        self._kube = kube
+        self._on_change = on_change
+        self._backoff = backoff or Backoff(initial=1, maximum=60)
+        self.slack_queues = frozenset(slack_queues)
+        self.nodes = Store(NODES_KIND)
+        self.pods = Store(PODS_KIND, accept=lambda pod: _appwrapper_key(pod) is not None)
+        self.appwrappers = Store(APPWRAPPERS_KIND)
+        self.clusterqueues = Store(QUEUES_KIND, accept=lambda q: name_of(q) in self.slack_queues)
+        self.flavors = Store(FLAVORS_KIND)
+        self.kueue: KueueResources | None = None
+        self._by_kind = {s.kind: s for s in self._stores()}
+        self._by_node = _Index(_node_name)
+        self._by_appwrapper = _Index(_appwrapper_key)
+
+    def store(self, kind: str) -> Store:
+        """The store of `kind` (one of KINDS)."""
+        return self._by_kind[kind]
+
+    def _stores(self) -> tuple[Store, ...]:
+        return (self.nodes, self.pods, self.appwrappers, self.clusterqueues, self.flavors)
+
+    # -- indexes -------------------------------------------------------------------
+
+    def pods_on_node(self, node: str) -> list[Obj]:
+        """AppWrapper pods bound to `node` (by `spec.nodeName`)."""
+        return self._lookup(self._by_node.keys(node))
+
+    def pods_of_appwrapper(self, key: str) -> list[Obj]:
+        """Pods labelled for the AppWrapper `ns/name`, in its namespace."""
+        return self._lookup(self._by_appwrapper.keys(key))
+
+    def _lookup(self, keys: Iterable[str]) -> list[Obj]:
+        return [pod for key in keys if (pod := self.pods.get(key)) is not None]
+
+    # -- sync ----------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        return all(s.synced.is_set() for s in self._stores())
+
+    async def wait_synced(self, kinds: Iterable[str] | None = None) -> None:
+        """Until every store (or those of `kinds`) holds its first full list."""
+        for kind in kinds if kinds is not None else KINDS:
+            await self.store(kind).synced.wait()
+
+    # -- feeding -------------------------------------------------------------------
+
+    def apply(self, kind: str, event: WatchEvent) -> tuple[Obj | None, Obj | None]:
+        """Apply one event to a store and its indexes, then call `on_change` (unless
+        nothing changed). Public so tests and replays can feed events directly."""
+        old, new = self.store(kind).apply(event)
+        if kind == PODS_KIND:
+            self._by_node.update(old, new)
+            self._by_appwrapper.update(old, new)
+        if old is None and new is None:
+            return old, new
+        if old is not None and new is not None and _same_version(old, new):
+            return old, new
+        self._notify(kind, old, new)
+        return old, new
+
+    def _notify(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        if self._on_change is None:
+            return
+        try:
+            self._on_change(kind, old, new)
+        except Exception:  # a faulty handler must not stop the cache
+            log.exception("change handler failed on %s %s", kind, key_of(new or old or {}))
+
+    async def run(self) -> None:
+        """Discover Kueue, then watch every kind until cancelled. Never raises KubeError."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch, NODES_KIND, NODES, None)
+            tg.start_soon(self._watch, PODS_KIND, PODS, APPWRAPPER_LABEL)
+            tg.start_soon(self._watch, APPWRAPPERS_KIND, APPWRAPPERS, None)
+            self.kueue = await self._discover_kueue()
+            tg.start_soon(self._watch, QUEUES_KIND, self.kueue.queues, None)
+            tg.start_soon(self._watch, FLAVORS_KIND, self.kueue.flavors, None)
+
+    async def _watch(self, kind: str, res: Resource, label_selector: str | None) -> None:
+        store = self.store(kind)
+        spy = _ListingWatcher(self._kube, store)
+        events = watch_forever(cast(Kube, spy), res, label_selector=label_selector)
+        async for event in events:
+            self.apply(kind, event)
+            spy.applied()
+
+    async def _discover_kueue(self) -> KueueResources:
+        """The Kueue version to use; waits (with backoff, quietly after the first
+        message) while the server does not serve Kueue at all."""
+        backoff = Backoff(initial=1, maximum=60)
+        told = False
+        while True:
+            try:
+                chosen = choose_kueue(await self._kube.request("GET", f"/apis/{KUEUE_GROUP}"))
+                if chosen is not None:
+                    log.info("using Kueue %s", chosen.queues.api_version)
+                    return chosen
+                problem = "serves neither kueue.x-k8s.io/v1beta2 nor v1beta1"
+            except NotFound:
+                problem = "does not serve kueue.x-k8s.io (Kueue not installed?)"
+            except KubeError as exc:
+                problem = f"cannot discover Kueue: {exc}"
+            (log.debug if told else log.warning)("the API server %s; lending waits", problem)
+            told = True
+            await anyio.sleep(backoff.next())
+
+
+def choose_kueue(group: dict[str, Any]) -> KueueResources | None:
+    """From an APIGroup document: v1beta2 when served, else v1beta1, else None."""
+    versions = {str(v.get("version")) for v in group.get("versions") or []
+                if isinstance(v, dict)}
+    if "v1beta2" in versions:
+        return KUEUE_V1BETA2
+    if "v1beta1" in versions:
+        return KUEUE_V1BETA1
+    return None
+
+
+def _same_version(old: Obj, new: Obj) -> bool:
+    rv = resource_version_of(new)
+    return rv is not None and rv == resource_version_of(old)

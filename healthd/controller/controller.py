@@ -1,0 +1,172 @@
+"""The controller's orchestrator: one replica leads, and while it leads it watches
+the cluster, keeps the slack queues' lendingLimits true and resets AppWrappers
+whose GPU pods sit on EVICT nodes.
+
+Activities of one leadership term (tasks of one task group, cancelled together the
+moment the Lease is lost):
+
+- the caches (healthd.controller.caches): list+watch of Nodes, AppWrapper pods,
+  AppWrappers, the slack ClusterQueues and ResourceFlavors; every change goes to
+  both activities below as it is applied;
+- lending (healthd.controller.clusterqueues.QueueWriter): node and flavor changes
+  move the lending model, dirty queues are reconciled in coalesced bursts;
+- resets (healthd.controller.evictions.EvictionReactor): a node turning EVICT marks
+  the AppWrappers with GPU pods on it, decided and reset at once under the rails;
+- the cache-sync gauges.
+
+A term starts from nothing: new caches, a first full list, then a full
+evaluation, so a new leader (or a restarted one) neither repeats a reset that was
+done (the AppWrapper left `Running`; the spacing reads its `Unhealthy` condition)
+nor loses one that was due. In dry run no Lease is taken (that would be a write):
+the replica acts alone, deciding, logging and counting, writing nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from healthd.config import Config
+from healthd.controller.appwrappers import Resetter
+from healthd.controller.caches import KINDS, Caches
+from healthd.controller.clusterqueues import QueueWriter
+from healthd.controller.election import LeaseElector
+from healthd.controller.evictions import SETTLE_S, EvictionReactor
+from healthd.controller.metrics import ControllerMetrics
+from healthd.kube.backoff import Backoff
+from healthd.kube.client import Kube
+from healthd.kube.conventions import CONTROLLER_COMPONENT, Keys
+from healthd.kube.events import EventRecorder
+from healthd.kube.objects import LEASES
+
+log = logging.getLogger(__name__)
+
+
+def default_identity(config: Config) -> str:
+    """The Lease holder identity: the pod's name, else hostname and process id."""
+    return config.pod_name or f"{socket.gethostname()}_{os.getpid()}"
+
+
+class Term:
+    """One leadership term: the caches and the two activities that act on them."""
+
+    def __init__(self, kube: Kube, config: Config, *, metrics: ControllerMetrics,
+                 events: EventRecorder, clock: Callable[[], float],
+                 settle_s: float) -> None:
+        settings = config.controller
+        keys = Keys(config.label_prefix, config.own_prefix)
+        self.metrics = metrics
+        self.caches = Caches(kube, slack_queues=settings.slack_queues, on_change=self._changed)
+        self.lending = QueueWriter(kube, self.caches, events, settings=settings, keys=keys,
+                                   metrics=metrics)
+        self.resetter = Resetter(kube, events, settings=settings, metrics=metrics, clock=clock,
+                                 node_lookup=self.caches.nodes.get,
+                                 breaker_subject=_lease_ref(settings.election.lease_name,
+                                                            settings.election.namespace))
+        self.resets = EvictionReactor(self.caches, self.resetter, keys=keys, settings=settings,
+                                      clock=clock, settle_s=settle_s)
+
+    def _changed(self, kind: str, old: dict[str, Any] | None,
+                 new: dict[str, Any] | None) -> None:
+        # Each handler is quick and guards itself; one failing must not starve the other.
+        for handle in (self.lending.handle, self.resets.handle):
+            try:
+                handle(kind, old, new)
+            except Exception:
+                log.exception("handling a change of %s failed", kind)
+
+    async def run(self) -> None:
+        for kind in KINDS:
+            self.metrics.set_synced(kind, False)
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(self.caches.run)
+                group.start_soon(self.lending.run)
+                group.start_soon(self.resets.run)
+                for kind in KINDS:
+                    group.start_soon(self._report_synced, kind)
+        finally:
+            for kind in KINDS:
+                self.metrics.set_synced(kind, False)
+
+    async def _report_synced(self, kind: str) -> None:
+        await self.caches.store(kind).synced.wait()
+        self.metrics.set_synced(kind)
+
+
+class Controller:
+    """`healthd controller`: elect, then run terms while leading; see the module
+    docstring. `run` returns only when cancelled (or when a term fails)."""
+
+    def __init__(self, config: Config, *, kube: Kube, metrics: ControllerMetrics,
+                 identity: str | None = None, clock: Callable[[], float] = time.time,
+                 settle_s: float = SETTLE_S) -> None:
+        self.config = config
+        self.settings = config.controller
+        self.kube = kube
+        self.metrics = metrics
+        self.identity = identity or default_identity(config)
+        self._clock = clock
+        self._settle_s = settle_s
+        self._events = EventRecorder(kube, component=CONTROLLER_COMPONENT, host=self.identity)
+        self.term: Term | None = None  # the current term while leading
+
+    @property
+    def leading(self) -> bool:
+        return self.term is not None
+
+    def ready(self) -> tuple[bool, str]:
+        """Readiness: a standby is ready to take over; a leader once its caches synced."""
+        if self.term is None:
+            return True, ""
+        waiting = [k for k in KINDS if not self.term.caches.store(k).synced.is_set()]
+        if not waiting:
+            return True, ""
+        return False, f"leading; waiting for the first list of {', '.join(waiting)}"
+
+    async def run(self) -> None:
+        if self.settings.dry_run:
+            log.info("dry run: acting without a Lease; nothing will be written")
+            await self.lead()
+            return
+        election = self.settings.election
+        elector = LeaseElector(self.kube, name=election.lease_name,
+                               namespace=election.namespace, identity=self.identity,
+                               lease_s=election.lease_duration,
+                               renew_s=election.renew_deadline, retry_s=election.retry_period)
+        log.info("%s: campaigning for Lease %s/%s", self.identity, election.namespace,
+                 election.lease_name)
+        await elector.run(self.lead)
+
+    async def lead(self) -> None:
+        """Act while leading, until cancelled. A term that fails (a bug, an object no
+        code foresaw) is logged and started afresh from new caches after a backoff:
+        everything is level-triggered, so nothing is lost by starting over."""
+        backoff = Backoff(initial=1, maximum=60)
+        self.metrics.set_leader(True)
+        try:
+            while True:
+                self.term = Term(self.kube, self.config, metrics=self.metrics,
+                                 events=self._events, clock=self._clock,
+                                 settle_s=self._settle_s)
+                try:
+                    await self.term.run()
+                except Exception:
+                    log.exception("the controller failed; starting over from fresh caches")
+                self.term = None
+                await anyio.sleep(backoff.next())
+        finally:
+            self.metrics.set_leader(False)
+            self.term = None
+
+
+def _lease_ref(name: str, namespace: str) -> dict[str, Any]:
+    """The controller's Lease as an Event subject (for breaker Events)."""
+    return {"apiVersion": LEASES.api_version, "kind": LEASES.kind,
+            "metadata": {"name": name, "namespace": namespace}}

@@ -1,0 +1,215 @@
+"""Reacting to EVICT nodes: which AppWrappers to look at, and when.
+
+`EvictionReactor` follows the caches (`handle` is a change callback) and marks the
+AppWrappers that may be due for a reset: the owners of the GPU pods on a node the
+moment it turns EVICT (found through the pods-by-node index, so a label change
+costs a few dictionary lookups, not a scan), and any AppWrapper whose pods or own
+status change while one of its pods sits on an EVICT node. Its `run` loop decides
+each marked AppWrapper with the pure `resets.decide` and hands due resets to the
+`Resetter`, which applies the safety rails and writes.
+
+Marks coalesce: a burst of node events wakes the loop once, after a short settle
+time, so the circuit breaker sees a mass failure as one before any reset is tried.
+Results that only time can change (spacing, rate limit, an open breaker waiting for
+its hold time) are retried by a timer, not by polling. Everything is level-
+triggered from the caches: when the loop starts (a new leader, a restart) and when
+the breaker closes, every AppWrapper with a pod on an EVICT node is decided afresh.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from healthd.controller.appwrappers import Resetter
+from healthd.controller.caches import APPWRAPPERS_KIND, NODES_KIND, PODS_KIND, RESET_KINDS, Caches
+from healthd.controller.health import CORDONED, evict_codes, gpu_count, is_evict, reasons_of
+from healthd.controller.resets import affected, decide, owner_of
+from healthd.controller.safety import BreakerState
+from healthd.controller.settings import ControllerSettings
+from healthd.kube.conventions import Keys
+from healthd.kube.objects import key_of, name_of
+
+log = logging.getLogger(__name__)
+
+SETTLE_S = 0.1  # lets a burst of node events land before the breaker judges the fleet
+Obj = dict[str, Any]
+
+
+class Worklist:
+    """Keys to look at, each with the earliest time a change made it due (None: not
+    caused by a label change). Marking wakes the consumer; bursts coalesce."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, float | None] = {}
+        self._wake = anyio.Event()
+
+    def mark(self, key: str, since: float | None = None) -> None:
+        if key in self._items:
+            before = self._items[key]
+            since = since if before is None else before if since is None else min(before, since)
+        self._items[key] = since
+        self._wake.set()
+
+    def poke(self) -> None:
+        """Wake the consumer with nothing new to look at (the fleet changed)."""
+        self._wake.set()
+
+    def drain(self) -> dict[str, float | None]:
+        items, self._items = self._items, {}
+        self._wake = anyio.Event()
+        return items
+
+    async def take(self, settle_s: float = 0) -> dict[str, float | None]:
+        """Wait for a mark or poke, let `settle_s` more arrive, take everything."""
+        await self._wake.wait()
+        if settle_s > 0:
+            await anyio.sleep(settle_s)
+        return self.drain()
+
+
+class Fleet:
+    """GPU nodes and how many of them are bad, kept per node event (O(1)): what the
+    circuit breaker judges. A cordon alone is an administrator's choice, not a
+    health signal, so it does not make a node bad here."""
+
+    def __init__(self, *, keys: Keys, settings: ControllerSettings) -> None:
+        self._keys = keys
+        self._settings = settings
+        self._nodes: dict[str, bool] = {}  # GPU node -> bad
+
+    def update(self, name: str, node: Obj | None) -> None:
+        self._nodes.pop(name, None)
+        if node is None or gpu_count(node, self._settings.gpu_resource,
+                                     self._settings.capacity_source) <= 0:
+            return
+        reasons = reasons_of(node, keys=self._keys, bad_verdicts=self._settings.bad_verdicts)
+        self._nodes[name] = bool(reasons - {CORDONED})
+
+    @property
+    def gpu_nodes(self) -> int:
+        return len(self._nodes)
+
+    @property
+    def bad_nodes(self) -> int:
+        return sum(self._nodes.values())
+
+
+class EvictionReactor:
+    """Turns cache changes into reset decisions; see the module docstring."""
+
+    def __init__(self, caches: Caches, resetter: Resetter, *, keys: Keys,
+                 settings: ControllerSettings, clock: Callable[[], float] = time.time,
+                 settle_s: float = SETTLE_S) -> None:
+        self._caches = caches
+        self._resetter = resetter
+        self._keys = keys
+        self._settings = settings
+        self._clock = clock
+        self.settle_s = settle_s
+        self.fleet = Fleet(keys=keys, settings=settings)
+        self.evict: dict[str, tuple[str, ...]] = {}  # EVICT node -> its finding codes
+        self._work = Worklist()
+        self._timers: dict[str, float] = {}  # key ("" = the fleet) -> when its timer fires
+        self._group: anyio.abc.TaskGroup | None = None
+
+    # -- following the caches ------------------------------------------------------
+
+    def handle(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        """The caches' change callback (quick, never blocks)."""
+        if kind == NODES_KIND:
+            self._node_changed(name_of(new or old or {}), new)
+        elif kind == PODS_KIND:
+            pod = new or old or {}
+            owner = owner_of(pod)
+            if owner and _node_of(pod) in self.evict:
+                self._work.mark(owner)
+        elif kind == APPWRAPPERS_KIND and new is not None:
+            key = key_of(new)
+            if any(_node_of(p) in self.evict for p in self._caches.pods_of_appwrapper(key)):
+                self._work.mark(key)
+
+    def _node_changed(self, name: str, node: Obj | None) -> None:
+        self.fleet.update(name, node)
+        self._work.poke()
+        was_evict = name in self.evict
+        if node is None or not is_evict(node, self._keys):
+            self.evict.pop(name, None)
+            return
+        self.evict[name] = evict_codes(node, self._keys)
+        if not was_evict:
+            now = self._clock()
+            for key in affected(self._caches.pods_on_node(name), self._settings.gpu_resource):
+                self._work.mark(key, since=now)
+
+    def mark_all(self) -> None:
+        """Decide afresh every AppWrapper with a GPU pod on an EVICT node."""
+        for node in list(self.evict):
+            for key in affected(self._caches.pods_on_node(node), self._settings.gpu_resource):
+                self._work.mark(key)
+
+    # -- the loop ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Wait for the caches resets decide from, then decide marked AppWrappers
+        until cancelled."""
+        await self._caches.wait_synced(RESET_KINDS)
+        self.mark_all()  # `handle` saw the first lists; decide all of it once
+        async with anyio.create_task_group() as group:
+            self._group = group
+            state = self._resetter.breaker.state
+            while True:
+                batch = await self._work.take(self.settle_s)
+                state = await self._judge_fleet(state)
+                for key, since in batch.items():
+                    await self._evaluate(key, since)
+
+    async def _judge_fleet(self, before: BreakerState) -> BreakerState:
+        state = await self._resetter.observe_fleet(self.fleet.bad_nodes, self.fleet.gpu_nodes)
+        if before is BreakerState.OPEN and state is BreakerState.CLOSED:
+            self.mark_all()  # what the breaker held back is due now, if still true
+        closes_in = self._resetter.breaker.next_change_s()
+        if closes_in is not None:
+            self._later("", closes_in)
+        return state
+
+    async def _evaluate(self, key: str, since: float | None) -> None:
+        aw = self._caches.appwrappers.get(key)
+        if aw is None:
+            return
+        decision = decide(aw, self._caches.pods_of_appwrapper(key), self.evict,
+                          resource=self._settings.gpu_resource)
+        if decision is None:
+            return
+        result = await self._resetter.reset(decision, appwrapper=aw, since=since)
+        again = self._resetter.retry_in_s(result, decision, aw)
+        if again is not None:
+            self._later(key, again, since)
+
+    def _later(self, key: str, delay_s: float, since: float | None = None) -> None:
+        """Look at `key` again in `delay_s` ("" pokes the fleet); one timer per key."""
+        due = anyio.current_time() + max(0.0, delay_s)
+        if self._group is None or self._timers.get(key, float("inf")) <= due:
+            return
+        self._timers[key] = due
+
+        async def fire() -> None:
+            await anyio.sleep_until(due)
+            if self._timers.get(key) == due:
+                del self._timers[key]
+                if key:
+                    self._work.mark(key, since)
+                else:
+                    self._work.poke()
+
+        self._group.start_soon(fire)
+
+
+def _node_of(pod: Obj) -> str:
+    spec = pod.get("spec")
+    return str(spec.get("nodeName") or "") if isinstance(spec, dict) else ""

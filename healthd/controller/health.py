@@ -1,0 +1,162 @@
+"""The node health model: is a node's capacity unavailable, how much, and why.
+
+Pure functions of one Node object, shared by lending (what capacity to withhold from
+the cohort) and resets (which nodes are EVICT, and the finding codes that say why).
+
+A node's capacity is unavailable when any of these holds (reasons, most telling
+first):
+
+    EVICT / ERR / TESTING   the health label, for the verdicts configured to count
+                            (WARN and PASS never count): only the resources the
+                            health checks judge (`health_resources`, the GPUs),
+                            as the AppWrapper operator did: a node with a bad GPU
+                            still has its CPUs and memory for CPU work
+    NotReady / Unreachable  the node lifecycle controller's taints: the whole node
+    Cordoned                `spec.unschedulable`: the whole node
+
+Capacity comes from `status.capacity` or `status.allocatable` (configured); `pods`
+is never counted, nor are zero or unparseable quantities.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from healthd.controller.quantities import Quantity, try_quantity
+from healthd.kube.conventions import Keys, Verdict
+from healthd.kube.objects import meta, name_of
+
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
+NOT_READY = "NotReady"
+UNREACHABLE = "Unreachable"
+CORDONED = "Cordoned"
+UNCOUNTED_RESOURCES = frozenset({"pods"})
+FALLBACK_CODE = Verdict.EVICT.value
+
+# Which reason a node's capacity is reported under when several hold.
+REASON_ORDER = (Verdict.EVICT.value, Verdict.ERR.value, Verdict.TESTING.value,
+                NOT_READY, UNREACHABLE, CORDONED)
+_TAINT_REASONS = {NOT_READY_TAINT: NOT_READY, UNREACHABLE_TAINT: UNREACHABLE}
+_COUNTABLE = frozenset({Verdict.ERR, Verdict.TESTING, Verdict.EVICT})  # never WARN or PASS
+
+
+@dataclass(frozen=True)
+class Unavailability:
+    """One bad node's contribution: its capacity per resource, why, and its labels
+    (which flavors it belongs to)."""
+
+    node: str
+    reasons: frozenset[str]
+    capacity: Mapping[str, Quantity] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def reason(self) -> str:
+        """The one reason metrics report it under (first in REASON_ORDER)."""
+        return next((r for r in REASON_ORDER if r in self.reasons), min(self.reasons))
+
+
+def labels_of(node: dict[str, Any]) -> dict[str, str]:
+    labels = meta(node).get("labels")
+    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+
+
+def verdict_of(node: dict[str, Any], keys: Keys) -> Verdict | None:
+    """The published verdict label, or None when absent or not a verdict."""
+    try:
+        return Verdict(labels_of(node).get(keys.gpuhealth, ""))
+    except ValueError:
+        return None
+
+
+def is_evict(node: dict[str, Any], keys: Keys) -> bool:
+    """The node's label says running work must move now."""
+    return verdict_of(node, keys) is Verdict.EVICT
+
+
+def _spec(node: dict[str, Any]) -> dict[str, Any]:
+    spec = node.get("spec") if isinstance(node, dict) else None
+    return spec if isinstance(spec, dict) else {}
+
+
+def _taint_reasons(node: dict[str, Any]) -> set[str]:
+    taints = _spec(node).get("taints")
+    found = set()
+    for taint in taints if isinstance(taints, list) else []:
+        if isinstance(taint, dict) and taint.get("key") in _TAINT_REASONS:
+            found.add(_TAINT_REASONS[str(taint["key"])])
+    return found
+
+
+def reasons_of(node: dict[str, Any], *, keys: Keys,
+               bad_verdicts: frozenset[Verdict]) -> frozenset[str]:
+    """Every reason the node's capacity is unavailable (empty: it is available)."""
+    reasons = _taint_reasons(node)
+    verdict = verdict_of(node, keys)
+    if verdict is not None and verdict in bad_verdicts and verdict in _COUNTABLE:
+        reasons.add(verdict.value)
+    if _spec(node).get("unschedulable") is True:
+        reasons.add(CORDONED)
+    return frozenset(reasons)
+
+
+def capacity_of(node: dict[str, Any], source: str = "capacity") -> dict[str, Quantity]:
+    """Non-zero quantities of `status.<source>`, `pods` left out."""
+    status = node.get("status") if isinstance(node, dict) else None
+    values = status.get(source) if isinstance(status, dict) else None
+    out: dict[str, Quantity] = {}
+    for name, text in (values.items() if isinstance(values, dict) else ()):
+        quantity = try_quantity(text)
+        if name not in UNCOUNTED_RESOURCES and quantity is not None and quantity > 0:
+            out[str(name)] = quantity
+    return out
+
+
+WHOLE_NODE_REASONS = frozenset({NOT_READY, UNREACHABLE, CORDONED})
+
+
+def unavailability(node: dict[str, Any], *, keys: Keys, bad_verdicts: frozenset[Verdict],
+                   source: str = "capacity",
+                   health_resources: frozenset[str] | None = None) -> Unavailability | None:
+    """The node's contribution to unavailable capacity, or None when it has none.
+    A health verdict alone withholds only `health_resources` (None: everything)."""
+    reasons = reasons_of(node, keys=keys, bad_verdicts=bad_verdicts)
+    if not reasons:
+        return None
+    capacity = capacity_of(node, source)
+    if health_resources is not None and not reasons & WHOLE_NODE_REASONS:
+        capacity = {name: q for name, q in capacity.items() if name in health_resources}
+    return Unavailability(node=name_of(node), reasons=reasons, capacity=capacity,
+                          labels=labels_of(node))
+
+
+def gpu_count(node: dict[str, Any], resource: str, source: str = "capacity") -> Decimal:
+    """How many `resource` (GPUs) the node has; 0 for a node without any."""
+    return capacity_of(node, source).get(resource, Decimal(0))
+
+
+def _health_annotation(node: dict[str, Any], keys: Keys) -> dict[str, Any]:
+    annotations = meta(node).get("annotations")
+    text = annotations.get(keys.health) if isinstance(annotations, dict) else None
+    try:
+        body = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def evict_codes(node: dict[str, Any], keys: Keys) -> tuple[str, ...]:
+    """The finding codes that hold the node at EVICT, from its health annotation:
+    the EVICT holdings, else the top code, else `("EVICT",)`."""
+    body = _health_annotation(node, keys)
+    held = body.get("held")
+    codes = [str(h["code"]) for h in held if isinstance(h, dict) and h.get("code")
+             and h.get("severity") == Verdict.EVICT.value] if isinstance(held, list) else []
+    if not codes and isinstance(body.get("top"), str) and body["top"]:
+        codes = [body["top"]]
+    return tuple(dict.fromkeys(codes)) or (FALLBACK_CODE,)

@@ -1,0 +1,154 @@
+"""Every Prometheus metric the controller exports, on an explicit CollectorRegistry.
+
+The controller's activities (resets, lending, the breaker, the caches, the Lease)
+report what they decided here; a scrape reads it back. Nothing here changes any
+state the controller acts on.
+
+| family | type | labels | meaning |
+| --- | --- | --- | --- |
+| `healthd_controller_resets_total` | counter | result | reset decisions by outcome: `reset`, `dry-run`, `breaker-open`, `spacing`, `rate-limited`, `conflict-retry`, `gone`, `error` (healthd.controller.appwrappers) |
+| `healthd_controller_lending_writes_total` | counter | queue, result | lendingLimit writes: `written`, `dry-run`, `conflict`, `rejected`, `error` |
+| `healthd_controller_lending_limit` | gauge | queue, flavor, resource | the lendingLimit the queue should carry; no series while the field is absent (everything lendable) |
+| `healthd_controller_nominal_quota` | gauge | queue, flavor, resource | the nominalQuota the limit was computed from |
+| `healthd_controller_unavailable` | gauge | queue, flavor, resource, reason | capacity on bad nodes that match the flavor, by reason (`EVICT`, `ERR`, `TESTING`, `NotReady`, `Unreachable`, `Cordoned`) |
+| `healthd_controller_shortfall` | gauge | queue, flavor, resource | unavailable capacity beyond nominalQuota (the limit is clamped at 0) |
+| `healthd_controller_breaker_open` | gauge | | 1 while the circuit breaker stops resets |
+| `healthd_controller_bad_nodes` | gauge | | GPU nodes the breaker counts as bad (a bad verdict, NotReady or unreachable; a cordon alone is not) |
+| `healthd_controller_label_to_reset_seconds` | histogram | | from the watch event that made a node EVICT to the reset written |
+| `healthd_controller_cache_synced` | gauge | kind | 1 once the cache of `kind` (`nodes`, `pods`, `appwrappers`, `clusterqueues`, `resourceflavors`) has its first full list; 0 while not leading |
+| `healthd_controller_leader` | gauge | | 1 while this replica holds the Lease |
+
+Quantities are exported as plain numbers (`500m` is 0.5, `2000G` is 2e12).
+"""  # noqa: E501 (the table is meant to be copied as it is)
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from decimal import Decimal
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# A reset is meant to follow a label change within a second; the tail shows a
+# breaker, a rate limit or an API server that was away.
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300)
+_QUEUE_LABELS = ("queue", "flavor", "resource")
+
+
+class ControllerMetrics:
+    """The controller's metric families, registered on `registry`.
+
+    The families are public attributes for callers that need the full
+    prometheus_client surface; the methods cover what the controller records.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self._reasons: dict[tuple[str, ...], set[str]] = {}  # lending series -> reasons shown
+        self.resets = Counter(
+            "healthd_controller_resets", "AppWrapper reset decisions by outcome",
+            ["result"], registry=registry)
+        self.lending_writes = Counter(
+            "healthd_controller_lending_writes", "slack queue lendingLimit writes by outcome",
+            ["queue", "result"], registry=registry)
+        self.lending_limit = Gauge(
+            "healthd_controller_lending_limit", "lendingLimit the slack queue should carry",
+            _QUEUE_LABELS, registry=registry)
+        self.nominal_quota = Gauge(
+            "healthd_controller_nominal_quota", "nominalQuota of the slack queue's resource",
+            _QUEUE_LABELS, registry=registry)
+        self.unavailable = Gauge(
+            "healthd_controller_unavailable", "capacity on bad nodes matching the flavor",
+            [*_QUEUE_LABELS, "reason"], registry=registry)
+        self.shortfall = Gauge(
+            "healthd_controller_shortfall", "unavailable capacity beyond nominalQuota",
+            _QUEUE_LABELS, registry=registry)
+        self.breaker_open = Gauge(
+            "healthd_controller_breaker_open", "1 while the circuit breaker stops resets",
+            registry=registry)
+        self.bad_nodes = Gauge(
+            "healthd_controller_bad_nodes", "GPU nodes the circuit breaker counts as bad",
+            registry=registry)
+        self.label_to_reset = Histogram(
+            "healthd_controller_label_to_reset_seconds",
+            "from the node watch event to the AppWrapper reset written",
+            buckets=LATENCY_BUCKETS, registry=registry)
+        self.cache_synced = Gauge(
+            "healthd_controller_cache_synced", "1 once the cache has its first full list",
+            ["kind"], registry=registry)
+        self.leader = Gauge(
+            "healthd_controller_leader", "1 while this replica holds the Lease",
+            registry=registry)
+        for result in ("reset", "dry-run", "breaker-open"):
+            self.resets.labels(result=result)  # visible at 0 before the first decision
+
+    # -- resets --------------------------------------------------------------------
+
+    def count_reset(self, result: str) -> None:
+        self.resets.labels(result=result).inc()
+
+    def observe_latency(self, seconds: float) -> None:
+        """Label-change-to-reset latency of one reset (negative clock steps read 0)."""
+        self.label_to_reset.observe(max(0.0, seconds))
+
+    def set_breaker(self, is_open: bool, bad_nodes: int | None = None) -> None:
+        self.breaker_open.set(1 if is_open else 0)
+        if bad_nodes is not None:
+            self.bad_nodes.set(bad_nodes)
+
+    # -- lending -------------------------------------------------------------------
+
+    def count_lending_write(self, queue: str, result: str) -> None:
+        self.lending_writes.labels(queue=queue, result=result).inc()
+
+    def set_lending(self, queue: str, flavor: str, resource: str, *,
+                    limit: Decimal | None, nominal: Decimal, shortfall: Decimal,
+                    unavailable: Mapping[str, Decimal] | None = None) -> None:
+        """The state of one (queue, flavor, resource): `limit` None removes its series
+        (the field is absent); `unavailable` by reason replaces the previous reasons."""
+        labels = {"queue": queue, "flavor": flavor, "resource": resource}
+        self._reasons.setdefault(_key(labels), set())
+        if limit is None:
+            _remove(self.lending_limit, labels)
+        else:
+            self.lending_limit.labels(**labels).set(float(limit))
+        self.nominal_quota.labels(**labels).set(float(nominal))
+        self.shortfall.labels(**labels).set(float(max(Decimal(0), shortfall)))
+        if unavailable is not None:
+            self._set_unavailable(labels, unavailable)
+
+    def _set_unavailable(self, labels: Mapping[str, str],
+                         by_reason: Mapping[str, Decimal]) -> None:
+        key = _key(labels)
+        for reason in self._reasons.get(key, set()) - set(by_reason):
+            _remove(self.unavailable, {**labels, "reason": reason})
+        for reason, amount in by_reason.items():
+            self.unavailable.labels(**labels, reason=reason).set(float(amount))
+        self._reasons[key] = set(by_reason)
+
+    def forget_queue(self, queue: str) -> None:
+        """Drop every lending series of a queue that is gone."""
+        for key in [k for k in self._reasons if k[0] == queue]:
+            labels = dict(zip(_QUEUE_LABELS, key, strict=True))
+            for family in (self.lending_limit, self.nominal_quota, self.shortfall):
+                _remove(family, labels)
+            for reason in self._reasons.pop(key):
+                _remove(self.unavailable, {**labels, "reason": reason})
+
+    # -- caches and leadership ------------------------------------------------------
+
+    def set_synced(self, kind: str, synced: bool = True) -> None:
+        self.cache_synced.labels(kind=kind).set(1 if synced else 0)
+
+    def set_leader(self, leading: bool) -> None:
+        self.leader.set(1 if leading else 0)
+
+
+def _key(labels: Mapping[str, str]) -> tuple[str, ...]:
+    return tuple(labels[name] for name in _QUEUE_LABELS)
+
+
+def _remove(family: Gauge, labels: Mapping[str, str]) -> None:
+    names = (*_QUEUE_LABELS, "reason") if "reason" in labels else _QUEUE_LABELS
+    with contextlib.suppress(KeyError):  # no such series: nothing to remove
+        family.remove(*(labels[name] for name in names))

@@ -1,0 +1,218 @@
+"""Which AppWrappers must be reset, decided from objects alone (pure).
+
+An AppWrapper is due for a reset when it is `Running`, is ours to manage
+(`spec.managedBy` absent or the AppWrapper operator's own value), and has a
+running, non-terminating pod whose regular containers request or limit a GPU
+on a node whose verdict is EVICT. These are the AppWrapper operator's own rules
+for its NoExecute reset (init containers and pending pods do not count), so
+healthd resets exactly what the operator would, only sooner.
+
+One decision per AppWrapper lists every bad node it touches, so one fault costs
+one reset however many of its pods or nodes are bad. Nothing here remembers
+anything: the same objects always give the same decision, which is what makes
+the controller safe across restarts and leader changes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from healthd.kube.conventions import GPU_RESOURCE, Keys, Reason, Verdict
+from healthd.kube.objects import meta, name_of, namespace_of, resource_version_of
+
+log = logging.getLogger(__name__)
+
+APPWRAPPER_LABEL = "workload.codeflare.dev/appwrapper"  # on every pod an AppWrapper creates
+OPERATOR_MANAGER = "workload.codeflare.dev/appwrapper-controller"
+RUNNING = "Running"
+RESETTING = "Resetting"
+UNHEALTHY = "Unhealthy"
+# Reasons this controller writes (defined in kube.conventions.Reason).
+NODE_EVICTED = Reason.NODE_EVICTED.value  # the Unhealthy reason and the AppWrapper Event
+APPWRAPPER_RESET = Reason.APPWRAPPER_RESET.value  # the Event on each EVICT node
+BREAKER_OPEN = Reason.RESET_BREAKER_OPEN.value
+BREAKER_CLOSED = Reason.RESET_BREAKER_CLOSED.value
+FALLBACK_CODE = "EVICT"  # when the node's health annotation names no code
+MESSAGE_NODES = 10  # nodes named in a message; the rest are counted
+
+
+@dataclass(frozen=True)
+class ResetDecision:
+    """Reset `appwrapper` (`ns/name`): its GPU pods run on `nodes`.
+
+    `codes[i]` names the finding codes that made `nodes[i]` EVICT (comma-separated);
+    `phase` and `resource_version` are what the decision was made from.
+    """
+
+    appwrapper: str
+    nodes: tuple[str, ...]
+    codes: tuple[str, ...]
+    phase: str
+    resource_version: str
+
+    @property
+    def namespace(self) -> str:
+        return self.appwrapper.partition("/")[0]
+
+    @property
+    def name(self) -> str:
+        return self.appwrapper.partition("/")[2]
+
+    @property
+    def message(self) -> str:
+        """The `Unhealthy` condition's message, also the Event's."""
+        pairs = list(zip(self.nodes, self.codes, strict=True))
+        listed = ", ".join(f"{n} ({c})" for n, c in pairs[:MESSAGE_NODES])
+        more = f" and {len(pairs) - MESSAGE_NODES} more" if len(pairs) > MESSAGE_NODES else ""
+        return f"Pods of this AppWrapper use GPUs on EVICT nodes: {listed}{more}"
+
+
+# -- the AppWrapper ------------------------------------------------------------------
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def phase_of(aw: dict[str, Any]) -> str:
+    return str(_dict(aw.get("status")).get("phase") or "")
+
+
+def ours(aw: dict[str, Any]) -> bool:
+    """True unless `spec.managedBy` names a controller other than the AppWrapper
+    operator (MultiKueue, for one): those AppWrappers are someone else's to reset."""
+    managed_by = _dict(aw.get("spec")).get("managedBy")
+    return managed_by in (None, "", OPERATOR_MANAGER)
+
+
+def eligible(aw: dict[str, Any]) -> bool:
+    """Running, ours, and not being deleted: the AppWrapper-level half of the rule."""
+    return phase_of(aw) == RUNNING and ours(aw) and not meta(aw).get("deletionTimestamp")
+
+
+def unhealthy_condition(aw: dict[str, Any]) -> dict[str, Any] | None:
+    for cond in _list(_dict(aw.get("status")).get("conditions")):
+        if isinstance(cond, dict) and cond.get("type") == UNHEALTHY:
+            return cond
+    return None
+
+
+def last_reset_at(aw: dict[str, Any]) -> float | None:
+    """When this controller last reset `aw` (epoch seconds), from its `Unhealthy`
+    condition (reason NodeEvicted); None when it never did, as far as the object says."""
+    cond = unhealthy_condition(aw)
+    if cond is None or cond.get("reason") != NODE_EVICTED:
+        return None
+    return parse_time(cond.get("lastTransitionTime"))
+
+
+def parse_time(value: Any) -> float | None:
+    """Epoch seconds from an RFC 3339 timestamp (`2025-05-13T19:54:55Z`), or None."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+# -- pods ----------------------------------------------------------------------------
+
+
+def _nonzero(value: Any) -> bool:
+    text = str(value).strip()
+    try:
+        return float(text.rstrip("m") or 0) > 0
+    except ValueError:  # an odd quantity that is not a plain number: present, so counted
+        return bool(text)
+
+
+def uses_gpu(pod: dict[str, Any], resource: str = GPU_RESOURCE) -> bool:
+    """A regular container (init containers do not count) requests or limits a non-zero
+    amount of `resource`."""
+    for container in _list(_dict(pod.get("spec")).get("containers")):
+        resources = _dict(_dict(container).get("resources"))
+        for part in ("requests", "limits"):
+            amount = _dict(resources.get(part)).get(resource)
+            if amount is not None and _nonzero(amount):
+                return True
+    return False
+
+
+def counts(pod: dict[str, Any], resource: str = GPU_RESOURCE) -> bool:
+    """The pod runs (phase Running, not terminating) and uses a GPU."""
+    return (_dict(pod.get("status")).get("phase") == RUNNING
+            and not meta(pod).get("deletionTimestamp")
+            and uses_gpu(pod, resource))
+
+
+def owner_of(pod: dict[str, Any]) -> str | None:
+    """`ns/name` of the AppWrapper that created `pod`, or None."""
+    labels = _dict(meta(pod).get("labels"))
+    name, ns = labels.get(APPWRAPPER_LABEL), namespace_of(pod)
+    return f"{ns}/{name}" if name and ns else None
+
+
+def affected(pods: Iterable[dict[str, Any]], resource: str = GPU_RESOURCE) -> set[str]:
+    """AppWrappers (`ns/name`) with a counting pod among `pods` (e.g. the pods on a
+    node that just turned EVICT): the ones to decide about."""
+    return {owner for pod in pods if counts(pod, resource) and (owner := owner_of(pod))}
+
+
+# -- the decision --------------------------------------------------------------------
+
+
+def decide(aw: dict[str, Any], pods: Iterable[dict[str, Any]],
+           evict_nodes: Mapping[str, tuple[str, ...]], *,
+           resource: str = GPU_RESOURCE) -> ResetDecision | None:
+    """The reset `aw` is due, or None.
+
+    `pods` may be any pods (e.g. the AppWrapper's, or every pod on the EVICT nodes):
+    only those of `aw` count. `evict_nodes` maps each EVICT node to its finding codes.
+    """
+    if not eligible(aw):
+        return None
+    ns, name = namespace_of(aw), name_of(aw)
+    key = f"{ns}/{name}"
+    bad: set[str] = set()
+    for pod in pods:
+        node = str(_dict(pod.get("spec")).get("nodeName") or "")
+        if node in evict_nodes and owner_of(pod) == key and counts(pod, resource):
+            bad.add(node)
+    if not bad:
+        return None
+    nodes = tuple(sorted(bad))
+    codes = tuple(", ".join(evict_nodes[n]) or FALLBACK_CODE for n in nodes)
+    return ResetDecision(appwrapper=key, nodes=nodes, codes=codes, phase=phase_of(aw),
+                         resource_version=resource_version_of(aw) or "")
+
+
+# -- the node ------------------------------------------------------------------------
+
+
+def eviction_codes(node: dict[str, Any], keys: Keys) -> tuple[str, ...]:
+    """The finding codes that hold `node` at EVICT, from its health annotation: held
+    EVICT findings, else every held finding, else the top code; ("EVICT",) when the
+    annotation is missing or unreadable."""
+    raw = _dict(meta(node).get("annotations")).get(keys.health)
+    try:
+        health = _dict(json.loads(raw)) if isinstance(raw, str) else {}
+    except ValueError:
+        log.debug("node %s: unreadable %s annotation", name_of(node), keys.health)
+        health = {}
+    held = [_dict(h) for h in _list(health.get("held"))]
+    evict = [h.get("code") for h in held if h.get("severity") == Verdict.EVICT.value]
+    for candidates in (evict, [h.get("code") for h in held], [health.get("top")]):
+        found = tuple(dict.fromkeys(str(c) for c in candidates if isinstance(c, str) and c))
+        if found:
+            return found
+    return (FALLBACK_CODE,)

@@ -1,0 +1,161 @@
+"""The `controller:` section of the config: what `healthd controller` watches, what it
+counts as unavailable, how it paces resets and how it elects a leader.
+
+Frozen pydantic models, validated with the rest of the config at start (errors name
+the field). Durations accept `30s`, `5m`, `1h` and are stored as seconds::
+
+    controller:
+      slack_queues: [slack-cluster-queue]
+      unavailable_verdicts: [ERR, TESTING, EVICT]   # WARN and PASS never count
+      capacity_source: capacity                     # or allocatable
+      dry_run: false
+      gpu_resource: nvidia.com/gpu
+      http_port: 9401
+      resets: {rate_per_minute: 60, burst: 10, min_spacing: 5m}
+      breaker: {max_unhealthy: 30%, window: 5m, hold: 5m}
+      election: {lease_name: healthd-controller, namespace: healthd-system,
+                 lease_duration: 15s, renew_deadline: 10s, retry_period: 2s}
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from healthd.kube.conventions import CONTROLLER_COMPONENT, GPU_RESOURCE, Verdict
+
+DEFAULT_NAMESPACE = "healthd-system"
+DEFAULT_SLACK_QUEUE = "slack-cluster-queue"
+_COUNTABLE = (Verdict.ERR, Verdict.TESTING, Verdict.EVICT)
+_THRESHOLD = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(%?)\s*$")
+
+
+def _seconds(value: object) -> float:
+    # Imported late: healthd.config imports this module to build its `controller:` field.
+    from healthd.config import parse_duration
+
+    return parse_duration(value)
+
+
+Duration = Annotated[float, BeforeValidator(_seconds), Field(gt=0)]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def parse_threshold(value: object) -> tuple[float, bool]:
+    """`("30%")` -> (30.0, True), `5` or `"5"` -> (5.0, False). ValueError otherwise."""
+    if isinstance(value, bool):
+        raise ValueError("expected a count like 5 or a percentage like 30%")
+    if isinstance(value, int):
+        value = str(value)
+    match = _THRESHOLD.match(value) if isinstance(value, str) else None
+    if match is None:
+        raise ValueError(f"expected a count like 5 or a percentage like 30%, got {value!r}")
+    number, percent = float(match.group(1)), bool(match.group(2))
+    if percent and number > 100:
+        raise ValueError(f"a percentage must be at most 100%, got {value!r}")
+    if not percent and not number.is_integer():
+        raise ValueError(f"a node count must be a whole number, got {value!r}")
+    return number, percent
+
+
+class ResetSettings(_Frozen):
+    """How fast AppWrappers may be reset: a token bucket, and a minimum spacing per
+    AppWrapper so a flapping node label cannot reset the same work over and over."""
+
+    rate_per_minute: float = Field(60.0, gt=0, description="resets per minute, sustained")
+    burst: int = Field(10, ge=1, description="resets allowed at once before the rate applies")
+    min_spacing: Duration = Field(
+        300.0, description="least time between two resets of one AppWrapper"
+    )
+
+
+class BreakerSettings(_Frozen):
+    """The circuit breaker: when too many GPU nodes turn bad together the health signal
+    itself is suspect, so resets stop (lending still tracks the truth)."""
+
+    max_unhealthy: str = Field(
+        "30%", description="bad GPU nodes tolerated in a window: a count (5) or a share (30%)"
+    )
+    window: Duration = Field(300.0, description="how far back bad nodes are counted")
+    hold: Duration = Field(
+        300.0, description="the fleet must stay under the threshold this long to close again"
+    )
+
+    @field_validator("max_unhealthy", mode="before")
+    @classmethod
+    def _threshold(cls, value: object) -> str:
+        parse_threshold(value)
+        return str(value).strip()
+
+    def limit(self, gpu_nodes: int) -> float:
+        """The most bad nodes tolerated among `gpu_nodes` (more opens the breaker)."""
+        number, percent = parse_threshold(self.max_unhealthy)
+        return gpu_nodes * number / 100 if percent else number
+
+
+class ElectionSettings(_Frozen):
+    """Leader election on a coordination.k8s.io/v1 Lease: one replica acts."""
+
+    lease_name: str = Field(CONTROLLER_COMPONENT, min_length=1, description="the Lease's name")
+    namespace: str = Field(DEFAULT_NAMESPACE, min_length=1, description="the Lease's namespace")
+    lease_duration: Duration = Field(15.0, description="a standby takes over after this")
+    renew_deadline: Duration = Field(10.0, description="the leader gives up if not renewed by")
+    retry_period: Duration = Field(2.0, description="how often to try to acquire or renew")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ElectionSettings:
+        if not self.retry_period < self.renew_deadline < self.lease_duration:
+            raise ValueError("need retry_period < renew_deadline < lease_duration "
+                             "(e.g. 2s < 10s < 15s)")
+        return self
+
+
+class ControllerSettings(_Frozen):
+    """Everything `healthd controller` is told; built once by the config loader."""
+
+    slack_queues: tuple[str, ...] = Field(
+        (DEFAULT_SLACK_QUEUE,), description="ClusterQueues whose lendingLimit follows capacity"
+    )
+    unavailable_verdicts: tuple[Verdict, ...] = Field(
+        _COUNTABLE, description="node verdicts whose capacity is unavailable (ERR TESTING EVICT)"
+    )
+    capacity_source: Literal["capacity", "allocatable"] = Field(
+        "capacity", description="node status field that gives a node's capacity"
+    )
+    dry_run: bool = Field(False, description="decide, log and count, but write nothing")
+    gpu_resource: str = Field(GPU_RESOURCE, min_length=1, description="the GPU resource name")
+    health_resources: tuple[str, ...] = Field(
+        (GPU_RESOURCE,),
+        description="resources a bad health verdict withholds (cordon and NotReady "
+        "withhold the whole node)",
+    )
+    http_port: int = Field(9401, ge=1, le=65535, description="/metrics, /healthz, /readyz")
+    resets: ResetSettings = ResetSettings()
+    breaker: BreakerSettings = BreakerSettings()
+    election: ElectionSettings = ElectionSettings()
+
+    @field_validator("slack_queues")
+    @classmethod
+    def _queue_names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not n.strip() for n in names):
+            raise ValueError("queue names must not be empty")
+        return tuple(dict.fromkeys(names))
+
+    @field_validator("unavailable_verdicts")
+    @classmethod
+    def _countable(cls, verdicts: tuple[Verdict, ...]) -> tuple[Verdict, ...]:
+        wrong = [v.value for v in verdicts if v not in _COUNTABLE]
+        if wrong:
+            raise ValueError(f"{', '.join(wrong)} cannot make capacity unavailable: "
+                             "choose among ERR, TESTING, EVICT")
+        return tuple(dict.fromkeys(verdicts))
+
+    @property
+    def bad_verdicts(self) -> frozenset[Verdict]:
+        """`unavailable_verdicts` as a set, the shape `health.unavailability` takes."""
+        return frozenset(self.unavailable_verdicts)

@@ -1,0 +1,290 @@
+"""`healthd trigger` and `healthd status` as commands: arguments in, output and an exit
+code out, Ctrl-C handled.
+
+Exit codes of `trigger`: the Nagios convention over all nodes (0 PASS, 1 WARN,
+2 ERR/EVICT, 3 UNKNOWN: a node that was refused, never answered or could not be
+asked counts as UNKNOWN); 3 as well when the API cannot be reached; 64 for a bad
+command line or request (nothing is written); 78 for an unusable config or
+kubeconfig. `status` exits 0, 1 when the API cannot be reached, 64 or 78 as above.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import TextIO
+
+import anyio
+
+from healthd.config import Config, ConfigError, load_config, parse_duration
+from healthd.fleet import render
+from healthd.fleet.sources import Snapshot, follow, read_snapshot
+from healthd.fleet.status import VERDICTS, agent_nodes, build
+from healthd.fleet.targets import Resolved, TargetError, Targets, busy_nodes, resolve
+from healthd.fleet.trigger import FleetTrigger, Plan, Report, RequestError, plan_request
+from healthd.kube.client import Kube
+from healthd.kube.conventions import Keys
+from healthd.kube.errors import KubeError
+from healthd.kube.objects import PODS
+
+EX_USAGE = 64
+EX_CONFIG = 78
+EX_UNREACHABLE_TRIGGER = 3  # UNKNOWN under the Nagios convention
+EX_UNREACHABLE_STATUS = 1
+DEFAULT_TIMEOUT_S = 300.0
+EXCLUSIVE_TIMEOUT_S = 7200.0  # a deep diagnostic: scheduling plus up to an hour of tests
+REDRAW_EVERY_S = 30.0  # ages move even when nothing changes
+SETTLE_S = 0.3  # a burst of changes is drawn once
+CLEAR_SCREEN = "\x1b[H\x1b[2J"
+
+
+class CommandError(Exception):
+    """A message for the user and the exit code that goes with it."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _config(path: str | None) -> Config:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        raise CommandError(str(exc), EX_CONFIG) from exc
+
+
+async def _connect(kubeconfig: str | None) -> Kube:
+    try:
+        return await Kube.connect(kubeconfig)
+    except KubeError as exc:
+        raise CommandError(str(exc), EX_CONFIG) from exc
+
+
+# -- trigger ---------------------------------------------------------------------------
+
+
+def _timeout(args: argparse.Namespace, plan: Plan) -> float:
+    if args.timeout is None:
+        return EXCLUSIVE_TIMEOUT_S if plan.exclusive else DEFAULT_TIMEOUT_S
+    try:
+        return parse_duration(args.timeout)
+    except ValueError as exc:
+        raise CommandError(f"--timeout: {exc}", EX_USAGE) from None
+
+
+def _prepare(args: argparse.Namespace, config: Config) -> tuple[Plan, Targets, float]:
+    """Everything that can be checked before touching the API."""
+    if args.batch is not None and args.batch < 1:
+        raise CommandError("--batch must be at least 1", EX_USAGE)
+    keys = Keys(config.label_prefix, config.own_prefix)
+    try:
+        plan = plan_request(args.checks, keys, config)
+        targets = Targets.from_args(selector=args.selector, nodes=args.nodes, job=args.job)
+    except (RequestError, TargetError) as exc:
+        raise CommandError(str(exc), EX_USAGE) from None
+    return plan, targets, _timeout(args, plan)
+
+
+async def _refusals(kube: Kube, plan: Plan, resolved: Resolved, force: bool) -> dict[str, str]:
+    if not plan.exclusive or force:
+        return {}
+    busy = await busy_nodes(kube, resolved.nodes)
+    needs = ", ".join(plan.exclusive)
+    return {node: f"{needs} needs every GPU of the node: {why} (--force-queue asks anyway)"
+            for node, why in busy.items()}
+
+
+async def _agentless(kube: Kube, config: Config, resolved: Resolved) -> frozenset[str]:
+    """Target nodes without a running agent pod (empty when the pods cannot be read:
+    this only sharpens the message for nodes that do not answer)."""
+    peers = config.agent.peers
+    try:
+        pods = await kube.list(PODS, peers.namespace, label_selector=peers.label_selector)
+    except KubeError:
+        return frozenset()
+    running = agent_nodes(p for p in pods.get("items") or [] if isinstance(p, dict))
+    return frozenset(n for n in resolved.nodes if n not in running)
+
+
+async def trigger_command(args: argparse.Namespace, *, out: TextIO = sys.stdout,
+                          err: TextIO = sys.stderr,
+                          stop: anyio.Event | None = None) -> int:
+    """`healthd trigger`; `stop` set (Ctrl-C) ends issuing and waiting."""
+    config = _config(args.config)
+    plan, targets, timeout_s = _prepare(args, config)
+    keys = Keys(config.label_prefix, config.own_prefix)
+    async with await _connect(args.kubeconfig) as kube:
+        try:
+            resolved = await resolve(kube, targets)
+            refused = await _refusals(kube, plan, resolved, args.force_queue)
+            agentless = await _agentless(kube, config, resolved)
+        except TargetError as exc:
+            raise CommandError(str(exc), EX_USAGE) from None
+        except KubeError as exc:
+            raise CommandError(f"cannot read the target nodes: {exc}",
+                               EX_UNREACHABLE_TRIGGER) from None
+        if not resolved.nodes and not resolved.missing:
+            raise CommandError(f"no node matches: {targets.describe()}", EX_UNREACHABLE_TRIGGER)
+        engine = FleetTrigger(kube, plan, resolved, keys=keys, batch=args.batch,
+                              timeout_s=timeout_s, wait=args.wait or args.batch is not None,
+                              refused=refused, agentless=agentless,
+                              on_progress=_progress_to(err))
+        report = await _run_interruptible(engine, stop)
+    _print_report(report, args.output, out, err)
+    return report.exit_code
+
+
+async def _run_interruptible(engine: FleetTrigger, stop: anyio.Event | None) -> Report:
+    async with anyio.create_task_group() as group:
+        if stop is not None:
+            async def interrupt_on_stop() -> None:
+                await stop.wait()
+                engine.interrupt()
+
+            group.start_soon(interrupt_on_stop)
+        report = await engine.run()
+        group.cancel_scope.cancel()
+    return report
+
+
+def _progress_to(err: TextIO) -> Callable[[Report], None]:
+    if not err.isatty():
+        return lambda report: None
+
+    def show(report: Report) -> None:
+        err.write("\r\x1b[K" + render.progress_line(report))
+        err.flush()
+
+    return show
+
+
+def _print_report(report: Report, output: str, out: TextIO, err: TextIO) -> None:
+    if err.isatty():
+        err.write("\r\x1b[K")
+    if output == "json":
+        out.write(json.dumps(render.trigger_json(report), indent=2) + "\n")
+    else:
+        out.write(render.trigger_table(report) + "\n")
+
+
+# -- status ----------------------------------------------------------------------------
+
+
+def _verdicts(text: str | None) -> list[str] | None:
+    if not text:
+        return None
+    wanted = [v.strip().upper() for v in text.split(",") if v.strip()]
+    wrong = [v for v in wanted if v not in VERDICTS]
+    if wrong or not wanted:
+        raise CommandError(f"--verdict {text!r}: choose among {', '.join(VERDICTS)}", EX_USAGE)
+    return wanted
+
+
+async def status_command(args: argparse.Namespace, *, out: TextIO = sys.stdout,
+                         clock: Callable[[], float] = time.time) -> int:
+    """`healthd status`: once, or (`--watch`) redrawn on every change until cancelled."""
+    config = _config(args.config)
+    verdicts = _verdicts(args.verdict)
+
+    def draw(snap: Snapshot) -> str:
+        doc = build(snap, config, now=clock(), selector=args.selector, verdicts=verdicts)
+        if args.output == "json":
+            return json.dumps(doc, indent=None if args.watch else 2)
+        return render.status_text(doc)
+
+    async with await _connect(args.kubeconfig) as kube:
+        if args.watch:
+            await _watch(kube, config, args.selector, draw, out)
+            return 0
+        try:
+            snap = await read_snapshot(kube, config, args.selector)
+        except KubeError as exc:
+            raise CommandError(f"cannot list nodes: {exc}", EX_UNREACHABLE_STATUS) from None
+        out.write(draw(snap) + "\n")
+    return 0
+
+
+async def _watch(kube: Kube, config: Config, selector: str | None,
+                 draw: Callable[[Snapshot], str], out: TextIO) -> None:
+    """Redraw on every change (a burst once), and now and then for the ages."""
+    changed = anyio.Event()
+    latest: list[Snapshot] = []
+
+    def on_change(snap: Snapshot) -> None:
+        latest[:] = [snap]
+        changed.set()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(follow, kube, config, selector, on_change)
+        while True:
+            with anyio.move_on_after(REDRAW_EVERY_S):
+                await changed.wait()
+            await anyio.sleep(SETTLE_S)
+            changed = anyio.Event()
+            if latest:
+                text = draw(latest[0])
+                out.write((CLEAR_SCREEN if out.isatty() else "") + text + "\n")
+                out.flush()
+
+
+# -- the process -----------------------------------------------------------------------
+
+
+async def _until_sigint(main: Callable[[anyio.Event], Awaitable[int]]) -> int:
+    """Run `main(stop)`; the first Ctrl-C sets `stop`, a second one ends the process."""
+    stop = anyio.Event()
+    async with anyio.create_task_group() as group:
+        async def on_sigint() -> None:
+            with anyio.open_signal_receiver(signal.SIGINT) as signals:
+                async for _ in signals:
+                    stop.set()
+                    return
+
+        group.start_soon(on_sigint)
+        code = await main(stop)
+        group.cancel_scope.cancel()
+    return code
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _run(main: Callable[[anyio.Event], Awaitable[int]]) -> int:
+    try:
+        try:
+            return anyio.run(_until_sigint, main)
+        except BaseExceptionGroup as group:  # raised inside a task group
+            raise _leaf(group) from None
+    except CommandError as exc:
+        print(f"healthd: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+
+
+def run_trigger(args: argparse.Namespace) -> int:
+    """The `healthd trigger` subcommand."""
+    return _run(lambda stop: trigger_command(args, stop=stop))
+
+
+def run_status(args: argparse.Namespace) -> int:
+    """The `healthd status` subcommand (Ctrl-C ends `--watch`)."""
+    async def main(stop: anyio.Event) -> int:
+        async with anyio.create_task_group() as group:
+            async def cancel_on_stop() -> None:
+                await stop.wait()
+                group.cancel_scope.cancel()
+
+            group.start_soon(cancel_on_stop)
+            code = await status_command(args)
+            group.cancel_scope.cancel()
+        return code
+
+    return _run(main)

@@ -1,0 +1,191 @@
+"""Rendering the fleet tools' results for a person: tables, ages, the progress line.
+
+Everything here is a pure function of a trigger `Report` or a status document, so
+the table and `--output json` are two views of the same data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from healthd.fleet.trigger import (
+    ANSWERED,
+    FAILED,
+    INTERRUPTED,
+    MISSING,
+    NO_ANSWER,
+    NOT_ASKED,
+    PENDING,
+    REFUSED,
+    REQUESTED,
+    NodeOutcome,
+    Report,
+)
+from healthd.report import render_table
+
+TRIGGER_HEADERS = ("NODE", "BEFORE", "AFTER", "CHECKS", "DURATION", "ERROR")
+STATUS_HEADERS = ("NODE", "VERDICT", "SINCE", "TOP CODES", "LAST ROUND", "AGENT", "NOTES")
+LENDING_HEADERS = ("QUEUE", "FLAVOR", "RESOURCE", "NOMINAL", "LIMIT", "DUE", "UNAVAILABLE",
+                   "BAD NODES")
+ERROR_CHARS = 120
+NODES_NAMED = 4
+
+
+def age(seconds: float | None) -> str:
+    """kubectl-style ages: `45s`, `3m12s`, `2h5m`, `4d3h`; `-` when unknown."""
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60}s" if s < 600 and s % 60 else f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{(s % 3600) // 60}m" if (s % 3600) // 60 else f"{s // 3600}h"
+    return f"{s // 86400}d{(s % 86400) // 3600}h" if (s % 86400) // 3600 else f"{s // 86400}d"
+
+
+def _clip(text: str, limit: int = ERROR_CHARS) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# -- trigger ---------------------------------------------------------------------------
+
+
+def _duration(o: NodeOutcome) -> str:
+    if o.duration_s is not None:
+        return f"{o.duration_s:.0f}s" if o.duration_s >= 1 or o.waited_s is None \
+            else f"{o.waited_s:.1f}s"
+    return f"{o.waited_s:.1f}s" if o.waited_s is not None else "-"
+
+
+def outcome_row(o: NodeOutcome) -> tuple[str, ...]:
+    checks = " ".join(f"{k}={_short_status(v)}" for k, v in o.checks.items())
+    if not checks:
+        checks = {REQUESTED: "requested", NOT_ASKED: "not asked", REFUSED: "refused",
+                  MISSING: "-", INTERRUPTED: "running"}.get(o.state, "-")
+    return (o.node, o.before or "-", o.after or "-", checks, _duration(o),
+            _clip(o.error))
+
+
+def _short_status(text: str) -> str:
+    return "NOT-RUN" if text.startswith("NOT RUN") else text
+
+
+def trigger_table(report: Report) -> str:
+    rows = [outcome_row(o) for o in report.outcomes.values()]
+    return render_table(rows, TRIGGER_HEADERS) + "\n\n" + trigger_summary(report)
+
+
+def trigger_summary(report: Report) -> str:
+    """`20 nodes: 18 PASS, 1 WARN, 1 no agent answered (gpu-7) -> WARN, exit 1`."""
+    groups: dict[str, list[str]] = {}
+    for o in report.outcomes.values():
+        groups.setdefault(_group(o, report.waited), []).append(o.node)
+    parts = [f"{len(nodes)} {label}" + (f" ({_names(nodes)})" if _named(label) else "")
+             for label, nodes in groups.items()]
+    head = f"request {report.plan.text!r} ({report.plan.request_id}) on " \
+           f"{len(report.outcomes)} node{'s' if len(report.outcomes) != 1 else ''}: "
+    tail = f" -> {report.status.value}, exit {report.exit_code}" if report.waited \
+        else f"; not waiting for answers, exit {report.exit_code}"
+    note = ""
+    if report.interrupted:
+        note = "\ninterrupted: requests already written still run; see healthd.io/last-run"
+    return head + ", ".join(parts) + tail + note
+
+
+def _group(o: NodeOutcome, waited: bool) -> str:
+    if o.state == ANSWERED:
+        return o.status.value if o.accepted else "refused by the agent"
+    return {NO_ANSWER: "no agent answered", REFUSED: "refused (GPUs busy)",
+            MISSING: "no such node", FAILED: "failed", INTERRUPTED: "interrupted",
+            NOT_ASKED: "not asked", REQUESTED: "requested" if not waited else "waiting",
+            }.get(o.state, o.state)
+
+
+def _named(label: str) -> bool:
+    return label not in ("PASS", "requested")
+
+
+def _names(nodes: list[str]) -> str:
+    more = len(nodes) - NODES_NAMED
+    return ", ".join(nodes[:NODES_NAMED]) + (f" +{more}" if more > 0 else "")
+
+
+def progress_line(report: Report) -> str:
+    """`trigger: 7/20 done, 1 failed, 5 running`, for a terminal's status line."""
+    total = len(report.outcomes)
+    running = report.count(REQUESTED)
+    done = total - running - report.count(PENDING)
+    failed = sum(1 for o in report.outcomes.values()
+                 if o.state not in (PENDING, REQUESTED) and o.status.exit_code >= 2)
+    return f"trigger: {done}/{total} done, {failed} failed, {running} running"
+
+
+def outcome_json(o: NodeOutcome) -> dict[str, Any]:
+    return {"node": o.node, "state": o.state, "status": o.status.value,
+            "verdict_before": o.before, "verdict_after": o.after, "accepted": o.accepted,
+            "checks": o.checks, "error": o.error, "duration_s": o.duration_s,
+            "waited_s": None if o.waited_s is None else round(o.waited_s, 3)}
+
+
+def trigger_json(report: Report) -> dict[str, Any]:
+    return {"request": report.plan.text, "id": report.plan.request_id,
+            "status": report.status.value, "exit_code": report.exit_code,
+            "interrupted": report.interrupted, "waited": report.waited,
+            "nodes": [outcome_json(o) for o in report.outcomes.values()]}
+
+
+# -- status ----------------------------------------------------------------------------
+
+
+def status_text(doc: Mapping[str, Any]) -> str:
+    """The status document as tables: nodes, then the controller's view."""
+    nodes = render_table((_status_row(r) for r in doc["nodes"]), STATUS_HEADERS)
+    parts = [nodes if doc["nodes"] else "no GPU node matches", _summary_line(doc["summary"]),
+             _controller_text(doc["controller"])]
+    return "\n\n".join(parts)
+
+
+def _status_row(row: Mapping[str, Any]) -> tuple[str, ...]:
+    notes = [n for n, on in (("cordoned", row["cordoned"]), ("NotReady", row["ready"] is False))
+             if on]
+    return (row["name"], row["verdict"], age(row["since_age_s"]),
+            ",".join(row["top_codes"]) or "-", age(row["last_round_age_s"]),
+            "yes" if row["agent"] else "NO", ",".join(notes) or "-")
+
+
+def _summary_line(summary: Mapping[str, Any]) -> str:
+    counts = ", ".join(f"{n} {v}" for v, n in summary["verdicts"].items() if n)
+    missing = summary["without_agent"]
+    return (f"{summary['nodes']} GPU nodes: {counts or 'none'}"
+            + (f"; {missing} without a running agent" if missing else ""))
+
+
+def _controller_text(view: Mapping[str, Any]) -> str:
+    leader = view["leader"]
+    who = "no leader" if not leader["holder"] else f"leader {leader['holder']}" + (
+        " (lease expired)" if leader["expired"] else "")
+    lines = [f"controller: {who}"
+             + f"; reset breaker {view['breaker']['state']}"
+             + f"; {view['resets_last_hour']} AppWrapper reset(s) in the last hour"]
+    if view["breaker"]["state"] == "open":
+        lines.append(f"  breaker: {view['breaker']['message']}")
+    lines.extend(f"  reset {r['appwrapper']} at {r['at']}" for r in view["resets"][:5])
+    if view["kueue"] is None:
+        lines.append("lending: Kueue is not served by this cluster")
+    elif view["lending"]:
+        lines.append(render_table((_lending_row(r) for r in view["lending"]), LENDING_HEADERS))
+    else:
+        lines.append("lending: no slack ClusterQueue entry to show")
+    lines.extend(f"problem: {p}" for p in view["problems"])
+    return "\n".join(lines)
+
+
+def _lending_row(r: Mapping[str, Any]) -> tuple[str, ...]:
+    unavailable = r["unavailable"] + (f" (short {r['shortfall']})"
+                                      if r["shortfall"] != "0" else "")
+    return (r["queue"], r["flavor"], r["resource"], r["nominal"], r["lending_limit"] or "-",
+            r["due"] or "-", unavailable, _names(r["nodes"]) or "-")

@@ -1,0 +1,273 @@
+"""`healthd status`: the fleet and the controller at a glance, as one JSON document.
+
+`build` is pure: a `Snapshot` of API objects and "now" in, the status document out.
+The table (healthd.fleet.render) is drawn from the same document, so `--output
+json` and the table never disagree. The document is a public interface; its
+schema (`SCHEMA_VERSION` 1) only grows, and a change of meaning bumps the version:
+
+    schema_version      1
+    generated_at        RFC 3339 time of the view
+    filters             {selector: str|null, verdicts: [str]|null}
+    summary             {nodes: int, verdicts: {VERDICT: int}, without_agent: int}
+    nodes[]             one per GPU node (GPU capacity, or a health label), by name:
+      name              node name
+      verdict           PASS WARN ERR TESTING EVICT (the label); UNKNOWN (agent cannot
+                        judge yet); NONE (nothing published)
+      since             when the verdict last changed (RFC 3339) or null
+      since_age_s       seconds since then, or null
+      top_codes         finding codes holding the verdict, most severe first
+      last_round        latest check run in the health annotation (RFC 3339) or null
+      last_round_age_s  seconds since then, or null
+      agent             a running agent pod is on the node
+      gpus              GPU capacity
+      cordoned, ready   spec.unschedulable; the Ready condition (null when unknown)
+    controller
+      leader            {holder: str|null, renewed: str|null, expired: bool}
+      kueue             the Kueue API version read (e.g. kueue.x-k8s.io/v1beta2) or null
+      lending[]         per slack queue, flavor and resource: queue, flavor, resource,
+                        nominal, lending_limit (on the queue now; null: none), due (what
+                        the controller will write; null: none), unavailable, shortfall,
+                        nodes (the bad nodes behind it); quantities are strings
+      breaker           {state: open|closed, since: str|null, message: str}
+      resets_last_hour  AppWrapper resets in the last hour (NodeEvicted Events)
+      resets[]          {appwrapper, at, message}, newest first
+      problems[]        sources that could not be read; the rest is still right
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from healthd.agent.busy import is_terminated
+from healthd.agent.node_view import rfc3339
+from healthd.config import Config
+from healthd.controller.election import holder_of, is_expired
+from healthd.controller.health import gpu_count, labels_of, unavailability
+from healthd.controller.lending import LendingModel, format_quantity
+from healthd.controller.resets import parse_time
+from healthd.fleet.sources import Snapshot
+from healthd.kube.conventions import GPU_RESOURCE, Keys, Reason, Verdict
+from healthd.kube.objects import meta, name_of, namespace_of
+
+SCHEMA_VERSION = 1
+UNKNOWN = "UNKNOWN"  # the agent publishes but cannot judge yet
+NONE = "NONE"  # nothing published on the node
+VERDICTS = (*(v.value for v in Verdict), UNKNOWN, NONE)
+_LABELS = frozenset(v.value for v in Verdict)
+RESET_WINDOW_S = 3600.0
+RESETS_SHOWN = 20
+TOP_CODES = 5
+
+Obj = dict[str, Any]
+
+
+def build(snap: Snapshot, config: Config, *, now: float, selector: str | None = None,
+          verdicts: Iterable[str] | None = None) -> dict[str, Any]:
+    """The status document (see the module docstring)."""
+    keys = Keys(config.label_prefix, config.own_prefix)
+    wanted = set(verdicts) if verdicts else None
+    agents = agent_nodes(snap.agent_pods.values())
+    rows = []
+    for node in sorted(snap.nodes.values(), key=name_of):
+        if not is_gpu_node(node, keys) or (snap.shown is not None and
+                                           name_of(node) not in snap.shown):
+            continue
+        row = node_row(node, keys, agents, now)
+        if wanted is None or row["verdict"] in wanted:
+            rows.append(row)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "generated_at": rfc3339(now),
+        "filters": {"selector": selector or None,
+                    "verdicts": sorted(wanted) if wanted else None},
+        "summary": _summary(rows),
+        "nodes": rows,
+        "controller": controller_view(snap, config, keys, now),
+    }
+
+
+def dumps(doc: Mapping[str, Any]) -> str:
+    return json.dumps(doc, indent=2)
+
+
+# -- nodes -----------------------------------------------------------------------------
+
+
+def is_gpu_node(node: Obj, keys: Keys) -> bool:
+    """A node with GPU capacity, or one an agent has labelled."""
+    return gpu_count(node, GPU_RESOURCE) > 0 or keys.gpuhealth in labels_of(node)
+
+
+def agent_nodes(pods: Iterable[Obj]) -> set[str]:
+    """Nodes with a running (bound, not terminated) agent pod."""
+    out = set()
+    for pod in pods:
+        spec, status = pod.get("spec"), pod.get("status")
+        node = spec.get("nodeName") if isinstance(spec, dict) else None
+        phase = status.get("phase") if isinstance(status, dict) else None
+        if node and phase == "Running" and not is_terminated(pod):
+            out.add(str(node))
+    return out
+
+
+def health_of(node: Obj, keys: Keys) -> dict[str, Any]:
+    """The node's health annotation (healthd.agent.node_view), {} when absent or garbage."""
+    annotations = meta(node).get("annotations")
+    text = annotations.get(keys.health) if isinstance(annotations, dict) else None
+    try:
+        body = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def node_row(node: Obj, keys: Keys, agents: set[str], now: float) -> dict[str, Any]:
+    health = health_of(node, keys)
+    label = labels_of(node).get(keys.gpuhealth)
+    verdict = label if label in _LABELS else (UNKNOWN if health else NONE)
+    since = parse_time(health.get("since"))
+    last = _last_round(health)
+    spec = _dict(node.get("spec"))
+    return {
+        "name": name_of(node),
+        "verdict": verdict,
+        "since": rfc3339(since) if since is not None else None,
+        "since_age_s": _age(since, now),
+        "top_codes": top_codes(health),
+        "last_round": rfc3339(last) if last is not None else None,
+        "last_round_age_s": _age(last, now),
+        "agent": name_of(node) in agents,
+        "gpus": int(gpu_count(node, GPU_RESOURCE)),
+        "cordoned": spec.get("unschedulable") is True,
+        "ready": _ready(node),
+    }
+
+
+def top_codes(health: Mapping[str, Any]) -> list[str]:
+    """Codes holding the verdict, most severe first (the annotation's order), then top."""
+    held = health.get("held")
+    codes = [str(h["code"]) for h in held if isinstance(h, dict) and h.get("code")] \
+        if isinstance(held, list) else []
+    if not codes and isinstance(health.get("top"), str):
+        codes = [health["top"]]
+    return list(dict.fromkeys(codes))[:TOP_CODES]
+
+
+def _last_round(health: Mapping[str, Any]) -> float | None:
+    checks = health.get("checks")
+    times = [parse_time(c.get("at")) for c in checks.values() if isinstance(c, dict)] \
+        if isinstance(checks, dict) else []
+    return max((t for t in times if t is not None), default=None)
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _age(at: float | None, now: float) -> float | None:
+    return None if at is None else round(max(0.0, now - at), 3)
+
+
+def _ready(node: Obj) -> bool | None:
+    status = node.get("status")
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    for cond in conditions if isinstance(conditions, list) else []:
+        if isinstance(cond, dict) and cond.get("type") == "Ready":
+            return cond.get("status") == "True"
+    return None
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    counts = dict.fromkeys(VERDICTS, 0)
+    for row in rows:
+        counts[row["verdict"]] += 1
+    return {"nodes": len(rows), "verdicts": counts,
+            "without_agent": sum(1 for r in rows if not r["agent"])}
+
+
+# -- the controller's view -------------------------------------------------------------
+
+
+def controller_view(snap: Snapshot, config: Config, keys: Keys, now: float) -> dict[str, Any]:
+    events = sorted(snap.events.values(), key=_event_time, reverse=True)
+    resets = [e for e in events if e.get("reason") == Reason.NODE_EVICTED.value]
+    recent = [e for e in resets if now - _event_time(e) <= RESET_WINDOW_S]
+    return {
+        "leader": _leader(snap.lease, now),
+        "kueue": snap.kueue.queues.api_version if snap.kueue else None,
+        "lending": lending_rows(snap, config, keys),
+        "breaker": _breaker(events),
+        "resets_last_hour": len(recent),
+        "resets": [_reset(e) for e in recent[:RESETS_SHOWN]],
+        "problems": [f"{source}: {why}" for source, why in sorted(snap.problems.items())],
+    }
+
+
+def lending_rows(snap: Snapshot, config: Config, keys: Keys) -> list[dict[str, Any]]:
+    """What the controller's lending model makes of these objects, per slack queue entry."""
+    settings = config.controller
+    model = LendingModel()
+    model.set_flavors({name_of(f): _node_labels(f) for f in snap.flavors.values()})
+    for node in snap.nodes.values():
+        model.set_node(name_of(node), unavailability(
+            node, keys=keys, bad_verdicts=settings.bad_verdicts,
+            source=settings.capacity_source,
+            health_resources=frozenset(settings.health_resources)))
+    rows = []
+    for name in settings.slack_queues:
+        queue = snap.queues.get(name)
+        for c in model.evaluate(queue) if queue is not None else []:
+            rows.append({
+                "queue": c.queue, "flavor": c.flavor, "resource": c.resource,
+                "nominal": c.nominal, "lending_limit": c.old, "due": c.new,
+                "unavailable": format_quantity(c.unavailable, c.nominal),
+                "shortfall": format_quantity(c.shortfall, c.nominal),
+                "nodes": model.nodes_behind(c.flavor, c.resource),
+            })
+    return rows
+
+
+def _node_labels(flavor: Obj) -> dict[str, str]:
+    spec = flavor.get("spec")
+    labels = spec.get("nodeLabels") if isinstance(spec, dict) else None
+    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+
+
+def _leader(lease: Obj | None, now: float) -> dict[str, Any]:
+    if lease is None:
+        return {"holder": None, "renewed": None, "expired": True}
+    spec = _dict(lease.get("spec"))
+    renewed = parse_time(spec.get("renewTime"))
+    return {"holder": holder_of(lease) or None,
+            "renewed": rfc3339(renewed) if renewed is not None else None,
+            "expired": is_expired(lease, datetime.fromtimestamp(now, UTC))}
+
+
+def _event_time(event: Obj) -> float:
+    for key in ("lastTimestamp", "eventTime", "firstTimestamp"):
+        at = parse_time(event.get(key))
+        if at is not None:
+            return at
+    return parse_time(meta(event).get("creationTimestamp")) or 0.0
+
+
+def _breaker(events_newest_first: list[Obj]) -> dict[str, Any]:
+    """The latest breaker Event says its state; none at all: closed."""
+    reasons = {Reason.RESET_BREAKER_OPEN.value: "open", Reason.RESET_BREAKER_CLOSED.value: "closed"}
+    for event in events_newest_first:
+        state = reasons.get(str(event.get("reason")))
+        if state is not None:
+            return {"state": state, "since": rfc3339(_event_time(event)),
+                    "message": str(event.get("message") or "")}
+    return {"state": "closed", "since": None, "message": "no breaker Event seen"}
+
+
+def _reset(event: Obj) -> dict[str, Any]:
+    involved = _dict(event.get("involvedObject"))
+    namespace = involved.get("namespace") or namespace_of(event) or ""
+    return {"appwrapper": f"{namespace}/{involved.get('name', '')}",
+            "at": rfc3339(_event_time(event)),
+            "message": str(event.get("message") or "")}
