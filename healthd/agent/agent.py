@@ -216,8 +216,11 @@ class Agent:
     # -- plans -------------------------------------------------------------------------
 
     def _jobs(self) -> list[Job]:
-        return [replace(job, planned=tuple(self._simulated(p) for p in job.planned))
+        jobs = [replace(job, planned=tuple(self._simulated(p) for p in job.planned))
                 for job in plan_jobs(self.config)]
+        self.metrics.set_intervals({p.key: job.interval_s for job in jobs
+                                    if job.interval_s is not None for p in job.planned})
+        return jobs
 
     def plan(self, key: str) -> Planned:
         """The check `key` as configured (ValueError for a bad argument)."""

@@ -251,6 +251,10 @@ class SnapshotCollector:
             count = sum(1 for h in state.held if h.severity is severity)
             out.add("healthd_node_held_findings", "Findings holding the verdict, by severity.",
                     {**node, "severity": severity.value}, float(count))
+        for held in state.held:
+            out.add("healthd_node_finding", "A finding holding the verdict (value 1).",
+                    {**node, "check": held.check, "code": held.code,
+                     "severity": held.severity.value, "entity": held.entity}, 1.0)
 
 
 def check_name(key: str) -> str:

@@ -24,10 +24,12 @@ dcgm-exporter's labels so joins with it work: `gpu` (index), `UUID`, `pci_bus_id
 | `healthd_check_runs_total` | counter | node, check, result | completed runs by overall result (PASS WARN ERR EVICT UNKNOWN SKIPPED) |
 | `healthd_check_duration_seconds` | histogram | node, check | how long runs took |
 | `healthd_check_last_run_timestamp_seconds` | gauge | node, check | when the latest run ended (Unix time) |
+| `healthd_check_interval_seconds` | gauge | node, check | the configured interval of each periodic check (none for cron-scheduled ones) |
 | `healthd_node_verdict` | gauge (state set) | node, verdict | 1 for the current verdict, 0 for the others; absent before the agent's first state |
 | `healthd_node_verdict_since_timestamp_seconds` | gauge | node | when the verdict last changed (Unix time) |
 | `healthd_node_judged` | gauge | node | 1 once any check has given a judgement (before that the label is not written) |
 | `healthd_node_held_findings` | gauge | node, severity | findings holding the verdict above PASS, by severity (WARN ERR EVICT) |
+| `healthd_node_finding` | gauge | node, check, code, severity, entity | 1 per finding holding the verdict (what "top finding codes" panels count) |
 | `healthd_gpu_pcie_bandwidth_gbps` | gauge | GPU labels, direction | measured copy bandwidth in GB/s, `h2d` / `d2h` (pciebw) |
 | `healthd_gpu_pcie_link_bandwidth_gbps` | gauge | GPU labels | GB/s the current PCIe link can carry (pciebw) |
 | `healthd_gpu_pcie_link_generation` | gauge | GPU labels, link | PCIe generation, `current` / `max` (pcie) |
@@ -57,7 +59,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -143,6 +145,10 @@ class AgentMetrics:
             "healthd_agent_api_failing", "1 when the latest write to the API server failed.",
             ["node"], registry=registry,
         )
+        self._intervals = Gauge(
+            "healthd_check_interval_seconds", "Configured interval of each periodic check.",
+            ["node", "check"], registry=registry,
+        )
         collector = SnapshotCollector(
             self.snapshot, node=node, cpu_model=cpu_model, gpu_model=gpu_model,
             peer_detail=peer_detail,
@@ -168,6 +174,12 @@ class AgentMetrics:
 
     def observe_fault_to_label(self, seconds: float) -> None:
         self._fault_to_label.labels(self.node).observe(max(0.0, seconds))
+
+    def set_intervals(self, intervals: Mapping[str, float]) -> None:
+        """The periodic interval of each check key (cron-scheduled checks have none), so
+        alerts can tell a check that stopped running from one that runs rarely."""
+        for key, seconds in intervals.items():
+            self._intervals.labels(self.node, key).set(seconds)
 
     def observe_publisher(self, in_sync: bool, last_error: str) -> None:
         self._in_sync.labels(self.node).set(1 if in_sync else 0)

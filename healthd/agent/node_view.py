@@ -146,6 +146,8 @@ def health_json(state: HealthState, limit: int = HEALTH_LIMIT) -> str:
     if state.testing:
         head["testing"] = sorted(state.testing)
     checks = {key: _check_json(cs) for key, cs in sorted(state.checks.items())}
+    if (ping := ping_json(state)) is not None:
+        head["ping"] = ping
     items = _ranked_items(state)
     kept = _fit(head, checks, items, limit)
     body = dict(head)
@@ -161,6 +163,26 @@ def health_json(state: HealthState, limit: int = HEALTH_LIMIT) -> str:
         body["held"], body["findings"] = [], []
         text = _dumps(body)
     return text
+
+
+PING_CHECK = "ping"
+MAX_UNREACHED = 64  # peers named in the annotation; past that the node reads as isolated
+
+
+def ping_json(state: HealthState) -> dict[str, Any] | None:
+    """What this node's latest ping run saw, for the controller's fleet-wide blame:
+    the peers it could not reach (everyone else it probed answered), or `isolated`
+    when it could reach almost nobody. None before ping has judged anything."""
+    ran = state.checks.get(PING_CHECK)
+    if ran is None or not ran.status.ordered:
+        return None
+    findings = state.check_findings.get(PING_CHECK, ())
+    unreached = sorted(f.entity.name for f in findings
+                       if f.code == "PEER_UNREACHABLE" and f.entity.kind == "peer")
+    isolated = any(f.code == "NETWORK_ISOLATED" for f in findings)
+    if isolated or len(unreached) > MAX_UNREACHED:
+        return {"isolated": True, "unreached": []}
+    return {"isolated": False, "unreached": unreached}
 
 
 def _dumps(body: Mapping[str, Any]) -> str:

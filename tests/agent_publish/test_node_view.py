@@ -79,3 +79,33 @@ def test_testing_verdict_condition_is_false_with_diagnostic_reason() -> None:
     cond = desired_from(state, KEYS, node=NODE, dcgm_levels={}).condition
     assert (cond["status"], cond["reason"]) == ("False", Reason.TESTING)
     assert "dcgm:3" in cond["message"]
+
+
+def test_ping_view_for_fleet_blame() -> None:
+    """The health annotation says which peers this node could not reach, or that it
+    is isolated, for the controller's fleet-wide blame."""
+    import json
+
+    from checks.base import Entity, ResultBuilder
+    from checks.catalog import Catalog
+    from healthd.agent import verdict as v
+    from healthd.agent.node_view import health_json
+
+    def ping(unreachable: list[str], isolated: bool = False) -> v.HealthState:
+        builder = ResultBuilder("ping", Catalog())
+        for peer in ("n2", "n3", "n4"):
+            entity = Entity("peer", peer)
+            if peer in unreachable and not isolated:
+                builder.finding("PEER_UNREACHABLE", entity, f"{peer} does not answer")
+            else:
+                builder.seen(entity)
+        if isolated:
+            builder.finding("NETWORK_ISOLATED", Entity.node("n1"), "cannot reach its peers")
+        return v.apply(v.initial(), "ping", builder.build(), trigger=v.Trigger.PERIODIC,
+                       at=10.0, policy=v.Policy())
+
+    assert "ping" not in json.loads(health_json(v.initial()))
+    assert json.loads(health_json(ping(["n3"])))["ping"] == {"isolated": False,
+                                                              "unreached": ["n3"]}
+    assert json.loads(health_json(ping([])))["ping"] == {"isolated": False, "unreached": []}
+    assert json.loads(health_json(ping([], isolated=True)))["ping"]["isolated"] is True
