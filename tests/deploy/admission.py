@@ -1,0 +1,69 @@
+"""A ValidatingAdmissionPolicy evaluated the way the API server does, for tests.
+
+The CEL runs on a real CEL implementation (PyPI `cel-expr-python`, the C++ runtime's
+bindings) over plain JSON objects, as the API server's unstructured objects are:
+`object`, `oldObject`, `request` and `variables`. A request is judged when every
+matchCondition is true; it is denied when any validation is false or fails to
+evaluate (failurePolicy Fail). Kubernetes' own CEL libraries (quantity, regex
+helpers, ...) are not provided, and the policy does not need them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+cel = pytest.importorskip("cel_expr_python.cel", reason="cel-expr-python is not installed")
+
+Obj = dict[str, Any]
+INPUTS = ("object", "oldObject", "request", "params", "namespaceObject", "variables")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    judged: bool  # the policy's match conditions selected the request
+    denials: tuple[str, ...]  # messages of the validations that refused it
+
+    @property
+    def allowed(self) -> bool:
+        return not self.denials
+
+
+class Policy:
+    """One ValidatingAdmissionPolicy, compiled (a compile error fails at once)."""
+
+    def __init__(self, policy: Obj) -> None:
+        spec = policy["spec"]
+        self.env = cel.NewEnv(variables={name: cel.Type.DYN for name in INPUTS})
+        self.matches = [self.env.compile(c["expression"]) for c in spec.get("matchConditions", [])]
+        self.variables = [(v["name"], self.env.compile(v["expression"]))
+                          for v in spec.get("variables", [])]
+        self.validations = [(self.env.compile(v["expression"]), v.get("message", v["expression"]))
+                            for v in spec["validations"]]
+
+    def _eval(self, expression: Any, data: Obj) -> Any:
+        value = expression.eval(data=data)
+        if value.type() == cel.Type.ERROR:
+            raise ValueError("evaluation error")
+        return value.value()
+
+    def review(self, *, old: Obj, new: Obj, user: str, extra: dict[str, list[str]] | None = None,
+               operation: str = "UPDATE") -> Verdict:
+        request = {"operation": operation, "userInfo": {"username": user, "extra": extra or {}}}
+        data: Obj = {"object": new, "oldObject": old, "request": request, "params": None,
+                     "namespaceObject": None, "variables": {}}
+        if not all(self._eval(m, data) is True for m in self.matches):
+            return Verdict(False, ())
+        for name, expression in self.variables:
+            data["variables"][name] = self._eval(expression, data)
+        denials = []
+        for expression, message in self.validations:
+            try:
+                ok = self._eval(expression, data) is True
+            except ValueError:
+                ok = False  # failurePolicy Fail: an error refuses the request
+            if not ok:
+                denials.append(message)
+        return Verdict(True, tuple(denials))

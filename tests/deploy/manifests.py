@@ -1,0 +1,68 @@
+"""The deploy/ manifests as objects: rendered by `kubectl kustomize` when kubectl is
+installed, and read straight from a kustomization's plain resource files otherwise
+(enough for the RBAC tests, which need no kustomize feature)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy" / "daemonset"
+BASE = DEPLOY / "base"
+OVERLAYS = {"kube": DEPLOY / "overlays" / "kube", "openshift": DEPLOY / "overlays" / "openshift"}
+MONITORING = DEPLOY / "monitoring"
+KUSTOMIZATIONS = {"base": BASE, **OVERLAYS, "monitoring": MONITORING}
+ALERTS = ROOT / "dashboards" / "alerts.yaml"
+
+NAMESPACE = "healthd-system"
+AGENT = f"system:serviceaccount:{NAMESPACE}:healthd-agent"
+CONTROLLER = f"system:serviceaccount:{NAMESPACE}:healthd-controller"
+
+Obj = dict[str, Any]
+
+
+def documents(text: str) -> list[Obj]:
+    """The non-empty YAML documents of `text`."""
+    return [doc for doc in yaml.safe_load_all(text) if isinstance(doc, dict)]
+
+
+def kubectl() -> str:
+    """The kubectl binary, or a visible skip."""
+    found = shutil.which("kubectl")
+    if found is None:
+        pytest.skip("kubectl is not installed (Debian package kubernetes-client)")
+    return found
+
+
+def render(directory: Path) -> list[Obj]:
+    """`kubectl kustomize DIR`, parsed; a failure fails the test with kustomize's words."""
+    proc = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode == 0, f"kubectl kustomize {directory} failed:\n{proc.stderr}"
+    return documents(proc.stdout)
+
+
+def plain_resources(directory: Path) -> list[Obj]:
+    """The objects of the kustomization's `resources` files, untransformed."""
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    out: list[Obj] = []
+    for name in kustomization.get("resources") or []:
+        out += documents((directory / name).read_text())
+    return out
+
+
+def find(objects: list[Obj], kind: str, name: str | None = None) -> list[Obj]:
+    return [o for o in objects if o.get("kind") == kind
+            and (name is None or o["metadata"]["name"] == name)]
+
+
+def one(objects: list[Obj], kind: str, name: str) -> Obj:
+    found = find(objects, kind, name)
+    assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
+    return found[0]
