@@ -1,0 +1,82 @@
+"""Every benchmark in `bench/` runs (`--quick`) and prints one JSON object with the
+machine, the date, its figures and each goal as value/goal/met. Timings are never
+asserted: a missed goal is a figure, not a failure. The benchmarks run side by side
+to keep this module fast."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent.parent / "bench"
+
+# benchmark -> (extra arguments, figures it must report, goals it must judge)
+EXPECTED: dict[str, tuple[list[str], set[str], set[str]]] = {
+    "fault_to_label": ([], {"poll_interval_s", "xid79", "remap_pending"},
+                       {"xid79_p99_s", "remap_pending_p99_s"}),
+    "label_to_reset": ([], {"scales", "scaling_exponent"},
+                       {"latency_p99_s_at_largest", "nodes_per_s_at_largest"}),
+    "steady_state_writes": ([], {"writes_per_node_per_hour", "lists_per_node_per_hour",
+                                 "requests_by_kind"},
+                            {"writes_per_node_per_hour", "lists_per_node_per_hour"}),
+    "nvml_round": ([], {"simulated_8_gpus", "real_gpu"}, {"simulated_8_gpus_p99_ms"}),
+    "agent_footprint": (["--minutes", "0.1"], {"rss_mib_peak", "cpu_pct_of_core_steady"},
+                        {"rss_mib_peak", "cpu_pct_of_core_steady"}),
+    "lending_recompute": ([], {"one_change_ms", "nodes"}, {"one_change_p99_ms"}),
+}
+
+
+@pytest.fixture(scope="module")
+def runs() -> Iterator[dict[str, subprocess.CompletedProcess[str]]]:
+    """Start every benchmark at once; collect each one's exit code and output."""
+    procs = {
+        name: subprocess.Popen([sys.executable, str(BENCH / f"{name}.py"), "--quick", *extra],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name, (extra, _, _) in EXPECTED.items()
+    }
+    done: dict[str, subprocess.CompletedProcess[str]] = {}
+    try:
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=110)
+            done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        yield done
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_every_benchmark_is_covered() -> None:
+    scripts = {p.stem for p in BENCH.glob("*.py")} - {"common"}
+    assert scripts == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_benchmark_prints_one_json_object_with_its_figures_and_goals(
+        runs: dict[str, subprocess.CompletedProcess[str]], name: str) -> None:
+    run = runs[name]
+    assert run.returncode == 0, run.stderr[-3000:]
+    report: dict[str, Any] = json.loads(run.stdout)
+    _, figures, goals = EXPECTED[name]
+    assert report["benchmark"] == name and report["quick"] is True
+    assert report["date"] and report["machine"]["nproc"] >= 1 and report["machine"]["cpu_model"]
+    assert figures <= set(report["figures"]), sorted(report["figures"])
+    assert goals <= set(report["goals"])
+    for goal in report["goals"].values():
+        assert set(goal) == {"value", "goal", "op", "met"}
+        assert isinstance(goal["value"], (int, float)) and isinstance(goal["met"], bool)
+
+
+def test_a_benchmark_that_cannot_measure_still_prints_json_and_fails() -> None:
+    proc = subprocess.run([sys.executable, str(BENCH / "label_to_reset.py"), "--nodes", "0"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    report = json.loads(proc.stdout)
+    assert report["benchmark"] == "label_to_reset" and report["error"]
