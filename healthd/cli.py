@@ -7,6 +7,7 @@
     healthd trigger (--selector S | --nodes N1,N2 | --job NS/APPWRAPPER) --checks LIST
                     [--batch N] [--wait] [--timeout D] [--force-queue] [--output table|json]
     healthd status [--selector S] [--verdict V] [--watch] [--output table|json]
+    healthd demo [--scenario FILE|NAME] [--nodes N] [--output table|json] [--serve PORT]
     healthd config validate FILE
     healthd version
 
@@ -116,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--dry-run", action="store_true", help="decide and log, write nothing")
     ctl.add_argument("--http-port", type=int, metavar="N", help="/metrics, /healthz, /readyz")
     ctl.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING"))
+
+    from healthd.demo.command import add_arguments as add_demo_arguments
+
+    add_demo_arguments(sub.add_parser(
+        "demo", help="the whole system on a simulated cluster, playing a scenario"))
 
     config = sub.add_parser("config", help="configuration tools")
     config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
@@ -230,6 +236,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from healthd.fleet.command import run_status, run_trigger
 
         return run_trigger(args) if args.command == "trigger" else run_status(args)
+    if args.command == "demo":
+        from healthd.demo.command import run_demo
+
+        return run_demo(args)
     if args.command == "agent":
         from healthd.agent.command import run_agent
 

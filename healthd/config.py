@@ -122,7 +122,7 @@ class Config(_Frozen):
             try:
                 cls.Params.model_validate(section.params)
             except ValidationError as exc:
-                raise ValueError(f"checks.{name}.params: {_explain(exc)}") from None
+                raise ValueError(f"checks.{name}.params: {explain(exc)}") from None
         return self
 
     def catalog(self) -> Catalog:
@@ -143,14 +143,14 @@ class Config(_Frozen):
         try:
             return cls(cls.Params.model_validate(params))
         except ValidationError as exc:
-            raise ValueError(f"check {name}: {_explain(exc)}") from None
+            raise ValueError(f"check {name}: {explain(exc)}") from None
 
 
 class ConfigError(ValueError):
     """A config that cannot be used; the message names the field and the fix."""
 
 
-def _explain(exc: ValidationError) -> str:
+def explain(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"])
@@ -179,4 +179,4 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         return Config.model_validate(raw)
     except ValidationError as exc:
         origin = path or "defaults"
-        raise ConfigError(f"config {origin}: {_explain(exc)}") from exc
+        raise ConfigError(f"config {origin}: {explain(exc)}") from exc

@@ -1,0 +1,201 @@
+"""`healthd demo`: the whole system on a simulated cluster, one command.
+
+    healthd demo [--scenario FILE|NAME] [--nodes N] [--output table|json] [--serve PORT]
+
+Starts the demo cluster (healthd.demo.cluster), plays the scenario
+(healthd.demo.player) and shows it: a live screen on a terminal, a line log
+elsewhere, then a summary; `--output json` prints the result instead (the
+timeline of observed states, the Events, the steps). `--serve PORT` keeps the
+emulated API on PORT and every component running after the story, prints a
+kubeconfig and the /metrics addresses, and stops on Ctrl-C.
+
+Exit codes: 0 every expectation held; 1 one failed (the message names the step,
+the expectation and what was seen); 64 a usage error; 78 a scenario that cannot
+be played (the message names the field).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+import anyio
+
+from healthd.demo.scenario import (
+    DEFAULT_SCENARIO,
+    Scenario,
+    ScenarioError,
+    build_config,
+    bundled_scenarios,
+    check_fits,
+    load_scenario,
+)
+from healthd.demo.view import LiveView, line, summary
+
+if TYPE_CHECKING:
+    from healthd.demo.cluster import DemoCluster
+    from healthd.demo.player import Recorder
+
+EX_FAILED = 1
+EX_USAGE = 64
+EX_CONFIG = 78
+Hold = Callable[["DemoCluster"], Awaitable[None]]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `healthd demo` options (healthd.cli builds the subcommand with them)."""
+    parser.add_argument("--scenario", default=DEFAULT_SCENARIO, metavar="FILE|NAME",
+                        help=f"a scenario YAML or a bundled one: {', '.join(bundled_scenarios())}")
+    parser.add_argument("--nodes", type=int, metavar="N",
+                        help="simulated GPU nodes (default: the scenario's, 3)")
+    parser.add_argument("--output", choices=("table", "json"), default="table")
+    parser.add_argument("--serve", type=int, metavar="PORT",
+                        help="keep the emulated API on PORT (and /metrics) up after the story")
+
+
+class _Sink(logging.Handler):
+    """Log records as text lines for the live screen (they would tear it)."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.lines = lines
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+@contextmanager
+def _logging(live_lines: list[str] | None) -> Iterator[None]:
+    """Errors go to stderr (what the components warn about shows as Events already),
+    or, with warnings, to the live screen when there is one."""
+    root = logging.getLogger()
+    handler: logging.Handler = _Sink(live_lines) if live_lines is not None \
+        else logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING if live_lines is not None else logging.ERROR)
+    before = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(before)
+
+
+def result_of(scenario: Scenario, nodes: int, rec: Recorder, failure: object | None,
+              duration_s: float) -> dict[str, Any]:
+    """The JSON result: verdict, failure, steps, the timeline of states, the Events."""
+    done = [s for s in rec.steps if s["result"] == "done"]  # one record per step
+    return {"scenario": scenario.name, "description": scenario.description, "nodes": nodes,
+            "passed": failure is None, "failure": str(failure) if failure else None,
+            "duration_s": round(duration_s, 2), "step_count": len(scenario.steps),
+            "steps_done": [s["index"] for s in done], "steps": rec.steps,
+            "timeline": rec.timeline, "events": rec.log.events}
+
+
+async def play(scenario: Scenario, *, nodes: int, stream: TextIO, live: bool = False,
+               lines: bool = True, serve_port: int | None = None, hold: Hold | None = None,
+               notices: TextIO | None = None) -> dict[str, Any]:
+    """Run the cluster, play `scenario`, return the result; with `serve_port`, then
+    print where the cluster is (to `notices`, default `stream`) and call
+    `hold(cluster)` (default: wait for Ctrl-C) before stopping."""
+    # Imported here: the agent, controller and simulation stay out of other commands.
+    from healthd.demo.cluster import running_cluster
+    from healthd.demo.player import Player, Recorder
+
+    config = build_config(scenario)
+    view = LiveView(stream, scenario.name) if live else None
+
+    def on_line(t: float, text: str) -> None:
+        if view is not None:
+            view.add_line(t, text)
+        elif lines:
+            print(line(t, text), file=stream, flush=True)
+
+    with _logging(view.logs if view else None):
+        async with running_cluster(scenario, config, nodes=nodes,
+                                   port=serve_port or 0) as cluster:
+            rec = Recorder(cluster, on_line=on_line)
+            async with anyio.create_task_group() as group:
+                group.start_soon(rec.sample_forever)
+                if view is not None:
+                    group.start_soon(view.run, rec)
+                started = anyio.current_time()
+                failure: object = None  # a player.Failure, or why the story was cut short
+                with anyio.move_on_after(scenario.time_limit) as limit:
+                    failure = await Player(cluster, scenario, rec).play()
+                if limit.cancelled_caught:
+                    failure = f"the story did not end within time_limit {scenario.time_limit:g} s"
+                rec.sample()
+                if view is not None:
+                    view.draw(rec)
+                group.cancel_scope.cancel()
+            result = result_of(scenario, nodes, rec, failure, anyio.current_time() - started)
+            if serve_port is not None:
+                print(summary(result), file=notices or stream, flush=True)
+                await _serve(cluster, notices or stream, hold)
+    return result
+
+
+async def _serve(cluster: DemoCluster, stream: TextIO, hold: Hold | None) -> None:
+    folder = Path(tempfile.mkdtemp(prefix="healthd-demo-"))
+    kubeconfig = cluster.api.write_kubeconfig(folder / "kubeconfig")
+    out = ["", "The demo cluster stays up; Ctrl-C stops it.",
+           f"  API server  {cluster.api.url}",
+           f"  kubeconfig  {kubeconfig}",
+           f"  try         kubectl --kubeconfig {kubeconfig} get nodes "
+           f"-L {cluster.keys.gpuhealth}",
+           f"  controller  http://127.0.0.1:{cluster.controller_port}/metrics"]
+    out += [f"  {name:<11} http://127.0.0.1:{port}/metrics"
+            for name, port in cluster.agent_ports().items()]
+    print("\n".join(out), file=stream, flush=True)
+    await (hold or wait_for_signal)(cluster)
+
+
+async def wait_for_signal(cluster: DemoCluster) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            return
+
+
+def run_demo(args: argparse.Namespace, stream: TextIO | None = None) -> int:
+    """The `healthd demo` subcommand."""
+    stream = stream or sys.stdout
+    try:
+        scenario = load_scenario(args.scenario)
+        nodes = args.nodes or scenario.nodes
+        if nodes < 1:
+            print("healthd: --nodes must be at least 1", file=sys.stderr)
+            return EX_USAGE
+        check_fits(scenario, nodes, origin=str(args.scenario))
+        build_config(scenario)
+    except ScenarioError as exc:
+        print(f"healthd: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    as_json = args.output == "json"
+    live = not as_json and stream.isatty()
+    try:
+        result = anyio.run(lambda: play(scenario, nodes=nodes, stream=stream, live=live,
+                                        lines=not as_json, serve_port=args.serve,
+                                        notices=sys.stderr if as_json else None))
+    except KeyboardInterrupt:
+        return 130
+    except OSError as exc:  # the --serve port is taken, most likely
+        print(f"healthd: cannot start the demo cluster: {exc}", file=sys.stderr)
+        return EX_FAILED
+    if as_json:
+        print(json.dumps(result, indent=1), file=stream)
+    elif args.serve is None:
+        print(("" if live else "\n") + summary(result, with_state=not live), file=stream)
+    if not result["passed"]:
+        print(f"healthd: scenario {scenario.name} failed: {result['failure']}", file=sys.stderr)
+    return 0 if result["passed"] else EX_FAILED

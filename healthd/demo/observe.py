@@ -1,0 +1,162 @@
+"""What the demo shows and judges: the cluster's observable state, read back.
+
+`observe(cluster)` reads what any user of the cluster could see (the Nodes'
+labels, condition, cordon and `last-run` answer; AppWrapper phases and where their
+pods run; the slack queues' lendingLimits against nominalQuota; the controller's
+breaker gauge) into one plain JSON-able `State`. The view draws it, the player
+judges expectations against it, `--output json` records it. `changes(old, new)`
+says what moved, one line per change; `EventLog` collects Events once each.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from healthd.kube.conventions import CONDITION_TYPE, Keys
+
+if TYPE_CHECKING:
+    from healthd.demo.cluster import DemoCluster
+
+State = dict[str, Any]
+BREAKER_GAUGE = "healthd_controller_breaker_open"
+NONE = "(none)"
+
+
+def _labels(obj: dict[str, Any], field: str = "labels") -> dict[str, str]:
+    return dict((obj.get("metadata") or {}).get(field) or {})
+
+
+def _condition(node: dict[str, Any]) -> str | None:
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == CONDITION_TYPE:
+            return str(cond.get("status"))
+    return None
+
+
+def _last_run(annotations: dict[str, str], keys: Keys) -> dict[str, Any] | None:
+    try:
+        answer = json.loads(annotations.get(keys.last_run) or "null")
+    except ValueError:
+        return None
+    if not isinstance(answer, dict):
+        return None
+    return {k: answer.get(k) for k in ("kind", "request", "accepted", "error")}
+
+
+def node_state(node: dict[str, Any], keys: Keys) -> dict[str, Any]:
+    annotations = _labels(node, "annotations")
+    return {"verdict": _labels(node).get(keys.gpuhealth),
+            "condition": _condition(node),
+            "cordoned": bool((node.get("spec") or {}).get("unschedulable")),
+            "last_run": _last_run(annotations, keys)}
+
+
+def _queue_state(queue: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for group in (queue.get("spec") or {}).get("resourceGroups") or []:
+        for flavor in group.get("flavors") or []:
+            for res in flavor.get("resources") or []:
+                out[f"{flavor.get('name')}/{res.get('name')}"] = {
+                    "nominal": str(res.get("nominalQuota")),
+                    "limit": None if res.get("lendingLimit") is None
+                    else str(res["lendingLimit"])}
+    return out
+
+
+def observe(cluster: DemoCluster) -> State:
+    """The cluster as a user sees it now (read from the emulator's store)."""
+    # Imported here: the CLI loads this module to build its parser; keep that light.
+    from healthd.sim.appwrapper_operator import APPWRAPPER_LABEL
+
+    api, keys = cluster.api, cluster.keys
+    pods_of: dict[str, list[str]] = {}
+    for pod in api.list("Pod"):
+        owner = _labels(pod).get(APPWRAPPER_LABEL)
+        where = (pod.get("spec") or {}).get("nodeName")
+        if owner and where and (pod.get("status") or {}).get("phase") == "Running":
+            key = f"{pod['metadata'].get('namespace')}/{owner}"
+            pods_of.setdefault(key, []).append(str(where))
+    appwrappers = {}
+    for aw in api.list("AppWrapper"):
+        key = f"{aw['metadata'].get('namespace')}/{aw['metadata']['name']}"
+        appwrappers[key] = {"phase": (aw.get("status") or {}).get("phase") or "",
+                            "nodes": sorted(pods_of.get(key, []))}
+    slack = cluster.config.controller.slack_queues
+    breaker = cluster.controller.metrics.registry.get_sample_value(BREAKER_GAUGE)
+    return {
+        "nodes": {n["metadata"]["name"]: node_state(n, keys)
+                  for n in sorted(api.list("Node"), key=lambda n: n["metadata"]["name"])},
+        "appwrappers": dict(sorted(appwrappers.items())),
+        "lending": {q["metadata"]["name"]: _queue_state(q) for q in api.list("ClusterQueue")
+                    if q["metadata"]["name"] in slack},
+        "breaker_open": bool(breaker),
+    }
+
+
+def changes(old: State | None, new: State) -> list[str]:
+    """One line per observable change from `old` to `new` (everything when None)."""
+    old = old or {"nodes": {}, "appwrappers": {}, "lending": {}, "breaker_open": False}
+    return list(_changes(old, new))
+
+
+def _changes(old: State, new: State) -> Iterator[str]:
+    for name, now in new["nodes"].items():
+        was = old["nodes"].get(name, {})
+        if was.get("verdict") != now["verdict"]:
+            yield f"{name}: {was.get('verdict') or NONE} -> {now['verdict'] or NONE}"
+        if was.get("cordoned", False) != now["cordoned"]:
+            yield f"{name}: {'cordoned' if now['cordoned'] else 'uncordoned'}"
+        if now["last_run"] and was.get("last_run") != now["last_run"]:
+            run = now["last_run"]
+            verb = "accepted" if run["accepted"] else f"refused: {run['error']}"
+            asked = request_text(run)
+            yield f"{name}: {asked} {verb}"
+    for key, now in new["appwrappers"].items():
+        was = old["appwrappers"].get(key, {})
+        if (was.get("phase"), was.get("nodes")) != (now["phase"], now["nodes"]):
+            where = f" on {', '.join(now['nodes'])}" if now["nodes"] else ""
+            yield f"AppWrapper {key}: {now['phase'] or 'new'}{where}"
+    for queue, resources in new["lending"].items():
+        for res, now in resources.items():
+            was = old["lending"].get(queue, {}).get(res, {})
+            if was.get("limit", now["limit"]) != now["limit"] or not was:
+                yield (f"{queue} {res}: lendingLimit {_limit(now['limit'])} "
+                       f"(nominal {now['nominal']})")
+    if old["breaker_open"] != new["breaker_open"]:
+        yield f"circuit breaker {'OPEN: resets stopped' if new['breaker_open'] else 'closed'}"
+
+
+def request_text(run: dict[str, Any]) -> str:
+    """How an on-demand request reads: `clear` or `run 'pciebw,remapped'`."""
+    return "clear request" if run.get("kind") == "clear" else f"run request {run['request']!r}"
+
+
+def _limit(value: str | None) -> str:
+    return NONE if value is None else value
+
+
+class EventLog:
+    """Events as they appear (each once; a repeat of a counted Event shows again)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, Any] = {}
+        self.events: list[dict[str, Any]] = []
+
+    def collect(self, cluster: DemoCluster, t: float) -> list[dict[str, Any]]:
+        fresh = []
+        for event in cluster.api.list("Event"):
+            uid = event["metadata"].get("uid") or event["metadata"]["name"]
+            count = event.get("count") or 1
+            if self._seen.get(uid) == count:
+                continue
+            self._seen[uid] = count
+            involved = event.get("involvedObject") or {}
+            fresh.append({"t": round(t, 2), "type": event.get("type") or "",
+                          "reason": event.get("reason") or "",
+                          "object": involved.get("name") or "",
+                          "kind": involved.get("kind") or "",
+                          "message": event.get("message") or ""})
+        self.events.extend(fresh)
+        return fresh

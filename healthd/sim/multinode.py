@@ -1,0 +1,109 @@
+"""Several simulated GPU nodes in one process, each with its own fake NVML library.
+
+pynvml keeps one loaded library per process (`pynvml.nvmlLib`), so
+`healthd.sim.node.simulate` serves one machine at a time. The demo and benchmarks
+run one real agent per simulated node in one process; `simulate_nodes` installs a
+dispatcher in pynvml's place that forwards every C call to the library of the node
+whose code is calling. Which node that is travels in a context variable:
+`bound(node)` sets it, every task started under it inherits it, and anyio copies it
+into the worker threads that make the blocking NVML calls. Each node keeps its own
+machine clock, faults, XID event sets and NVML session, exactly as with one node.
+
+Usage::
+
+    with simulate_nodes({"n1": spec1, "n2": spec2}) as fleet:
+        async with anyio.create_task_group() as tg:
+            for name, sim in fleet.nodes.items():
+                tg.start_soon(fleet.run_bound, name, Agent(config, node=name, sim=sim).run)
+        fleet.nodes["n2"].nvml.emit_xid(3, 79)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+from healthd.sim.cuda import SimBandwidthProbe
+from healthd.sim.fakenvml import FakeNvml, FakeNvmlLibrary, install, monotonic_clock
+from healthd.sim.machine import MachineSpec
+from healthd.sim.node import SimulatedNode
+from healthd.sim.nvmlsymbols import SYMBOLS
+
+_current: ContextVar[FakeNvmlLibrary | None] = ContextVar("healthd_sim_node", default=None)
+_UNUSED_PREVIOUS: tuple[Any, dict[str, Any], int] = (None, {}, 0)  # never uninstalled
+
+
+class _Dispatcher:
+    """What pynvml believes is the C library: each symbol forwards to the library of
+    the calling node (the first node's when no node is bound, e.g. error strings)."""
+
+    def __init__(self, default: FakeNvmlLibrary) -> None:
+        self._default = default
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name not in SYMBOLS:
+            raise AttributeError(name)  # pynvml: NVMLError_FunctionNotFound
+
+        def c_function(*args: Any) -> Any:
+            library = _current.get() or self._default
+            return getattr(library, name)(*args)
+
+        c_function.__name__ = name
+        return c_function
+
+
+@dataclass
+class SimulatedNodes:
+    """The installed fleet: one `SimulatedNode` per node name (its `nvml` is the
+    runtime control: `inject`, `emit_xid`, `clear_faults`)."""
+
+    nodes: dict[str, SimulatedNode]
+
+    @contextmanager
+    def bound(self, node: str) -> Iterator[SimulatedNode]:
+        """NVML calls made in this context (and tasks and threads started from it)
+        reach `node`'s simulated machine."""
+        sim = self.nodes[node]
+        token = _current.set(sim.nvml.library)
+        try:
+            yield sim
+        finally:
+            _current.reset(token)
+
+    async def run_bound(self, node: str, main: Callable[[], Awaitable[None]]) -> None:
+        """Run `main()` (an agent's `run`) bound to `node`."""
+        with self.bound(node):
+            await main()
+
+
+def _simulated(library: FakeNvmlLibrary, fake: FakeNvml) -> SimulatedNode:
+    probe = SimBandwidthProbe(library.spec, clock=library.clock, faults=fake.faults_for)
+    return SimulatedNode(library.spec, fake, probe)
+
+
+@contextmanager
+def simulate_nodes(specs: Mapping[str, MachineSpec]) -> Iterator[SimulatedNodes]:
+    """Install one simulated machine per node name for the duration of the block
+    (each spec's `node` is set to its name). pynvml gets its old library back after."""
+    if not specs:
+        raise ValueError("simulate_nodes needs at least one node")
+    named = {name: spec.model_copy(update={"node": name}) for name, spec in specs.items()}
+    first_name, *others = named
+    first = install(named[first_name])  # remembers what pynvml had, to restore it
+    try:
+        fakes = {first_name: first}
+        for name in others:
+            library = FakeNvmlLibrary(named[name], monotonic_clock())
+            fakes[name] = FakeNvml(library, _UNUSED_PREVIOUS)
+        with pynvml.libLoadLock:
+            pynvml.nvmlLib = _Dispatcher(first.library)
+            pynvml._nvmlGetFunctionPointer_cache.clear()
+        yield SimulatedNodes({name: _simulated(fake.library, fake)
+                              for name, fake in fakes.items()})
+    finally:
+        first.uninstall()
