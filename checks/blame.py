@@ -4,7 +4,9 @@ Each node's `ping` check says which peers it could reach. One node's view alone
 cannot tell "that peer is down" from "I am cut off"; the whole matrix can. This
 module is the pure function that reads the matrix (reporter -> target ->
 reachable) and returns a verdict per node plus a cluster-wide partition flag. The
-controller and `healthd trigger` both use it; it does no I/O.
+controller and `healthd trigger` both use it; it does no I/O. `judge_rows` is the
+same judgement for rows in sparse form ("reached everyone but these"), in time
+linear in the nodes plus the failed pings, for fleets of thousands of nodes.
 
 The rules (`share` is the threshold, 0.5 by default; "most" means MORE than it):
 
@@ -222,3 +224,208 @@ def _verdict(
         unreachable_targets=failed_to,
         targets=len(row),
     )
+
+
+# -- sparse rows: the same judgement, linear in nodes plus failed pings -----------------
+#
+# A fleet's pings are almost all successful, so a row is "every other node but these"
+# (or "none at all"). `judge_rows` gives exactly `judge(to_matrix(rows))` without
+# building the n x n matrix: every count `judge` takes over a row or a column is a
+# total minus the few failures, and the cut between groups is subtracted per group.
+
+
+@dataclass(frozen=True)
+class Row:
+    """One reporter's view: it probed every other node and reached all but
+    `unreached`, or (`reached_none`) it reached nobody. The nodes are every reporter
+    plus every node a row names."""
+
+    unreached: frozenset[str] = frozenset()
+    reached_none: bool = False
+
+
+Rows = Mapping[str, Row]
+
+
+def to_matrix(rows: Rows) -> dict[str, dict[str, bool]]:
+    """The dense matrix `rows` stand for (n x n; for tests and small fleets)."""
+    nodes = _universe(rows)
+    return {r: {t: not row.reached_none and t not in row.unreached for t in nodes if t != r}
+            for r, row in rows.items()}
+
+
+def judge_rows(
+    rows: Rows, *, share: float = 0.5, min_reporters: int = 2, min_targets: int = 2
+) -> SparseReport:
+    """`judge(to_matrix(rows))` in O(nodes + unreached entries) (plus sorting names);
+    the per-node details are built on demand (see SparseReport)."""
+    return SparseReport(rows, share, min_reporters, min_targets)
+
+
+def _universe(rows: Rows) -> tuple[str, ...]:
+    names = {str(r) for r in rows}
+    for row in rows.values():
+        names.update(row.unreached)
+    return tuple(sorted(names))
+
+
+class _Tally:
+    """Weights per node with per-group subtotals: the weight a node `t` sees, i.e.
+    of the nodes other than `t` on its side of every cut, in O(1)."""
+
+    def __init__(self, weights: Mapping[str, int], where: Mapping[str, int]) -> None:
+        self._weights = weights
+        self._where = where
+        self._total = sum(weights.values())
+        self._group: dict[int, int] = {}
+        for n, w in weights.items():
+            if n in where:
+                self._group[where[n]] = self._group.get(where[n], 0) + w
+        self._grouped = sum(self._group.values())
+
+    def seen_by(self, t: str) -> int:
+        other_groups = self._grouped - self._group.get(self._where[t], 0) \
+            if t in self._where else 0
+        return self._total - self._weights.get(t, 0) - other_groups
+
+
+def _sparse_groups(nodes: tuple[str, ...], fails: Mapping[str, frozenset[str]]
+                   ) -> tuple[tuple[str, ...], ...]:
+    """`_groups` over the successful pings of rows in sparse form. Each scan of the
+    unvisited nodes either visits a node or meets a failed ping, each once."""
+    unvisited, open_reporters = set(nodes), set(fails)
+    found: list[tuple[str, ...]] = []
+    for start in nodes:
+        if start not in unvisited:
+            continue
+        unvisited.discard(start)
+        open_reporters.discard(start)
+        group, queue = [start], [start]
+        while queue:
+            v = queue.pop()
+            reached: list[str] = []
+            if v in fails:  # v reached every unvisited node it did not name
+                kept = {w for w in unvisited if w in fails[v]}
+                reached.extend(unvisited - kept)
+                unvisited = kept
+            reached.extend(r for r in open_reporters if v not in fails[r] and r in unvisited)
+            for w in reached:
+                unvisited.discard(w)
+                open_reporters.discard(w)
+            group.extend(reached)
+            queue.extend(reached)
+        if len(group) >= 2:
+            found.append(tuple(sorted(group)))
+    return tuple(sorted(found))
+
+
+class SparseReport:
+    """What `judge` would return for the rows, with the same names: `partitioned`,
+    `groups`, `blamed`, `isolated`, `at_fault`, `report[node]` (a NodeVerdict) and
+    `verdicts`. Names of reporters and targets are listed only on demand: a reporter
+    that reached nobody missed every peer, so `verdicts` (all of them) is the one
+    part that is not linear; `report()` is that expansion as a BlameReport."""
+
+    def __init__(self, rows: Rows, share: float, min_reporters: int, min_targets: int) -> None:
+        self.nodes = _universe(rows)
+        self._share = share
+        self._silent = frozenset(str(r) for r, row in rows.items() if row.reached_none)
+        self._fails = {str(r): row.unreached - {str(r)} for r, row in rows.items()
+                       if not row.reached_none}
+        self._namers: dict[str, list[str]] = {}  # target -> reporters that named it
+        for r, fails in self._fails.items():
+            for t in fails:
+                self._namers.setdefault(t, []).append(r)
+        self.groups = _sparse_groups(self.nodes, self._fails)
+        self.partitioned = len(self.groups) >= 2  # every reporter probed every group
+        self._where = {n: i for i, group in enumerate(self.groups) for n in group}
+        self._reporters = self._tally(self._fails.keys() | self._silent)
+        self._targets = self._tally(self.nodes)
+        failed = self._tally(self._silent)
+        self._failed = {t: failed.seen_by(t) + len(self._named_by(t)) for t in self.nodes}
+        self._isolated = self._find_isolated(min_targets)
+        credible_failed = self._tally(self._isolated & self._silent)
+        uncredible = self._tally(self._isolated)
+        self._credible = {t: self._reporters.seen_by(t) - uncredible.seen_by(t)
+                          for t in self.nodes}
+        self._credible_failed = {
+            t: self._failed[t] - credible_failed.seen_by(t)
+            - sum(1 for r in self._named_by(t) if r in self._isolated) for t in self.nodes}
+        self._blamed = frozenset(
+            t for t in self.nodes if self._credible[t] >= min_reporters
+            and _most(self._credible_failed[t], self._credible[t], share))
+
+    def _tally(self, names: Iterable[str], weight: Mapping[str, int] | None = None) -> _Tally:
+        weights = {n: 1 for n in names} if weight is None else dict(weight)
+        return _Tally(weights, self._where)
+
+    def _cut(self, a: str, b: str) -> bool:
+        where = self._where
+        return a in where and b in where and where[a] != where[b]
+
+    def _named_by(self, t: str) -> list[str]:
+        """The reporters that named `t`, on its side of every cut."""
+        return [r for r in self._namers.get(t, ()) if not self._cut(r, t)]
+
+    def _find_isolated(self, min_targets: int) -> frozenset[str]:
+        """Rule 4: a failed ping to `t` is explained by `t` when the other reporters
+        that probed it mostly failed too; isolated: mostly unexplained failures."""
+        unexplained = {t: int(not _most(self._failed[t] - 1, self._reporters.seen_by(t) - 1,
+                                         self._share)) for t in self.nodes}
+        silent_fault = self._tally((), unexplained)  # a silent reporter failed every target
+        isolated = set()
+        for r in self._fails.keys() | self._silent:
+            targets = self._targets.seen_by(r)
+            if r in self._silent:
+                own_fault = silent_fault.seen_by(r)
+            else:
+                own_fault = sum(unexplained[t] for t in self._fails[r] if not self._cut(r, t))
+            if targets >= min_targets and _most(own_fault, targets, self._share):
+                isolated.add(r)
+        return frozenset(isolated)
+
+    # -- what judge() returns ----------------------------------------------------------
+
+    def verdict_of(self, node: str) -> Verdict:
+        """The node's verdict in O(1) (KeyError for a node no row names)."""
+        if node not in self._failed:
+            raise KeyError(node)
+        if node in self._isolated:
+            return Verdict.ISOLATED
+        return Verdict.BLAMED if node in self._blamed else Verdict.OK
+
+    def __getitem__(self, node: str) -> NodeVerdict:
+        if node not in self._failed:
+            raise KeyError(node)
+        silent = [r for r in self._silent if r != node and r not in self._isolated
+                  and not self._cut(r, node)]
+        named = [r for r in self._named_by(node) if r not in self._isolated]
+        if node in self._silent:
+            missed = [t for t in self.nodes if t != node and not self._cut(node, t)]
+        else:
+            missed = [t for t in self._fails.get(node, ()) if not self._cut(node, t)]
+        reports = node in self._silent or node in self._fails
+        return NodeVerdict(
+            node=node, blamed=node in self._blamed, isolated=node in self._isolated,
+            unreachable_from=tuple(sorted(silent + named)), reporters=self._credible[node],
+            unreachable_targets=tuple(sorted(missed)),
+            targets=self._targets.seen_by(node) if reports else 0)
+
+    @property
+    def verdicts(self) -> tuple[NodeVerdict, ...]:
+        return tuple(self[n] for n in self.nodes)
+
+    def report(self) -> BlameReport:
+        return BlameReport(self.verdicts, self.partitioned, self.groups)
+
+    @property
+    def blamed(self) -> tuple[str, ...]:
+        return tuple(n for n in self.nodes if n in self._blamed)
+
+    @property
+    def isolated(self) -> tuple[str, ...]:
+        return tuple(n for n in self.nodes if n in self._isolated)
+
+    @property
+    def at_fault(self) -> tuple[str, ...]:
+        return tuple(n for n in self.nodes if n in self._blamed or n in self._isolated)

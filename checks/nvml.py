@@ -152,6 +152,14 @@ class GpuSource(Protocol):
         ...
 
 
+# The longest single XID wait. The C call cannot be interrupted, so cancelling a
+# watch or a window waits for the wait in flight: this bounds how long an agent takes
+# to stop (well inside a pod's grace period). Nothing else queues behind a wait:
+# reads have their own limiter and windows collect from a running watch. Longer waits
+# only mean fewer thread hand-offs (2 a second instead of 10).
+POLL_MS = 500
+
+
 class NvmlGpuSource:
     """The real `GpuSource`: NVML read through pynvml in worker threads.
 
@@ -159,10 +167,12 @@ class NvmlGpuSource:
     `xid_events(window_s)` returns the XIDs received during the window plus any that
     arrived while nobody was collecting; `watch_xids()` streams them as they come.
     Every XID reaches every running `watch_xids()`, and every `xid_events()` window
-    open when it arrives (or, when none is open, the next window).
+    open when it arrives (or, when none is open, the next window). While a watch
+    runs, it alone waits on NVML and windows collect what it hands out, so a window
+    never queues behind the watch's wait in flight.
     """
 
-    def __init__(self, reader: NvmlReader | None = None, *, poll_ms: int = 100,
+    def __init__(self, reader: NvmlReader | None = None, *, poll_ms: int = POLL_MS,
                  backlog: int = 1000) -> None:
         if reader is None:
             from checks.nvml_reader import NvmlReader
@@ -170,7 +180,8 @@ class NvmlGpuSource:
             reader = NvmlReader()
         self.reader = reader
         self.poll_ms = poll_ms
-        self._limiter: anyio.CapacityLimiter | None = None
+        self._limiter: anyio.CapacityLimiter | None = None  # reads
+        self._wait_limiter: anyio.CapacityLimiter | None = None  # XID waits, one at a time
         self._round_lock: anyio.Lock | None = None
         self._cached: NodeSnapshot | None = None
         self._backlog: deque[XidEvent] = deque(maxlen=backlog)
@@ -194,13 +205,19 @@ class NvmlGpuSource:
         self._backlog.clear()
         self._collectors.append(mine)
         try:
-            deadline = anyio.current_time() + max(0.0, window_s)
-            await self._receive(0)  # what NVML queued before the window
-            while (left := deadline - anyio.current_time()) > 0:
-                await self._receive(min(self.poll_ms, max(1, int(left * 1000))))
+            if self._watchers:  # a watch receives for everyone: only collect meanwhile
+                await anyio.sleep(max(0.0, window_s))
+            else:
+                await self._receive_for(window_s)
         finally:
             self._collectors.remove(mine)
         return mine
+
+    async def _receive_for(self, window_s: float) -> None:
+        deadline = anyio.current_time() + max(0.0, window_s)
+        await self._receive(0)  # what NVML queued before the window
+        while (left := deadline - anyio.current_time()) > 0:
+            await self._receive(min(self.poll_ms, max(1, int(left * 1000))))
 
     async def watch_xids(self) -> AsyncIterator[XidEvent]:
         """XID events as they arrive, until the caller stops iterating."""
@@ -216,7 +233,8 @@ class NvmlGpuSource:
 
     async def aclose(self) -> None:
         """End the NVML session (frees the XID event set)."""
-        await self._in_thread(self.reader.close)
+        async with self._waits():  # never free the event set under a wait in flight
+            await self._in_thread(self.reader.close)
 
     async def _receive(self, timeout_ms: int) -> None:
         """One short wait for XIDs; hand what arrives to collectors and watchers.
@@ -225,7 +243,8 @@ class NvmlGpuSource:
 
         while True:
             try:
-                event = await self._in_thread(self.reader.wait_xid, timeout_ms)
+                event = await anyio.to_thread.run_sync(self.reader.wait_xid, timeout_ms,
+                                                       limiter=self._waits())
             except XidUnavailable:
                 await anyio.sleep(timeout_ms / 1000)
                 return
@@ -242,6 +261,11 @@ class NvmlGpuSource:
             self._backlog.append(event)
         for queue in self._watchers:
             queue.append(event)
+
+    def _waits(self) -> anyio.CapacityLimiter:
+        if self._wait_limiter is None:
+            self._wait_limiter = anyio.CapacityLimiter(1)
+        return self._wait_limiter
 
     async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         if self._limiter is None:

@@ -32,14 +32,12 @@ from checks.base import CheckContext, Peer
 from checks.nvml import DRIVER_NOT_FOUND, NvmlGpuSource
 from healthd import __version__
 from healthd.config import Config, ConfigError, load_config
+from healthd.exits import EX_CONFIG, EX_USAGE
 from healthd.fleet.arguments import add_fleet_parsers
 from healthd.once import Report, node_name, plan, run_planned
 from healthd.report import render_problems, render_results
 from healthd.selection import SelectionError, parse_selection
 from healthd.termination import write_summary
-
-EX_USAGE = 64
-EX_CONFIG = 78
 
 
 class UsageError(Exception):

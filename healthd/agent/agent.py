@@ -91,11 +91,15 @@ class DeepCheck:
 def effective_config(config: Config) -> Config:
     """The agent's xid check listens for `agent.xid_window_s` per periodic run unless
     its params say otherwise (events stream in continuously anyway)."""
-    section = config.check_section("xid")
-    if "window_s" in section.params:
+    if "window_s" in config.check_section("xid").params:
         return config
-    params = {**section.params, "window_s": config.agent.xid_window_s}
-    xid = section.model_copy(update={"params": params})
+    return with_xid_window(config, config.agent.xid_window_s)
+
+
+def with_xid_window(config: Config, window_s: float) -> Config:
+    """`config` with the xid check listening for `window_s` per run."""
+    section = config.check_section("xid")
+    xid = section.model_copy(update={"params": {**section.params, "window_s": window_s}})
     return config.model_copy(update={"checks": {**config.checks, "xid": xid}})
 
 
@@ -346,17 +350,24 @@ class Agent:
         return self.node_obj
 
     async def _consume_xids(self, gpus: NvmlGpuSource) -> None:
-        xid = self.plan("xid")
+        # The event is already queued for the run it triggers: listening on would only
+        # delay the label (periodic runs keep their window).
+        xid = self._simulated(planned_check(with_xid_window(self.config, 0.0), "xid"))
+        last: CheckResult | None = None
         async for event in gpus.watch_xids():
             log.info("XID %d on GPU %d", event.xid, event.gpu_index)
-            result = await self.runner.run(xid.key, xid.check, Trigger.EVENT, xid.timeout_s,
-                                           gated=False)
+            if last is not None and _covers(last, event):
+                continue  # a burst: the run for an earlier event drained this one too
+            last = result = await self._run_on_event(xid)
             if not _reports(result, event):
                 # It joined a run whose window had closed: this run drains the event.
-                result = await self.runner.run(xid.key, xid.check, Trigger.EVENT,
-                                               xid.timeout_s, gated=False)
+                last = result = await self._run_on_event(xid)
             if self.state.judged and _reports(result, event) and self._tasks is not None:
                 self._tasks.start_soon(self._measure_fault_to_label, event.at)
+
+    async def _run_on_event(self, xid: Planned) -> CheckResult:
+        return await self.runner.run(xid.key, xid.check, Trigger.EVENT, xid.timeout_s,
+                                     gated=False)
 
     async def _measure_fault_to_label(self, detected_at: float) -> None:
         if await self.publisher.flush(LABEL_WAIT_S):
@@ -377,6 +388,12 @@ def _reports(result: CheckResult, event: XidEvent) -> bool:
     return any(f.code == code and (f.entity.uuid == event.uuid or
                                    f.entity.index == event.gpu_index)
                for f in result.findings)
+
+
+def _covers(result: CheckResult, event: XidEvent) -> bool:
+    """Whether `result` already accounts for `event`: it reports it and ended after
+    the event was received (so it collected it, rather than an earlier one)."""
+    return result.started_at + result.duration_s >= event.at and _reports(result, event)
 
 
 def _node_gpus(node: dict[str, Any] | None) -> int:

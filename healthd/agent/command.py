@@ -22,7 +22,8 @@ import anyio
 
 from healthd.agent.agent import Agent
 from healthd.agent.logs import configure_logging
-from healthd.config import Config, ConfigError, load_config
+from healthd.config import Config
+from healthd.exits import EX_CONFIG, EX_SOFTWARE, ExitError, config_or_exit
 from healthd.kube.errors import KubeError
 
 if TYPE_CHECKING:
@@ -30,29 +31,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-EX_CONFIG = 78
-EX_SOFTWARE = 1
 HARD_STOP_S = 9.0  # after a signal: the process ends by then, flushed or not
 
 
 def resolve_node_name(config: Config, node: str | None, sim: SimulatedNode | None) -> str:
     """--node, else NODE_NAME (the config), else the simulated machine's, else the host."""
     return node or config.node_name or (sim.spec.node if sim else "") or socket.gethostname()
-
-
-class StartupError(Exception):
-    """The agent cannot start; `code` is the exit status."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def _config(path: str | None) -> Config:
-    try:
-        return load_config(path)
-    except ConfigError as exc:
-        raise StartupError(str(exc), EX_CONFIG) from exc
 
 
 async def run_until_signal(agent: Agent) -> None:
@@ -75,15 +59,15 @@ async def run_until_signal(agent: Agent) -> None:
 
 
 def _startup_error(exc: BaseException) -> BaseException:
-    """The error that stopped the agent, out of its task groups: a StartupError when
+    """The error that stopped the agent, out of its task groups: an ExitError when
     it is one we can explain, else the original."""
     leaf = exc
     while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
         leaf = leaf.exceptions[0]
     if isinstance(leaf, KubeError):
-        return StartupError(str(leaf), EX_CONFIG)
+        return ExitError(str(leaf), EX_CONFIG)
     if isinstance(leaf, OSError):
-        return StartupError(str(leaf), EX_SOFTWARE)
+        return ExitError(str(leaf), EX_SOFTWARE)
     return exc
 
 
@@ -91,7 +75,7 @@ def run_agent(args: argparse.Namespace) -> int:
     """The `healthd agent` subcommand."""
     try:
         with ExitStack() as stack:
-            config = _config(args.config)
+            config = config_or_exit(args.config)
             sim = None
             if args.sim:
                 from healthd.sim.node import SimulationError, simulate
@@ -99,7 +83,7 @@ def run_agent(args: argparse.Namespace) -> int:
                 try:
                     sim = stack.enter_context(simulate(args.sim))
                 except SimulationError as exc:
-                    raise StartupError(str(exc), EX_CONFIG) from exc
+                    raise ExitError(str(exc), EX_CONFIG) from exc
             node = resolve_node_name(config, args.node, sim)
             configure_logging(args.log_level, node)
             agent = Agent(config, node=node, kubeconfig=args.kubeconfig, sim=sim,
@@ -108,7 +92,7 @@ def run_agent(args: argparse.Namespace) -> int:
                 anyio.run(run_until_signal, agent)
             except Exception as exc:
                 raise _startup_error(exc) from exc
-    except StartupError as exc:
+    except ExitError as exc:
         print(f"healthd: {exc}", file=sys.stderr)
         return exc.code
     return 0

@@ -7,6 +7,12 @@ then deletes the components, waits its retry pause and resumes them on healthy
 nodes (its injected node affinity keeps them off EVICT ones). The status counter
 `resettingCount` is left alone, as the operator does for node-health resets.
 
+Events do not hold up the next reset: inside `sending_events()` (the reset loop
+runs in it) they are posted by background tasks, at most `EVENT_BACKLOG` resets'
+worth at a time (a full backlog makes the next reset wait for room), and leaving the
+block sends what is pending, for at most `DRAIN_S`, even when it is cancelled.
+Outside it (a one-off reset) they are posted before `reset` returns.
+
 The write is one JSON patch guarded by `test` ops on the phase and on the
 conditions list as read, so a stale cache or a concurrent writer can never be
 overwritten: a failed test re-reads the AppWrapper and decides again. Before any
@@ -30,9 +36,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any, Protocol
+
+import anyio
+import anyio.abc
 
 from healthd.controller.resets import (
     APPWRAPPER_RESET,
@@ -65,6 +75,8 @@ GONE = "gone"
 ERROR = "error"
 RESULTS = (RESET, DRY_RUN, BREAKER, SPACING, RATE_LIMITED, CONFLICT_RETRY, GONE, ERROR)
 WRITE_ATTEMPTS = 3  # a status that keeps changing under us: let the next event retry
+EVENT_BACKLOG = 64  # resets whose Events may be in flight at once
+DRAIN_S = 5.0  # on the way out, how long pending Events may still take
 
 NodeLookup = Callable[[str], dict[str, Any] | None]
 
@@ -137,6 +149,9 @@ class Resetter:
         self.spacing = Spacing(pace.min_spacing, clock)
         self.breaker = Breaker(trip.max_unhealthy, trip.window, trip.hold, clock)
         self._announced = BreakerState.CLOSED
+        self._event_tasks: anyio.abc.TaskGroup | None = None
+        self._event_slots = anyio.Semaphore(EVENT_BACKLOG)
+        self._event_scopes: set[anyio.CancelScope] = set()
 
     # -- the fleet -------------------------------------------------------------------
 
@@ -217,7 +232,7 @@ class Resetter:
         self.spacing.record(decision.appwrapper)
         if since is not None and self._metrics is not None:
             self._metrics.observe_latency(self._clock() - since)
-        await self._record_events(decision, written)
+        await self._send_events(decision, written)
         return RESET
 
     async def _read(self, decision: ResetDecision) -> dict[str, Any] | None:
@@ -248,6 +263,37 @@ class Resetter:
                 return CONFLICT_RETRY, None
             aw = fresh
         return CONFLICT_RETRY, None
+
+    @asynccontextmanager
+    async def sending_events(self) -> AsyncIterator[None]:
+        """Post reset Events in the background while inside (see the module docstring)."""
+        async with anyio.create_task_group() as group:
+            self._event_tasks = group
+            try:
+                yield
+            finally:
+                self._event_tasks = None  # later resets post inline
+                drain_by = anyio.current_time() + DRAIN_S
+                for scope in self._event_scopes:
+                    scope.deadline = min(scope.deadline, drain_by)
+
+    async def _send_events(self, decision: ResetDecision, aw: dict[str, Any]) -> None:
+        if self._event_tasks is None:
+            await self._record_events(decision, aw)
+            return
+        await self._event_slots.acquire()
+        self._event_tasks.start_soon(self._record_in_background, decision, aw)
+
+    async def _record_in_background(self, decision: ResetDecision, aw: dict[str, Any]) -> None:
+        # Shielded: a shutdown lets the Events of resets already written go out, until
+        # `sending_events` sets the drain deadline.
+        with anyio.CancelScope(shield=True) as scope:
+            self._event_scopes.add(scope)
+            try:
+                await self._record_events(decision, aw)
+            finally:
+                self._event_scopes.discard(scope)
+                self._event_slots.release()
 
     async def _record_events(self, decision: ResetDecision, aw: dict[str, Any]) -> None:
         await self._events.record(aw, type=WARNING, reason=NODE_EVICTED,

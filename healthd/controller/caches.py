@@ -23,6 +23,7 @@ from typing import Any, NamedTuple, cast
 
 import anyio
 
+from healthd.controller.resets import APPWRAPPER_LABEL, owner_of
 from healthd.kube import Backoff, Kube, KubeError, NotFound, WatchEvent, watch_forever
 from healthd.kube.objects import (
     APPWRAPPERS,
@@ -34,7 +35,6 @@ from healthd.kube.objects import (
     RESOURCEFLAVORS_V1BETA2,
     Resource,
     key_of,
-    meta,
     name_of,
     resource_version_of,
 )
@@ -42,7 +42,6 @@ from healthd.kube.watching import DELETED
 
 log = logging.getLogger(__name__)
 
-APPWRAPPER_LABEL = "workload.codeflare.dev/appwrapper"
 KUEUE_GROUP = "kueue.x-k8s.io"
 
 # The kinds, as passed to `on_change` and accepted by `wait_synced`.
@@ -142,13 +141,6 @@ def _node_name(pod: Obj) -> str | None:
     return str(name) if name else None
 
 
-def _appwrapper_key(pod: Obj) -> str | None:
-    labels = meta(pod).get("labels")
-    owner = labels.get(APPWRAPPER_LABEL) if isinstance(labels, dict) else None
-    ns = meta(pod).get("namespace")
-    return f"{ns}/{owner}" if owner and ns else None
-
-
 class _ListingWatcher:
     """A `Kube` as `watch_forever` sees it, that also tells when a first list is in.
 
@@ -199,14 +191,14 @@ class Caches:
         self._backoff = backoff or Backoff(initial=1, maximum=60)
         self.slack_queues = frozenset(slack_queues)
         self.nodes = Store(NODES_KIND)
-        self.pods = Store(PODS_KIND, accept=lambda pod: _appwrapper_key(pod) is not None)
+        self.pods = Store(PODS_KIND, accept=lambda pod: owner_of(pod) is not None)
         self.appwrappers = Store(APPWRAPPERS_KIND)
         self.clusterqueues = Store(QUEUES_KIND, accept=lambda q: name_of(q) in self.slack_queues)
         self.flavors = Store(FLAVORS_KIND)
         self.kueue: KueueResources | None = None
         self._by_kind = {s.kind: s for s in self._stores()}
         self._by_node = _Index(_node_name)
-        self._by_appwrapper = _Index(_appwrapper_key)
+        self._by_appwrapper = _Index(owner_of)
 
     def store(self, kind: str) -> Store:
         """The store of `kind` (one of KINDS)."""

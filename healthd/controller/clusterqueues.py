@@ -46,16 +46,11 @@ from healthd.controller.lending import (
 )
 from healthd.controller.settings import ControllerSettings
 from healthd.kube import Backoff, Conflict, EventRecorder, Invalid, Kube, KubeError, NotFound
-from healthd.kube.conventions import Keys
+from healthd.kube.conventions import Keys, Reason
 from healthd.kube.events import NORMAL, WARNING
 from healthd.kube.objects import name_of, resource_version_of
 
 log = logging.getLogger(__name__)
-
-# Event reasons (CamelCase). To move into healthd.kube.conventions.Reason.
-LIMIT_UPDATED = "LendingLimitUpdated"
-LIMIT_REJECTED = "LendingLimitRejected"
-SHORTFALL = "LendingShortfall"
 
 MAX_ATTEMPTS = 4  # re-reads after a failed test before backing off
 Obj = dict[str, Any]
@@ -313,7 +308,7 @@ class QueueWriter:
         self._metrics.count_lending_write(name, "written")
         message = "; ".join(_describe(c) + self._culprits(c) for c in changes)
         log.info("queue %s: %s", name, message)
-        await self._event(queue, NORMAL, LIMIT_UPDATED, message)
+        await self._event(queue, NORMAL, Reason.LENDING_LIMIT_UPDATED, message)
         return None
 
     async def _after_refusal(self, name: str, queue: Obj, changes: list[LimitChange],
@@ -331,7 +326,8 @@ class QueueWriter:
         self._metrics.count_lending_write(name, "rejected")
         message = f"the server refused {'; '.join(map(_describe, changes))}: {exc.message}"
         log.warning("queue %s: %s", name, message)
-        await self._event(queue, WARNING, LIMIT_REJECTED, message, topic="rejected")
+        await self._event(queue, WARNING, Reason.LENDING_LIMIT_REJECTED, message,
+                          topic="rejected")
         raise _Rejected(message)
 
     async def _writable(self, queue: Obj, changes: list[LimitChange]) -> list[LimitChange]:
@@ -349,7 +345,8 @@ class QueueWriter:
         if (name_of(queue), "cohort") not in self._said:  # once until the queue gets one
             self._metrics.count_lending_write(name_of(queue), "rejected")
             log.warning("queue %s: %s", name_of(queue), message)
-            await self._event(queue, WARNING, LIMIT_REJECTED, message, topic="cohort")
+            await self._event(queue, WARNING, Reason.LENDING_LIMIT_REJECTED, message,
+                              topic="cohort")
         return [c for c in changes if c.new is None]
 
     def _dry_run(self, name: str, changes: list[LimitChange]) -> None:
@@ -368,7 +365,7 @@ class QueueWriter:
         message = "; ".join(
             f"{c.resource} in {c.flavor}: {c.unavailable.normalize():f} unavailable but "
             f"nominalQuota is {c.nominal}, {c.shortfall.normalize():f} short" for c in short)
-        await self._event(queue, WARNING, SHORTFALL,
+        await self._event(queue, WARNING, Reason.LENDING_SHORTFALL,
                           f"lending cannot cover lost capacity: {message}", topic="shortfall")
 
     async def _event(self, queue: Obj, type: str, reason: str, message: str, *,

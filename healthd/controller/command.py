@@ -21,32 +21,20 @@ from prometheus_client import CollectorRegistry
 
 from healthd.agent.http import serve_http
 from healthd.agent.logs import configure_logging
-from healthd.config import Config, ConfigError, load_config
+from healthd.config import Config
 from healthd.controller.controller import Controller, default_identity
 from healthd.controller.metrics import ControllerMetrics
+from healthd.exits import EX_CONFIG, EX_SOFTWARE, ExitError, config_or_exit
 from healthd.kube.client import Kube
 from healthd.kube.errors import KubeError
 
 log = logging.getLogger(__name__)
 
-EX_CONFIG = 78
-EX_SOFTWARE = 1
-
-
-class StartupError(Exception):
-    """The controller cannot start; `code` is the exit status."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def effective_config(args: argparse.Namespace) -> Config:
     """The config file (or defaults) with the command line's overrides applied."""
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        raise StartupError(str(exc), EX_CONFIG) from exc
+    config = config_or_exit(args.config)
     updates: dict[str, object] = {}
     if args.dry_run:
         updates["dry_run"] = True
@@ -82,7 +70,7 @@ async def serve(config: Config, kubeconfig: str | None) -> None:
     try:
         kube = await Kube.connect(kubeconfig)
     except KubeError as exc:
-        raise StartupError(f"cannot reach the API server: {exc}", EX_CONFIG) from exc
+        raise ExitError(f"cannot reach the API server: {exc}", EX_CONFIG) from exc
     async with kube:
         controller = Controller(config, kube=kube, metrics=metrics)
         try:
@@ -93,7 +81,7 @@ async def serve(config: Config, kubeconfig: str | None) -> None:
                          kube.host, port)
                 await controller.run()
         except OSError as exc:
-            raise StartupError(str(exc), EX_SOFTWARE) from exc
+            raise ExitError(str(exc), EX_SOFTWARE) from exc
 
 
 def _leaf(exc: BaseException) -> BaseException:
@@ -111,10 +99,10 @@ def run_controller(args: argparse.Namespace) -> int:
             anyio.run(run_until_signal, lambda: serve(config, args.kubeconfig))
         except BaseExceptionGroup as group:
             leaf = _leaf(group)
-            if isinstance(leaf, StartupError):
+            if isinstance(leaf, ExitError):
                 raise leaf from None
             raise
-    except StartupError as exc:
+    except ExitError as exc:
         print(f"healthd: {exc}", file=sys.stderr)
         return exc.code
     return 0

@@ -12,6 +12,8 @@ moment the Lease is lost):
   move the lending model, dirty queues are reconciled in coalesced bursts;
 - resets (healthd.controller.evictions.EvictionReactor): a node turning EVICT marks
   the AppWrappers with GPU pods on it, decided and reset at once under the rails;
+- network blame (healthd.controller.blame.NetworkBlame): the agents' ping reports
+  judged fleet-wide; Events and gauges only, never a node label;
 - the cache-sync gauges.
 
 A term starts from nothing: new caches, a first full list, then a full
@@ -34,6 +36,7 @@ import anyio
 
 from healthd.config import Config
 from healthd.controller.appwrappers import Resetter
+from healthd.controller.blame import Episodes, NetworkBlame
 from healthd.controller.caches import KINDS, Caches
 from healthd.controller.clusterqueues import QueueWriter
 from healthd.controller.election import LeaseElector
@@ -54,28 +57,29 @@ def default_identity(config: Config) -> str:
 
 
 class Term:
-    """One leadership term: the caches and the two activities that act on them."""
+    """One leadership term: the caches and the activities that act on them."""
 
     def __init__(self, kube: Kube, config: Config, *, metrics: ControllerMetrics,
                  events: EventRecorder, clock: Callable[[], float],
-                 settle_s: float) -> None:
+                 settle_s: float, episodes: Episodes | None = None) -> None:
         settings = config.controller
         keys = Keys(config.label_prefix, config.own_prefix)
         self.metrics = metrics
         self.caches = Caches(kube, slack_queues=settings.slack_queues, on_change=self._changed)
         self.lending = QueueWriter(kube, self.caches, events, settings=settings, keys=keys,
                                    metrics=metrics)
+        lease = _lease_ref(settings.election.lease_name, settings.election.namespace)
         self.resetter = Resetter(kube, events, settings=settings, metrics=metrics, clock=clock,
-                                 node_lookup=self.caches.nodes.get,
-                                 breaker_subject=_lease_ref(settings.election.lease_name,
-                                                            settings.election.namespace))
+                                 node_lookup=self.caches.nodes.get, breaker_subject=lease)
         self.resets = EvictionReactor(self.caches, self.resetter, keys=keys, settings=settings,
                                       clock=clock, settle_s=settle_s)
+        self.blame = NetworkBlame(self.caches, events, keys=keys, metrics=metrics,
+                                  dry_run=settings.dry_run, lease=lease, episodes=episodes)
 
     def _changed(self, kind: str, old: dict[str, Any] | None,
                  new: dict[str, Any] | None) -> None:
-        # Each handler is quick and guards itself; one failing must not starve the other.
-        for handle in (self.lending.handle, self.resets.handle):
+        # Each handler is quick and guards itself; one failing must not starve the others.
+        for handle in (self.lending.handle, self.resets.handle, self.blame.handle):
             try:
                 handle(kind, old, new)
             except Exception:
@@ -89,6 +93,7 @@ class Term:
                 group.start_soon(self.caches.run)
                 group.start_soon(self.lending.run)
                 group.start_soon(self.resets.run)
+                group.start_soon(self.blame.run)
                 for kind in KINDS:
                     group.start_soon(self._report_synced, kind)
         finally:
@@ -116,6 +121,7 @@ class Controller:
         self._settle_s = settle_s
         self._events = EventRecorder(kube, component=CONTROLLER_COMPONENT, host=self.identity)
         self.term: Term | None = None  # the current term while leading
+        self._episodes = Episodes()  # blame already announced, across terms
 
     @property
     def leading(self) -> bool:
@@ -154,7 +160,7 @@ class Controller:
             while True:
                 self.term = Term(self.kube, self.config, metrics=self.metrics,
                                  events=self._events, clock=self._clock,
-                                 settle_s=self._settle_s)
+                                 settle_s=self._settle_s, episodes=self._episodes)
                 try:
                     await self.term.run()
                 except Exception:

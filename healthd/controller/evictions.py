@@ -10,6 +10,10 @@ each marked AppWrapper with the pure `resets.decide` and hands due resets to the
 
 Marks coalesce: a burst of node events wakes the loop once, after a short settle
 time, so the circuit breaker sees a mass failure as one before any reset is tried.
+The AppWrappers of one batch are decided concurrently (at most `CONCURRENCY` at a
+time; a batch holds each key once, and the next batch waits for this one, so no
+AppWrapper is ever decided twice at once), and the Resetter posts Events in the
+background, so the API round trips of a burst overlap instead of adding up.
 Results that only time can change (spacing, rate limit, an open breaker waiting for
 its hold time) are retried by a timer, not by polling. Everything is level-
 triggered from the caches: when the loop starts (a new leader, a restart) and when
@@ -38,6 +42,7 @@ from healthd.kube.objects import key_of, name_of
 log = logging.getLogger(__name__)
 
 SETTLE_S = 0.1  # lets a burst of node events land before the breaker judges the fleet
+CONCURRENCY = 32  # AppWrappers decided (and written) at once
 Obj = dict[str, Any]
 
 
@@ -117,6 +122,7 @@ class EvictionReactor:
         self._work = Worklist()
         self._timers: dict[str, float] = {}  # key ("" = the fleet) -> when its timer fires
         self._group: anyio.abc.TaskGroup | None = None
+        self._limiter = anyio.CapacityLimiter(CONCURRENCY)
 
     # -- following the caches ------------------------------------------------------
 
@@ -160,14 +166,22 @@ class EvictionReactor:
         until cancelled."""
         await self._caches.wait_synced(RESET_KINDS)
         self.mark_all()  # `handle` saw the first lists; decide all of it once
-        async with anyio.create_task_group() as group:
+        async with self._resetter.sending_events(), anyio.create_task_group() as group:
             self._group = group
             state = self._resetter.breaker.state
             while True:
                 batch = await self._work.take(self.settle_s)
                 state = await self._judge_fleet(state)
-                for key, since in batch.items():
-                    await self._evaluate(key, since)
+                await self._evaluate_all(batch)
+
+    async def _evaluate_all(self, batch: dict[str, float | None]) -> None:
+        async def one(key: str, since: float | None) -> None:
+            async with self._limiter:
+                await self._evaluate(key, since)
+
+        async with anyio.create_task_group() as group:
+            for key, since in batch.items():
+                group.start_soon(one, key, since)
 
     async def _judge_fleet(self, before: BreakerState) -> BreakerState:
         state = await self._resetter.observe_fleet(self.fleet.bad_nodes, self.fleet.gpu_nodes)

@@ -20,7 +20,6 @@ is never counted, nor are zero or unparseable quantities.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -28,7 +27,7 @@ from typing import Any
 
 from healthd.controller.quantities import Quantity, try_quantity
 from healthd.kube.conventions import Keys, Verdict
-from healthd.kube.objects import meta, name_of
+from healthd.kube.objects import annotation_json, meta, name_of
 
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
@@ -140,23 +139,16 @@ def gpu_count(node: dict[str, Any], resource: str, source: str = "capacity") -> 
     return capacity_of(node, source).get(resource, Decimal(0))
 
 
-def _health_annotation(node: dict[str, Any], keys: Keys) -> dict[str, Any]:
-    annotations = meta(node).get("annotations")
-    text = annotations.get(keys.health) if isinstance(annotations, dict) else None
-    try:
-        body = json.loads(text) if isinstance(text, str) else None
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
-
-
 def evict_codes(node: dict[str, Any], keys: Keys) -> tuple[str, ...]:
     """The finding codes that hold the node at EVICT, from its health annotation:
-    the EVICT holdings, else the top code, else `("EVICT",)`."""
-    body = _health_annotation(node, keys)
-    held = body.get("held")
-    codes = [str(h["code"]) for h in held if isinstance(h, dict) and h.get("code")
-             and h.get("severity") == Verdict.EVICT.value] if isinstance(held, list) else []
-    if not codes and isinstance(body.get("top"), str) and body["top"]:
-        codes = [body["top"]]
-    return tuple(dict.fromkeys(codes)) or (FALLBACK_CODE,)
+    the EVICT holdings, else every holding, else the top code, else `("EVICT",)`
+    (also when the annotation is missing or unreadable)."""
+    body = annotation_json(node, keys.health)
+    listed = body.get("held")
+    held = [h for h in listed if isinstance(h, dict)] if isinstance(listed, list) else []
+    evict = [h.get("code") for h in held if h.get("severity") == Verdict.EVICT.value]
+    for candidates in (evict, [h.get("code") for h in held], [body.get("top")]):
+        found = tuple(dict.fromkeys(str(c) for c in candidates if isinstance(c, str) and c))
+        if found:
+            return found
+    return (FALLBACK_CODE,)

@@ -17,6 +17,8 @@ state the controller acts on.
 | `healthd_controller_label_to_reset_seconds` | histogram | | from the watch event that made a node EVICT to the reset written |
 | `healthd_controller_cache_synced` | gauge | kind | 1 once the cache of `kind` (`nodes`, `pods`, `appwrappers`, `clusterqueues`, `resourceflavors`) has its first full list; 0 while not leading |
 | `healthd_controller_leader` | gauge | | 1 while this replica holds the Lease |
+| `healthd_network_blamed` | gauge | node | 1 while most of its peers cannot reach the node by ping (healthd.controller.blame); no series otherwise |
+| `healthd_network_partitioned` | gauge | | 1 while pings fail between groups of nodes (nobody is blamed for those) |
 
 Quantities are exported as plain numbers (`500m` is 0.5, `2000G` is 2e12).
 """  # noqa: E501 (the table is meant to be copied as it is)
@@ -24,7 +26,7 @@ Quantities are exported as plain numbers (`500m` is 0.5, `2000G` is 2e12).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from decimal import Decimal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -79,7 +81,14 @@ class ControllerMetrics:
         self.leader = Gauge(
             "healthd_controller_leader", "1 while this replica holds the Lease",
             registry=registry)
-        for result in ("reset", "dry-run", "breaker-open"):
+        self.network_blamed = Gauge(
+            "healthd_network_blamed", "1 while most of its peers cannot reach the node",
+            ["node"], registry=registry)
+        self.network_partitioned = Gauge(
+            "healthd_network_partitioned", "1 while pings fail between groups of nodes",
+            registry=registry)
+        self._blamed: set[str] = set()
+        for result in ("reset", "dry-run", "breaker-open", "error"):
             self.resets.labels(result=result)  # visible at 0 before the first decision
 
     # -- resets --------------------------------------------------------------------
@@ -134,6 +143,21 @@ class ControllerMetrics:
                 _remove(family, labels)
             for reason in self._reasons.pop(key):
                 _remove(self.unavailable, {**labels, "reason": reason})
+
+    # -- network blame ---------------------------------------------------------------
+
+    def set_blamed(self, nodes: Iterable[str]) -> None:
+        """Exactly these nodes are blamed now: their series read 1, the others go."""
+        now = set(nodes)
+        for node in self._blamed - now:
+            with contextlib.suppress(KeyError):
+                self.network_blamed.remove(node)
+        for node in now:
+            self.network_blamed.labels(node=node).set(1)
+        self._blamed = now
+
+    def set_partitioned(self, partitioned: bool) -> None:
+        self.network_partitioned.set(1 if partitioned else 0)
 
     # -- caches and leadership ------------------------------------------------------
 

@@ -15,17 +15,14 @@ the controller safe across restarts and leader changes.
 
 from __future__ import annotations
 
-import json
-import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from healthd.kube.conventions import GPU_RESOURCE, Keys, Reason, Verdict
+from healthd.controller.health import FALLBACK_CODE
+from healthd.kube.conventions import GPU_RESOURCE, Reason
 from healthd.kube.objects import meta, name_of, namespace_of, resource_version_of
-
-log = logging.getLogger(__name__)
 
 APPWRAPPER_LABEL = "workload.codeflare.dev/appwrapper"  # on every pod an AppWrapper creates
 OPERATOR_MANAGER = "workload.codeflare.dev/appwrapper-controller"
@@ -37,7 +34,6 @@ NODE_EVICTED = Reason.NODE_EVICTED.value  # the Unhealthy reason and the AppWrap
 APPWRAPPER_RESET = Reason.APPWRAPPER_RESET.value  # the Event on each EVICT node
 BREAKER_OPEN = Reason.RESET_BREAKER_OPEN.value
 BREAKER_CLOSED = Reason.RESET_BREAKER_CLOSED.value
-FALLBACK_CODE = "EVICT"  # when the node's health annotation names no code
 MESSAGE_NODES = 10  # nodes named in a message; the rest are counted
 
 
@@ -194,25 +190,3 @@ def decide(aw: dict[str, Any], pods: Iterable[dict[str, Any]],
     codes = tuple(", ".join(evict_nodes[n]) or FALLBACK_CODE for n in nodes)
     return ResetDecision(appwrapper=key, nodes=nodes, codes=codes, phase=phase_of(aw),
                          resource_version=resource_version_of(aw) or "")
-
-
-# -- the node ------------------------------------------------------------------------
-
-
-def eviction_codes(node: dict[str, Any], keys: Keys) -> tuple[str, ...]:
-    """The finding codes that hold `node` at EVICT, from its health annotation: held
-    EVICT findings, else every held finding, else the top code; ("EVICT",) when the
-    annotation is missing or unreadable."""
-    raw = _dict(meta(node).get("annotations")).get(keys.health)
-    try:
-        health = _dict(json.loads(raw)) if isinstance(raw, str) else {}
-    except ValueError:
-        log.debug("node %s: unreadable %s annotation", name_of(node), keys.health)
-        health = {}
-    held = [_dict(h) for h in _list(health.get("held"))]
-    evict = [h.get("code") for h in held if h.get("severity") == Verdict.EVICT.value]
-    for candidates in (evict, [h.get("code") for h in held], [health.get("top")]):
-        found = tuple(dict.fromkeys(str(c) for c in candidates if isinstance(c, str) and c))
-        if found:
-            return found
-    return (FALLBACK_CODE,)

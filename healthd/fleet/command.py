@@ -20,7 +20,8 @@ from typing import TextIO
 
 import anyio
 
-from healthd.config import Config, ConfigError, load_config, parse_duration
+from healthd.config import Config, parse_duration
+from healthd.exits import EX_CONFIG, EX_USAGE, ExitError, config_or_exit
 from healthd.fleet import render
 from healthd.fleet.sources import Snapshot, follow, read_snapshot
 from healthd.fleet.status import VERDICTS, agent_nodes, build
@@ -31,8 +32,6 @@ from healthd.kube.conventions import Keys
 from healthd.kube.errors import KubeError
 from healthd.kube.objects import PODS
 
-EX_USAGE = 64
-EX_CONFIG = 78
 EX_UNREACHABLE_TRIGGER = 3  # UNKNOWN under the Nagios convention
 EX_UNREACHABLE_STATUS = 1
 DEFAULT_TIMEOUT_S = 300.0
@@ -42,26 +41,11 @@ SETTLE_S = 0.3  # a burst of changes is drawn once
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 
 
-class CommandError(Exception):
-    """A message for the user and the exit code that goes with it."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def _config(path: str | None) -> Config:
-    try:
-        return load_config(path)
-    except ConfigError as exc:
-        raise CommandError(str(exc), EX_CONFIG) from exc
-
-
 async def _connect(kubeconfig: str | None) -> Kube:
     try:
         return await Kube.connect(kubeconfig)
     except KubeError as exc:
-        raise CommandError(str(exc), EX_CONFIG) from exc
+        raise ExitError(str(exc), EX_CONFIG) from exc
 
 
 # -- trigger ---------------------------------------------------------------------------
@@ -73,19 +57,19 @@ def _timeout(args: argparse.Namespace, plan: Plan) -> float:
     try:
         return parse_duration(args.timeout)
     except ValueError as exc:
-        raise CommandError(f"--timeout: {exc}", EX_USAGE) from None
+        raise ExitError(f"--timeout: {exc}", EX_USAGE) from None
 
 
 def _prepare(args: argparse.Namespace, config: Config) -> tuple[Plan, Targets, float]:
     """Everything that can be checked before touching the API."""
     if args.batch is not None and args.batch < 1:
-        raise CommandError("--batch must be at least 1", EX_USAGE)
+        raise ExitError("--batch must be at least 1", EX_USAGE)
     keys = Keys(config.label_prefix, config.own_prefix)
     try:
         plan = plan_request(args.checks, keys, config)
         targets = Targets.from_args(selector=args.selector, nodes=args.nodes, job=args.job)
     except (RequestError, TargetError) as exc:
-        raise CommandError(str(exc), EX_USAGE) from None
+        raise ExitError(str(exc), EX_USAGE) from None
     return plan, targets, _timeout(args, plan)
 
 
@@ -114,7 +98,7 @@ async def trigger_command(args: argparse.Namespace, *, out: TextIO = sys.stdout,
                           err: TextIO = sys.stderr,
                           stop: anyio.Event | None = None) -> int:
     """`healthd trigger`; `stop` set (Ctrl-C) ends issuing and waiting."""
-    config = _config(args.config)
+    config = config_or_exit(args.config)
     plan, targets, timeout_s = _prepare(args, config)
     keys = Keys(config.label_prefix, config.own_prefix)
     async with await _connect(args.kubeconfig) as kube:
@@ -123,12 +107,12 @@ async def trigger_command(args: argparse.Namespace, *, out: TextIO = sys.stdout,
             refused = await _refusals(kube, plan, resolved, args.force_queue)
             agentless = await _agentless(kube, config, resolved)
         except TargetError as exc:
-            raise CommandError(str(exc), EX_USAGE) from None
+            raise ExitError(str(exc), EX_USAGE) from None
         except KubeError as exc:
-            raise CommandError(f"cannot read the target nodes: {exc}",
+            raise ExitError(f"cannot read the target nodes: {exc}",
                                EX_UNREACHABLE_TRIGGER) from None
         if not resolved.nodes and not resolved.missing:
-            raise CommandError(f"no node matches: {targets.describe()}", EX_UNREACHABLE_TRIGGER)
+            raise ExitError(f"no node matches: {targets.describe()}", EX_UNREACHABLE_TRIGGER)
         engine = FleetTrigger(kube, plan, resolved, keys=keys, batch=args.batch,
                               timeout_s=timeout_s, wait=args.wait or args.batch is not None,
                               refused=refused, agentless=agentless,
@@ -180,14 +164,14 @@ def _verdicts(text: str | None) -> list[str] | None:
     wanted = [v.strip().upper() for v in text.split(",") if v.strip()]
     wrong = [v for v in wanted if v not in VERDICTS]
     if wrong or not wanted:
-        raise CommandError(f"--verdict {text!r}: choose among {', '.join(VERDICTS)}", EX_USAGE)
+        raise ExitError(f"--verdict {text!r}: choose among {', '.join(VERDICTS)}", EX_USAGE)
     return wanted
 
 
 async def status_command(args: argparse.Namespace, *, out: TextIO = sys.stdout,
                          clock: Callable[[], float] = time.time) -> int:
     """`healthd status`: once, or (`--watch`) redrawn on every change until cancelled."""
-    config = _config(args.config)
+    config = config_or_exit(args.config)
     verdicts = _verdicts(args.verdict)
 
     def draw(snap: Snapshot) -> str:
@@ -203,7 +187,7 @@ async def status_command(args: argparse.Namespace, *, out: TextIO = sys.stdout,
         try:
             snap = await read_snapshot(kube, config, args.selector)
         except KubeError as exc:
-            raise CommandError(f"cannot list nodes: {exc}", EX_UNREACHABLE_STATUS) from None
+            raise ExitError(f"cannot list nodes: {exc}", EX_UNREACHABLE_STATUS) from None
         out.write(draw(snap) + "\n")
     return 0
 
@@ -262,7 +246,7 @@ def _run(main: Callable[[anyio.Event], Awaitable[int]]) -> int:
             return anyio.run(_until_sigint, main)
         except BaseExceptionGroup as group:  # raised inside a task group
             raise _leaf(group) from None
-    except CommandError as exc:
+    except ExitError as exc:
         print(f"healthd: {exc}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:

@@ -25,7 +25,8 @@ from healthd.fleet.trigger import (
 from healthd.report import render_table
 
 TRIGGER_HEADERS = ("NODE", "BEFORE", "AFTER", "CHECKS", "DURATION", "ERROR")
-STATUS_HEADERS = ("NODE", "VERDICT", "SINCE", "TOP CODES", "LAST ROUND", "AGENT", "NOTES")
+STATUS_HEADERS = ("NODE", "VERDICT", "SINCE", "TOP CODES", "LAST ROUND", "AGENT", "BLAMED",
+                  "NOTES")
 LENDING_HEADERS = ("QUEUE", "FLAVOR", "RESOURCE", "NOMINAL", "LIMIT", "DUE", "UNAVAILABLE",
                    "BAD NODES")
 ERROR_CHARS = 120
@@ -154,7 +155,8 @@ def _status_row(row: Mapping[str, Any]) -> tuple[str, ...]:
              if on]
     return (row["name"], row["verdict"], age(row["since_age_s"]),
             ",".join(row["top_codes"]) or "-", age(row["last_round_age_s"]),
-            "yes" if row["agent"] else "NO", ",".join(notes) or "-")
+            "yes" if row["agent"] else "NO", "yes" if row.get("blamed") else "-",
+            ",".join(notes) or "-")
 
 
 def _summary_line(summary: Mapping[str, Any]) -> str:
@@ -174,6 +176,7 @@ def _controller_text(view: Mapping[str, Any]) -> str:
     if view["breaker"]["state"] == "open":
         lines.append(f"  breaker: {view['breaker']['message']}")
     lines.extend(f"  reset {r['appwrapper']} at {r['at']}" for r in view["resets"][:5])
+    lines.append(_network_text(view["network"]))
     if view["kueue"] is None:
         lines.append("lending: Kueue is not served by this cluster")
     elif view["lending"]:
@@ -182,6 +185,20 @@ def _controller_text(view: Mapping[str, Any]) -> str:
         lines.append("lending: no slack ClusterQueue entry to show")
     lines.extend(f"problem: {p}" for p in view["problems"])
     return "\n".join(lines)
+
+
+def _network_text(network: Mapping[str, Any]) -> str:
+    """`network: 40 nodes report ping; blamed by their peers: gpu-7`, and so on."""
+    if not network["reporters"]:
+        return "network: no node publishes ping results"
+    parts = [f"network: {network['reporters']} nodes report ping"]
+    if network["partitioned"]:
+        parts.append(f"PARTITIONED ({network['why']})")
+    parts.append(f"blamed by their peers: {_names(network['blamed'])}" if network["blamed"]
+                 else "nobody blamed")
+    if network["isolated"]:
+        parts.append(f"isolated: {_names(network['isolated'])}")
+    return "; ".join(parts)
 
 
 def _lending_row(r: Mapping[str, Any]) -> tuple[str, ...]:

@@ -21,6 +21,8 @@ schema (`SCHEMA_VERSION` 1) only grows, and a change of meaning bumps the versio
       agent             a running agent pod is on the node
       gpus              GPU capacity
       cordoned, ready   spec.unschedulable; the Ready condition (null when unknown)
+      blamed            most of its peers cannot reach it by ping (the controller's
+                        fleet network blame); false without ping reports
     controller
       leader            {holder: str|null, renewed: str|null, expired: bool}
       kueue             the Kueue API version read (e.g. kueue.x-k8s.io/v1beta2) or null
@@ -32,6 +34,9 @@ schema (`SCHEMA_VERSION` 1) only grows, and a change of meaning bumps the versio
       resets_last_hour  AppWrapper resets in the last hour (NodeEvicted Events)
       resets[]          {appwrapper, at, message}, newest first
       problems[]        sources that could not be read; the rest is still right
+      network           the agents' ping reports judged as the controller judges them:
+                        {reporters: int (nodes publishing ping results), blamed: [str],
+                        isolated: [str], partitioned: bool, why: str (the partition)}
 """
 
 from __future__ import annotations
@@ -44,13 +49,14 @@ from typing import Any
 from healthd.agent.busy import is_terminated
 from healthd.agent.node_view import rfc3339
 from healthd.config import Config
+from healthd.controller.blame import Assessment, assess, rows_of
 from healthd.controller.election import holder_of, is_expired
 from healthd.controller.health import gpu_count, labels_of, unavailability
 from healthd.controller.lending import LendingModel, format_quantity
 from healthd.controller.resets import parse_time
 from healthd.fleet.sources import Snapshot
 from healthd.kube.conventions import GPU_RESOURCE, Keys, Reason, Verdict
-from healthd.kube.objects import meta, name_of, namespace_of
+from healthd.kube.objects import annotation_json, meta, name_of, namespace_of
 
 SCHEMA_VERSION = 1
 UNKNOWN = "UNKNOWN"  # the agent publishes but cannot judge yet
@@ -70,12 +76,13 @@ def build(snap: Snapshot, config: Config, *, now: float, selector: str | None = 
     keys = Keys(config.label_prefix, config.own_prefix)
     wanted = set(verdicts) if verdicts else None
     agents = agent_nodes(snap.agent_pods.values())
+    network = assess(rows_of(snap.nodes.values(), keys))  # every node, whatever is shown
     rows = []
     for node in sorted(snap.nodes.values(), key=name_of):
         if not is_gpu_node(node, keys) or (snap.shown is not None and
                                            name_of(node) not in snap.shown):
             continue
-        row = node_row(node, keys, agents, now)
+        row = node_row(node, keys, agents, now, blamed=name_of(node) in network.blamed)
         if wanted is None or row["verdict"] in wanted:
             rows.append(row)
     return {
@@ -85,7 +92,7 @@ def build(snap: Snapshot, config: Config, *, now: float, selector: str | None = 
                     "verdicts": sorted(wanted) if wanted else None},
         "summary": _summary(rows),
         "nodes": rows,
-        "controller": controller_view(snap, config, keys, now),
+        "controller": controller_view(snap, config, keys, now, network=network),
     }
 
 
@@ -115,16 +122,11 @@ def agent_nodes(pods: Iterable[Obj]) -> set[str]:
 
 def health_of(node: Obj, keys: Keys) -> dict[str, Any]:
     """The node's health annotation (healthd.agent.node_view), {} when absent or garbage."""
-    annotations = meta(node).get("annotations")
-    text = annotations.get(keys.health) if isinstance(annotations, dict) else None
-    try:
-        body = json.loads(text) if isinstance(text, str) else None
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
+    return annotation_json(node, keys.health)
 
 
-def node_row(node: Obj, keys: Keys, agents: set[str], now: float) -> dict[str, Any]:
+def node_row(node: Obj, keys: Keys, agents: set[str], now: float, *,
+             blamed: bool = False) -> dict[str, Any]:
     health = health_of(node, keys)
     label = labels_of(node).get(keys.gpuhealth)
     verdict = label if label in _LABELS else (UNKNOWN if health else NONE)
@@ -143,6 +145,7 @@ def node_row(node: Obj, keys: Keys, agents: set[str], now: float) -> dict[str, A
         "gpus": int(gpu_count(node, GPU_RESOURCE)),
         "cordoned": spec.get("unschedulable") is True,
         "ready": _ready(node),
+        "blamed": blamed,
     }
 
 
@@ -191,7 +194,10 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 # -- the controller's view -------------------------------------------------------------
 
 
-def controller_view(snap: Snapshot, config: Config, keys: Keys, now: float) -> dict[str, Any]:
+def controller_view(snap: Snapshot, config: Config, keys: Keys, now: float, *,
+                    network: Assessment | None = None) -> dict[str, Any]:
+    if network is None:
+        network = assess(rows_of(snap.nodes.values(), keys))
     events = sorted(snap.events.values(), key=_event_time, reverse=True)
     resets = [e for e in events if e.get("reason") == Reason.NODE_EVICTED.value]
     recent = [e for e in resets if now - _event_time(e) <= RESET_WINDOW_S]
@@ -203,6 +209,9 @@ def controller_view(snap: Snapshot, config: Config, keys: Keys, now: float) -> d
         "resets_last_hour": len(recent),
         "resets": [_reset(e) for e in recent[:RESETS_SHOWN]],
         "problems": [f"{source}: {why}" for source, why in sorted(snap.problems.items())],
+        "network": {"reporters": network.reporters, "blamed": sorted(network.blamed),
+                    "isolated": list(network.isolated), "partitioned": network.partitioned,
+                    "why": network.why},
     }
 
 

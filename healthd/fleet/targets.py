@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 
 from healthd.agent.busy import gpu_pods
-from healthd.controller.caches import APPWRAPPER_LABEL
+from healthd.controller.resets import APPWRAPPER_LABEL
 from healthd.kube.client import Kube
 from healthd.kube.errors import KubeError, NotFound
 from healthd.kube.objects import APPWRAPPERS, NODES, PODS, name_of

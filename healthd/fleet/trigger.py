@@ -20,7 +20,6 @@ answers in `healthd.io/last-run` carrying that id. This module drives it for a f
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 import time
@@ -41,7 +40,7 @@ from healthd.fleet.targets import Resolved
 from healthd.kube.client import Kube
 from healthd.kube.conventions import Keys
 from healthd.kube.errors import Invalid, KubeError, NotFound
-from healthd.kube.objects import NODES, meta, name_of
+from healthd.kube.objects import NODES, annotation_json, meta, name_of
 from healthd.kube.watching import DELETED, watch_forever
 
 log = logging.getLogger(__name__)
@@ -312,13 +311,7 @@ def _verdict(node: Obj, keys: Keys) -> str | None:
 
 
 def _last_run(node: Obj, keys: Keys) -> dict[str, Any]:
-    annotations = meta(node).get("annotations")
-    text = annotations.get(keys.last_run) if isinstance(annotations, dict) else None
-    try:
-        body = json.loads(text) if isinstance(text, str) else None
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
+    return annotation_json(node, keys.last_run)
 
 
 def _span_s(start: Any, end: Any) -> float | None:

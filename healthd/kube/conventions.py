@@ -65,6 +65,10 @@ class Reason(enum.StrEnum):
     APPWRAPPER_RESET = "AppWrapperReset"
     RESET_BREAKER_OPEN = "ResetBreakerOpen"
     RESET_BREAKER_CLOSED = "ResetBreakerClosed"
+    LENDING_LIMIT_UPDATED = "LendingLimitUpdated"
+    LENDING_LIMIT_REJECTED = "LendingLimitRejected"
+    LENDING_SHORTFALL = "LendingShortfall"
+    PEER_UNREACHABLE = "PeerUnreachable"
 
 
 @dataclass(frozen=True)

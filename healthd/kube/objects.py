@@ -7,6 +7,7 @@ every collection the agent and controller use.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -99,6 +100,18 @@ def namespace_of(obj: dict[str, Any]) -> str | None:
 def resource_version_of(obj: dict[str, Any]) -> str | None:
     rv = meta(obj).get("resourceVersion")
     return str(rv) if rv else None
+
+
+def annotation_json(obj: dict[str, Any], key: str) -> dict[str, Any]:
+    """The JSON object in annotation `key` of `obj`; {} when absent, not JSON or not an
+    object (annotations are anyone's to write: never trust their shape)."""
+    annotations = meta(obj).get("annotations")
+    text = annotations.get(key) if isinstance(annotations, dict) else None
+    try:
+        body = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
 def key_of(obj: dict[str, Any]) -> str:

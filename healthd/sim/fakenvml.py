@@ -31,7 +31,12 @@ Usage::
         fake.emit_xid(5, 79)
 
 The XID wait (`nvmlEventSetWait_v2`) blocks in its caller's thread while other
-threads keep calling; one condition variable guards all state.
+threads keep calling; one condition variable guards all state. Whatever can hand a
+waiter an event notifies it (`emit_xid`, injected faults, registration, freeing the
+set), so a wait sleeps until then, the timeout, or the next XID the spec schedules.
+Only that last one depends on the clock: on the real-time clock the wait sleeps until
+it is due; on an injected clock (a test stepping time) it looks again every
+`_STEP_POLL_S`, and only while such an XID is pending.
 """
 
 from __future__ import annotations
@@ -57,8 +62,9 @@ _HANDLE_BASE = 0x7E57_0000  # fake device "pointers": never dereferenced, only c
 _HANDLE_STEP = 0x100
 _EVENT_SET_BASE = 0x7E5E_0000
 _VERSION_SUFFIX = re.compile(r"_v\d+$")
-# Waits sleep in short slices so a stepped test clock and new events are seen promptly.
-_WAIT_SLICE_S = 0.005
+# An injected clock may be stepped without telling anyone: while a scheduled XID is
+# pending, a wait looks at it this often (never on the real-time clock).
+_STEP_POLL_S = 0.005
 
 
 class FakeNvmlLibrary:
@@ -199,12 +205,23 @@ class FakeNvmlLibrary:
         deadline = time.monotonic() + timeout_s
         while True:
             event_set = self.event_set(handle)  # freed meanwhile: INVALID_ARGUMENT
-            event_set.collect_due(self._scheduled_xids(), self.clock())
+            now = self.clock()
+            event_set.collect_due(self._scheduled_xids(), now)
             event = event_set.next_event()
             left = deadline - time.monotonic()
             if event is not None or left <= 0:
                 return event
-            self._cond.wait(min(left, _WAIT_SLICE_S))
+            self._cond.wait(min(left, self._until_next_xid(event_set, now)))
+
+    def _until_next_xid(self, event_set: EventSet, now: float) -> float:
+        """How long a wait on `event_set` may sleep before a scheduled XID falls due
+        (infinite when none is pending); see the module docstring."""
+        pending = event_set.next_due(self._scheduled_xids())
+        if pending is None:
+            return float("inf")
+        if isinstance(self.clock, MonotonicClock):
+            return max(0.0, pending - now)
+        return _STEP_POLL_S
 
     def wake(self) -> None:
         self._cond.notify_all()
@@ -317,10 +334,20 @@ class FakeNvml:
         self.uninstall()
 
 
+class MonotonicClock:
+    """Seconds since construction, in real time: the default machine clock. Waits
+    can sleep until a scheduled XID on it without looking at it again."""
+
+    def __init__(self) -> None:
+        self._start = time.monotonic()
+
+    def __call__(self) -> float:
+        return time.monotonic() - self._start
+
+
 def monotonic_clock() -> Clock:
     """A clock reading seconds since this call (the default machine start)."""
-    start = time.monotonic()
-    return lambda: time.monotonic() - start
+    return MonotonicClock()
 
 
 def install(spec: MachineSpec, *, clock: Clock | None = None) -> FakeNvml:

@@ -71,5 +71,10 @@ class EventSet:
             self.delivered.add(xid.key)
             self.queue.append(Delivered(xid.gpu, XID_CRITICAL_ERROR, xid.code))
 
+    def next_due(self, scheduled: Iterable[ScheduledXid]) -> float | None:
+        """When the earliest scheduled XID this set still waits for falls due."""
+        return min((x.at for x in scheduled if x.key not in self.delivered
+                    and self.wants_xid(x.gpu)), default=None)
+
     def next_event(self) -> Delivered | None:
         return self.queue.popleft() if self.queue else None

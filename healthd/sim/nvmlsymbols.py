@@ -339,6 +339,7 @@ def _register(lib: FakeNvmlLibrary, gpu: GpuState, types: Any, handle: Any) -> i
     if mask & ~SUPPORTED_EVENT_TYPES:
         return code("NOT_SUPPORTED")
     lib.event_set(handle).register(gpu.index, mask)
+    lib.wake()  # a scheduled XID may now concern a set someone waits on
     return SUCCESS
 
 

@@ -13,13 +13,13 @@ import anyio
 import pytest
 
 from healthd.controller.caches import (
-    APPWRAPPER_LABEL,
     KUEUE_V1BETA1,
     KUEUE_V1BETA2,
     RESET_KINDS,
     Caches,
     choose_kueue,
 )
+from healthd.controller.resets import APPWRAPPER_LABEL
 from healthd.kube.backoff import Backoff
 from healthd.kube.client import Kube
 from healthd.sim.apiserver import ApiEmulator

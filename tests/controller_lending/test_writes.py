@@ -11,8 +11,8 @@ import re
 import anyio
 import pytest
 
-from healthd.controller.clusterqueues import LIMIT_REJECTED, LIMIT_UPDATED, SHORTFALL
 from healthd.kube.client import Kube
+from healthd.kube.conventions import Reason
 from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.apiserver.recording import Fault
 from tests.controller_lending.helpers import (
@@ -57,13 +57,13 @@ async def test_write_is_a_guarded_json_patch_with_an_event(api: ApiEmulator,
     async with lending(kube):
         set_verdict(api, "n1", "EVICT")
         await until(lambda: limit_of(api) == "2")
-        await until(lambda: events(api, LIMIT_UPDATED))
+        await until(lambda: events(api, Reason.LENDING_LIMIT_UPDATED))
     (write,) = queue_writes(api)
     assert write.content_type.startswith("application/json-patch+json")
     tests = {op["path"]: op["value"] for op in write.body if op["op"] == "test"}
     assert tests["/spec/resourceGroups/0/flavors/0/resources/0/nominalQuota"] == "6"
     assert "/metadata/resourceVersion" in tests  # no old value to test: guard the object
-    (event,) = events(api, LIMIT_UPDATED)
+    (event,) = events(api, Reason.LENDING_LIMIT_UPDATED)
     assert event["involvedObject"]["kind"] == "ClusterQueue"
     assert "n1" in event["message"] and "unset -> 2" in event["message"]
 
@@ -102,7 +102,7 @@ async def test_dry_run_decides_and_writes_nothing(api: ApiEmulator, kube: Kube,
     assert limit_of(api) is None
     assert "would patch queue slack-cluster-queue" in caplog.text
     assert "lendingLimit unset -> 0" in caplog.text
-    assert f"would record {SHORTFALL}" in caplog.text
+    assert f"would record {Reason.LENDING_SHORTFALL}" in caplog.text
     state = metrics.lending[("slack-cluster-queue", "default-flavor", "nvidia.com/gpu")]
     assert state["limit"] == 0 and state["shortfall"] == 2
 
@@ -111,9 +111,9 @@ async def test_shortfall_warning_event(api: ApiEmulator, kube: Kube) -> None:
     api.seed(node("n1", verdict="EVICT"), node("n2", verdict="TESTING"),
              flavor("default-flavor"), simple_queue("6"))
     async with lending(kube):
-        await until(lambda: limit_of(api) == "0" and events(api, SHORTFALL))
+        await until(lambda: limit_of(api) == "0" and events(api, Reason.LENDING_SHORTFALL))
         await settle(api)
-    (event,) = events(api, SHORTFALL)
+    (event,) = events(api, Reason.LENDING_SHORTFALL)
     assert event["type"] == "Warning"
     assert "8 unavailable" in event["message"] and "2 short" in event["message"]
 
@@ -122,7 +122,7 @@ async def test_no_cohort_event_and_no_hot_loop(api: ApiEmulator, kube: Kube) -> 
     api.seed(node("n1"), node("n2"), flavor("default-flavor"), simple_queue("6", cohort=None))
     async with lending(kube):
         set_verdict(api, "n1", "EVICT")
-        await until(lambda: events(api, LIMIT_REJECTED))
+        await until(lambda: events(api, Reason.LENDING_LIMIT_REJECTED))
         for verdict in ("TESTING", "PASS", "TESTING", "PASS"):  # churn: must not loop
             set_verdict(api, "n2", verdict)
         await settle(api)
@@ -130,8 +130,8 @@ async def test_no_cohort_event_and_no_hot_loop(api: ApiEmulator, kube: Kube) -> 
         await anyio.sleep(1.0)
         assert len(api.requests) - before <= 2  # nothing but the odd watch renewal
         assert queue_writes(api) == []
-        assert len(events(api, LIMIT_REJECTED)) == 1
-        assert "cohortName" in events(api, LIMIT_REJECTED)[0]["message"]
+        assert len(events(api, Reason.LENDING_LIMIT_REJECTED)) == 1
+        assert "cohortName" in events(api, Reason.LENDING_LIMIT_REJECTED)[0]["message"]
 
         edit(api, "ClusterQueue", "slack-cluster-queue",
              lambda q: q["spec"].update(cohortName="default-cohort"))
@@ -147,10 +147,10 @@ async def test_refused_value_backs_off(api: ApiEmulator, kube: Kube) -> None:
                    "message": "spec.resourceGroups[0]: lendingLimit: must be nil"})
     async with lending(kube):
         set_verdict(api, "n1", "EVICT")
-        await until(lambda: events(api, LIMIT_REJECTED))
+        await until(lambda: events(api, Reason.LENDING_LIMIT_REJECTED))
         await anyio.sleep(1.5)
         assert len(api.requests_to("PATCH", QUEUE_PATH)) <= 3
-        assert "must be nil" in events(api, LIMIT_REJECTED)[0]["message"]
+        assert "must be nil" in events(api, Reason.LENDING_LIMIT_REJECTED)[0]["message"]
         api.clear_faults()
         await until(lambda: limit_of(api) == "2", timeout=10)
 

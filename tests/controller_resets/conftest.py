@@ -16,8 +16,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from healthd.controller.appwrappers import Resetter
+from healthd.controller.health import evict_codes
 from healthd.controller.metrics import ControllerMetrics
-from healthd.controller.resets import APPWRAPPER_LABEL, decide, eviction_codes
+from healthd.controller.resets import APPWRAPPER_LABEL, decide
 from healthd.controller.settings import ControllerSettings
 from healthd.kube.client import Kube
 from healthd.kube.conventions import CONTROLLER_COMPONENT, Keys, Verdict
@@ -163,7 +164,7 @@ def events(api: ApiEmulator, reason: str) -> list[Obj]:  # noqa: F811
 
 async def evict_map(kube: Kube) -> dict[str, tuple[str, ...]]:
     nodes = (await kube.list(NODES))["items"]
-    return {name_of(n): eviction_codes(n, KEYS) for n in nodes
+    return {name_of(n): evict_codes(n, KEYS) for n in nodes
             if n["metadata"].get("labels", {}).get(KEYS.gpuhealth) == Verdict.EVICT.value}
 
 

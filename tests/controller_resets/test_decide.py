@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from healthd.controller.resets import affected, decide, eviction_codes
+from healthd.controller.health import evict_codes
+from healthd.controller.resets import affected, decide
 from healthd.kube.conventions import Keys, Verdict
 from tests.controller_resets.conftest import KEYS, NS, appwrapper, node, pod
 
@@ -33,17 +34,17 @@ def annotated(health: Any) -> dict[str, Any]:
     (json.dumps(["a list"]), ("EVICT",)),
     (json.dumps({"held": "nonsense", "top": 7}), ("EVICT",)),
 ])
-def test_eviction_codes(health: str, codes: tuple[str, ...]) -> None:
-    assert eviction_codes(annotated(health), KEYS) == codes
+def test_evict_codes(health: str, codes: tuple[str, ...]) -> None:
+    assert evict_codes(annotated(health), KEYS) == codes
 
 
-def test_eviction_codes_follow_the_configured_prefix() -> None:
+def test_evict_codes_follow_the_configured_prefix() -> None:
     keys = Keys(own_prefix="example.org/")
     obj = node("n1", Verdict.EVICT)
     obj["metadata"]["annotations"] = {"example.org/health": json.dumps({"top": "XID_79"})}
 
-    assert eviction_codes(obj, keys) == ("XID_79",)
-    assert eviction_codes(obj, KEYS) == ("EVICT",)
+    assert evict_codes(obj, keys) == ("XID_79",)
+    assert evict_codes(obj, KEYS) == ("EVICT",)
 
 
 @pytest.mark.parametrize("garbage", [

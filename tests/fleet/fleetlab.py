@@ -17,7 +17,8 @@ from prometheus_client import CollectorRegistry
 from healthd.agent.agent import Agent
 from healthd.cli import build_parser
 from healthd.config import Config
-from healthd.fleet.command import CommandError, status_command, trigger_command
+from healthd.exits import ExitError
+from healthd.fleet.command import status_command, trigger_command
 from healthd.kube.conventions import Keys
 from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.machine import load_machine_spec
@@ -118,7 +119,7 @@ async def healthd(api: ApiEmulator, tmp_path: Path, *argv: str,
             code = await trigger_command(args, out=out, err=err, stop=stop)
         else:
             code = await status_command(args, out=out, clock=clock)
-    except CommandError as exc:
+    except ExitError as exc:
         err.write(f"healthd: {exc}\n")
         code = exc.code
     return Run(code, out.getvalue(), err.getvalue())

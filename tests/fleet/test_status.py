@@ -158,10 +158,11 @@ async def test_a_bad_verdict_filter_is_a_usage_error(api: ApiEmulator, tmp_path:
 
 
 GOLDEN_TOP = ["controller", "filters", "generated_at", "nodes", "schema_version", "summary"]
-GOLDEN_NODE = ["agent", "cordoned", "gpus", "last_round", "last_round_age_s", "name", "ready",
-               "since", "since_age_s", "top_codes", "verdict"]
-GOLDEN_CONTROLLER = ["breaker", "kueue", "leader", "lending", "problems", "resets",
+GOLDEN_NODE = ["agent", "blamed", "cordoned", "gpus", "last_round", "last_round_age_s", "name",
+               "ready", "since", "since_age_s", "top_codes", "verdict"]
+GOLDEN_CONTROLLER = ["breaker", "kueue", "leader", "lending", "network", "problems", "resets",
                      "resets_last_hour"]
+GOLDEN_NETWORK = ["blamed", "isolated", "partitioned", "reporters", "why"]
 GOLDEN_LENDING = ["due", "flavor", "lending_limit", "nodes", "nominal", "queue", "resource",
                   "shortfall", "unavailable"]
 
@@ -175,6 +176,7 @@ async def test_the_json_schema_is_stable(api: ApiEmulator, tmp_path: Path) -> No
     assert sorted(doc["controller"]) == GOLDEN_CONTROLLER
     assert all(sorted(row) == GOLDEN_LENDING for row in doc["controller"]["lending"])
     assert sorted(doc["controller"]["breaker"]) == ["message", "since", "state"]
+    assert sorted(doc["controller"]["network"]) == GOLDEN_NETWORK
     assert sorted(doc["controller"]["resets"][0]) == ["appwrapper", "at", "message"]
     assert sorted(doc["summary"]) == ["nodes", "verdicts", "without_agent"]
 
@@ -184,10 +186,10 @@ async def test_the_table(api: ApiEmulator, tmp_path: Path) -> None:
     run = await healthd(api, tmp_path, "status", clock=lambda: NOW)
     lines = run.out.splitlines()
     assert lines[0].split() == ["NODE", "VERDICT", "SINCE", "TOP", "CODES", "LAST", "ROUND",
-                                "AGENT", "NOTES"]
+                                "AGENT", "BLAMED", "NOTES"]
     assert lines[2].split() == ["n-evict", "EVICT", "5m", "XID_79,REMAP_PENDING", "45s", "yes",
-                                "-"]
-    assert lines[1].split() == ["n-err", "ERR", "1m30s", "REMAP_PENDING", "5s", "yes",
+                                "-", "-"]
+    assert lines[1].split() == ["n-err", "ERR", "1m30s", "REMAP_PENDING", "5s", "yes", "-",
                                 "cordoned"]
     assert "reset breaker open" in run.out and "1 AppWrapper reset(s)" in run.out
     assert "8 (short 4)" in run.out

@@ -5,7 +5,9 @@
   UUID; XIDs queued between windows are not lost; `watch_xids()` streams them and
   every XID reaches both kinds of consumer;
 - no driver: empty XID windows and a driver error, no crash;
-- cancelling a long XID window returns promptly (short waits in a loop).
+- cancelling a long XID window returns promptly (short waits in a loop);
+- a long XID wait in flight never holds up a round's read, nor a window, which
+  collects what the running watch receives.
 """
 
 from __future__ import annotations
@@ -69,20 +71,22 @@ async def test_xids_between_windows_are_kept(machine: Machine) -> None:
     await source.aclose()
 
 
+async def watch_one(source: NvmlGpuSource, into: list[XidEvent]) -> None:
+    """Watch until one XID arrives, and keep it."""
+    async for event in source.watch_xids():
+        into.append(event)
+        return
+
+
 async def test_watch_and_windows_both_see_every_xid(machine: Machine) -> None:
     fake = machine(init=False, gpus={"count": 2})
     source = NvmlGpuSource(poll_ms=20)
     await source.xid_events(0)
     watched: list[XidEvent] = []
 
-    async def watch() -> None:
-        async for event in source.watch_xids():
-            watched.append(event)
-            return
-
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(watch)
+            tg.start_soon(watch_one, source, watched)
             await anyio.sleep(0.05)
             fake.emit_xid(1, 79)
     assert [(e.xid, e.gpu_index) for e in watched] == [(79, 1)]
@@ -106,4 +110,43 @@ async def test_cancelled_window_returns_promptly(machine: Machine) -> None:
     with anyio.move_on_after(0.1):
         await source.xid_events(30)
     assert time.monotonic() - started < 2  # at most one short NVML wait after cancel
+    await source.aclose()
+
+
+async def test_a_read_does_not_queue_behind_an_xid_wait(machine: Machine) -> None:
+    fake = machine(init=False, gpus={"count": 2})
+    source = NvmlGpuSource(poll_ms=30_000)
+    await source.xid_events(0)  # registered: the watch below blocks in a long wait
+    watched: list[XidEvent] = []
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch_one, source, watched)
+            await anyio.sleep(0.05)
+            assert len((await source.snapshot()).gpus) == 2  # while the wait is in flight
+            fake.emit_xid(0, 79)  # ends the watch
+    assert [(e.xid, e.gpu_index) for e in watched] == [(79, 0)]
+    await source.aclose()
+
+
+async def test_a_window_collects_from_a_running_watch(machine: Machine) -> None:
+    fake = machine(init=False, gpus={"count": 2})
+    source = NvmlGpuSource(poll_ms=30_000)
+    await source.xid_events(0)
+    watched: list[XidEvent] = []
+    collected: list[XidEvent] = []
+
+    async def listen() -> None:
+        collected.extend(await source.xid_events(0.3))
+
+    with anyio.fail_after(5):  # the window does not wait out the watch's 30 s wait
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch_one, source, watched)
+            await anyio.sleep(0.05)
+            assert await source.xid_events(0.2) == []  # ends on time, nothing came
+            tg.start_soon(listen)
+            await anyio.sleep(0.05)
+            fake.emit_xid(1, 48)  # received by the watch, handed to the window
+    assert [(e.xid, e.gpu_index) for e in collected] == [(48, 1)]
+    assert [(e.xid, e.gpu_index) for e in watched] == [(48, 1)]
     await source.aclose()

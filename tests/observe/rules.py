@@ -14,7 +14,7 @@ from tests.observe.dashboards import DASHBOARDS, ROOT
 
 ALERTS = DASHBOARDS / "alerts.yaml"
 RULE_TESTS = sorted((DASHBOARDS / "tests").glob("*.yaml"))
-RUNBOOK = ROOT / "docs" / "runbook.md"
+RUNBOOK = ROOT / "README.md"  # the runbook is a README section
 
 
 @dataclass(frozen=True)

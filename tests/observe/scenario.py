@@ -255,7 +255,7 @@ BEFORE_BREAKER = (
     "healthd_gpu_xid_events_total",
     'healthd_check_status{check="pvc", status="UNKNOWN"} == 1',
     'healthd_controller_resets_total{result="reset"} > 0',
-    'healthd_controller_resets_total{result="error"} > 0',
+    'increase(healthd_controller_resets_total{result="error"}[1m]) > 0',
     "healthd_controller_label_to_reset_seconds_count > 0",
     "healthd_controller_shortfall > 0",
     f'up{{job="{AGENT_JOB}"}} == 0',

@@ -6,7 +6,8 @@
   on a stepped clock (the replay counter keeps rising, then holds);
 - lost GPUs, missing GPUs, injected NVML errors (named, counted, version suffix),
   an absent driver and one that appears later;
-- XID events: scheduled, emitted at run time, waited for from another thread;
+- XID events: scheduled, emitted at run time, waited for from another thread (woken
+  by an emitted XID, a stepped clock, a late registration, or a real-time schedule);
 - install/uninstall restoring pynvml, and run-time fault injection.
 """
 
@@ -309,6 +310,57 @@ def test_wait_blocks_in_a_thread_while_other_calls_run(machine: Machine) -> None
     thread.join(timeout=5)
     assert got == [13]
     assert time.monotonic() - started < 4  # woken by the event, not by the timeout
+
+
+def wait_in_thread(event_set: object, timeout_ms: int) -> tuple[threading.Thread, list[int]]:
+    """Start a thread that waits once on `event_set`; it records the XID it got."""
+    got: list[int] = []
+
+    def waiter() -> None:
+        try:
+            got.append(N.nvmlEventSetWait(event_set, timeout_ms).eventData)
+        except N.NVMLError_Timeout:
+            got.append(-1)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    return thread, got
+
+
+def test_a_waiter_sees_the_stepped_clock_reach_a_scheduled_xid(machine: Machine,
+                                                                clock: StepClock) -> None:
+    machine(gpus={"count": 1}, faults=[{"gpu": 0, "xid": [{"code": 79, "at": 5}]}])
+    thread, got = wait_in_thread(xid_set(0), 5000)
+    started = time.monotonic()
+    time.sleep(0.05)  # the waiter is asleep: nothing tells it the clock moves
+    clock.t = 5
+    thread.join(timeout=5)
+    assert got == [79]
+    assert time.monotonic() - started < 4  # seen when the clock moved, not at the timeout
+
+
+def test_a_waiter_learns_of_a_gpu_registered_while_it_waits(machine: Machine,
+                                                           clock: StepClock) -> None:
+    machine(gpus={"count": 2}, faults=[{"gpu": 1, "xid": [{"code": 48, "at": 0}]}])
+    event_set = xid_set(0)
+    thread, got = wait_in_thread(event_set, 5000)
+    started = time.monotonic()
+    N.nvmlDeviceRegisterEvents(handle(1), N.nvmlEventTypeXidCriticalError, event_set)
+    thread.join(timeout=5)
+    assert got == [48]
+    assert time.monotonic() - started < 4
+
+
+def test_a_scheduled_xid_wakes_a_waiter_on_the_real_time_clock() -> None:
+    spec = load_machine_spec("healthy-8xh100").model_copy(update={"faults": [
+        GpuFault.model_validate({"gpu": 3, "xid": [{"code": 79, "at": 0.2}]})]})
+    with install(spec):
+        N.nvmlInit()
+        thread, got = wait_in_thread(xid_set(3), 5000)
+        started = time.monotonic()
+        thread.join(timeout=5)
+        assert got == [79]
+        assert time.monotonic() - started < 4  # at its time, not at the timeout
 
 
 def test_register_rejects_unsupported_event_types(machine: Machine) -> None:

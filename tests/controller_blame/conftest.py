@@ -1,0 +1,83 @@
+"""Fixtures for fleet network blame: the emulator and real clients of the controller
+tests, and GPU nodes whose `healthd.io/health` annotation is what a real agent
+publishes after a ping round (built by the agent's own verdict and rendering code,
+so the controller reads exactly the agent's format)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from checks.base import Entity, ResultBuilder
+from checks.catalog import Catalog
+from healthd.agent import verdict as v
+from healthd.agent.node_view import health_json
+from healthd.sim.apiserver import ApiEmulator, RecordedRequest
+from healthd.sim.apiserver.testing import api  # noqa: F401
+from tests.controller.conftest import KEYS, Obj, kube_for, node  # noqa: F401
+
+BLAMED = "healthd_network_blamed"
+PARTITIONED = "healthd_network_partitioned"
+
+
+def ping_health(name: str, peers: Iterable[str], *, unreached: Iterable[str] = (),
+                isolated: bool = False) -> tuple[str, str]:
+    """(verdict label, health annotation) of an agent whose ping round on `name`
+    missed `unreached` among `peers`, or found itself isolated."""
+    missed = set(unreached)
+    builder = ResultBuilder("ping", Catalog())
+    for peer in peers:
+        if peer == name:
+            continue
+        entity = Entity("peer", peer)
+        if peer in missed and not isolated:
+            builder.finding("PEER_UNREACHABLE", entity, f"{peer} does not answer")
+        else:
+            builder.seen(entity)
+    if isolated:
+        builder.finding("NETWORK_ISOLATED", Entity.node(name), "cannot reach its peers")
+    state = v.apply(v.initial(), "ping", builder.build(), trigger=v.Trigger.PERIODIC,
+                    at=10.0, policy=v.Policy())
+    return state.verdict.value, health_json(state)
+
+
+def agent_node(name: str, peers: Iterable[str], *, unreached: Iterable[str] = (),
+               isolated: bool = False, labels: dict[str, str] | None = None) -> Obj:
+    """A GPU node as its agent leaves it after a ping round."""
+    verdict, health = ping_health(name, peers, unreached=unreached, isolated=isolated)
+    obj = node(name, verdict, labels=labels)
+    obj["metadata"]["annotations"][KEYS.health] = health
+    return obj
+
+
+def silent_node(name: str) -> Obj:
+    """A node whose agent never published a ping round (down, or not there)."""
+    return node(name, "PASS")
+
+
+def publish(server: ApiEmulator, name: str, peers: Iterable[str], *,
+            unreached: Iterable[str] = (), isolated: bool = False) -> None:
+    """What the agent on `name` does after a ping round: relabel and re-annotate."""
+    fresh = agent_node(name, peers, unreached=unreached, isolated=isolated)
+    stored = server.get("Node", name)
+    assert stored is not None
+    stored["metadata"]["labels"] = fresh["metadata"]["labels"]
+    stored["metadata"]["annotations"] = fresh["metadata"]["annotations"]
+    server.put(stored)
+
+
+def node_writes(server: ApiEmulator) -> list[RecordedRequest]:
+    """Every write to a Node (labels, annotations, status): the controller makes none."""
+    return server.writes(path=r"/api/v1/nodes.*")
+
+
+def product_writes(server: ApiEmulator) -> list[RecordedRequest]:
+    """Every write but Events and the Lease (election writes it by design)."""
+    return [r for r in server.writes() if "/leases" not in r.path and "/events" not in r.path]
+
+
+def blame_events(server: ApiEmulator, kind: str | None = None,
+                 name: str | None = None) -> list[Obj]:
+    """PeerUnreachable Events, about objects of `kind` (and `name`) when given."""
+    return [e for e in server.list("Event") if e.get("reason") == "PeerUnreachable"
+            and (kind is None or e["involvedObject"].get("kind") == kind)
+            and (name is None or e["involvedObject"].get("name") == name)]
