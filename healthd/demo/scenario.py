@@ -22,6 +22,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from healthd import bundled
 from healthd.config import Config, Duration, explain
 from healthd.kube.conventions import GPU_RESOURCE, Verdict
 from healthd.sim.machine import GpuFault, MachineSpecError, load_machine_spec
@@ -264,16 +265,12 @@ def node_names(count: int) -> list[str]:
 
 
 def bundled_scenarios() -> list[str]:
-    return sorted(p.stem for p in BUNDLED_DIR.glob("*.yaml"))
+    return bundled.names(BUNDLED_DIR)
 
 
 def resolve(source: str | Path) -> Path:
     """A path as given, or a bundled scenario by name (`fault-tolerance`)."""
-    path = Path(source)
-    if path.exists() or path.suffix:
-        return path
-    bundled = BUNDLED_DIR / f"{source}.yaml"
-    return bundled if bundled.exists() else path
+    return bundled.resolve(source, BUNDLED_DIR)
 
 
 def load_scenario(source: str | Path = DEFAULT_SCENARIO) -> Scenario:

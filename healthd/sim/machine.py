@@ -16,6 +16,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from healthd import bundled
 from healthd.sim.dcgm import DcgmSim
 
 ClockReason = Literal[
@@ -238,13 +239,9 @@ BUNDLED_DIR = Path(__file__).parent / "machines"
 
 def bundled_specs() -> list[str]:
     """Names of the example specs shipped with healthd."""
-    return sorted(p.stem for p in BUNDLED_DIR.glob("*.yaml"))
+    return bundled.names(BUNDLED_DIR)
 
 
 def resolve_bundled(source: str | Path) -> Path:
     """A path as given, or a bundled spec by name (`remap-pending`)."""
-    path = Path(source)
-    if path.exists() or path.suffix:
-        return path
-    bundled = BUNDLED_DIR / f"{source}.yaml"
-    return bundled if bundled.exists() else path
+    return bundled.resolve(source, BUNDLED_DIR)
