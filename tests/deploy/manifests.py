@@ -17,7 +17,7 @@ DEPLOY = ROOT / "deploy" / "daemonset"
 BASE = DEPLOY / "base"
 OVERLAYS = {"kube": DEPLOY / "overlays" / "kube", "openshift": DEPLOY / "overlays" / "openshift"}
 MONITORING = DEPLOY / "monitoring"
-KUSTOMIZATIONS = {"base": BASE, **OVERLAYS, "monitoring": MONITORING}
+KUSTOMIZATIONS = {"base": BASE, **OVERLAYS, "monitoring": MONITORING, "default": DEPLOY}
 ALERTS = ROOT / "dashboards" / "alerts.yaml"
 
 NAMESPACE = "healthd-system"
