@@ -19,7 +19,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from healthd import bundled
@@ -275,14 +274,10 @@ def resolve(source: str | Path) -> Path:
 
 def load_scenario(source: str | Path = DEFAULT_SCENARIO) -> Scenario:
     """Read and validate a scenario (a YAML file or a bundled name)."""
-    path = resolve(source)
     try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ScenarioError(f"cannot read scenario {path}: {exc.strerror} (bundled "
-                            f"scenarios: {', '.join(bundled_scenarios())})") from exc
-    except yaml.YAMLError as exc:
-        raise ScenarioError(f"scenario {path} is not valid YAML: {exc}") from exc
+        path, raw = bundled.read_yaml(source, BUNDLED_DIR, "scenario")
+    except bundled.UnreadableFile as exc:
+        raise ScenarioError(str(exc)) from exc
     return parse_scenario(raw, origin=str(path))
 
 

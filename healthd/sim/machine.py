@@ -13,7 +13,6 @@ import hashlib
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from healthd import bundled
@@ -208,16 +207,10 @@ class MachineSpecError(ValueError):
 
 def load_machine_spec(source: str | Path) -> MachineSpec:
     """Read a machine spec from a YAML file (or a bundled name such as `healthy-8xh100`)."""
-    path = resolve_bundled(source)
     try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise MachineSpecError(
-            f"cannot read machine spec {path}: {exc.strerror} "
-            f"(bundled specs: {', '.join(bundled_specs())})"
-        ) from exc
-    except yaml.YAMLError as exc:
-        raise MachineSpecError(f"machine spec {path} is not valid YAML: {exc}") from exc
+        path, raw = bundled.read_yaml(source, BUNDLED_DIR, "machine spec")
+    except bundled.UnreadableFile as exc:
+        raise MachineSpecError(str(exc)) from exc
     return parse_machine_spec(raw, origin=str(path))
 
 
