@@ -169,6 +169,7 @@ def answer(
         "error": _clip(error),
         "start": rfc3339(start),
         "end": rfc3339(end),
+        "duration_s": round(max(0.0, end - start), 3),  # the times above are whole seconds
         "verdict": verdict.value,
         "checks": {str(k): str(v) for k, v in checks.items()},
     }

@@ -256,7 +256,9 @@ class FleetTrigger:
         outcome.after = str(answer["verdict"]) if answer.get("verdict") else None
         got = answer.get("checks")
         outcome.checks = {str(k): str(v) for k, v in got.items()} if isinstance(got, dict) else {}
-        outcome.duration_s = _span_s(answer.get("start"), answer.get("end"))
+        exact = answer.get("duration_s")
+        outcome.duration_s = (float(exact) if isinstance(exact, int | float)
+                              else _span_s(answer.get("start"), answer.get("end")))
         if outcome.asked_at is not None:
             outcome.waited_s = self._clock() - outcome.asked_at
 

@@ -158,3 +158,13 @@ async def test_take_while_the_api_is_away_keeps_the_request(api) -> None:
         await api.come_back()
         assert h.node()["metadata"]["annotations"][KEYS.clear] == "true"
         assert await take(h.publisher, request, KEYS) is True
+
+
+def test_answer_carries_the_exact_duration() -> None:
+    """Start and end are whole-second Kubernetes timestamps; `duration_s` is what a
+    tool such as `healthd trigger` shows."""
+    request = Request(id="r1", text="remapped", kind="run", selected=[Selected("remapped")])
+    body = json.loads(answer(request, accepted=True, error="", start=100.2, end=100.45,
+                             verdict=Verdict.PASS, checks={"remapped": "PASS"}))
+    assert body["duration_s"] == 0.25
+    assert body["start"] == body["end"]  # same second: the timestamps alone would say 0
