@@ -31,6 +31,7 @@ from checks.base import Check, Severity
 from checks.catalog import Catalog, Override, is_known_code
 from healthd.agent.settings import AgentSettings
 from healthd.controller.settings import ControllerSettings
+from healthd.validation import explain
 
 ENV_OVERRIDES = {
     "NODE_NAME": "node_name",
@@ -148,15 +149,6 @@ class Config(_Frozen):
 
 class ConfigError(ValueError):
     """A config that cannot be used; the message names the field and the fix."""
-
-
-def explain(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"])
-        message = err["msg"].removeprefix("Value error, ")
-        parts.append(f"{where}: {message}" if where else message)
-    return "; ".join(parts)
 
 
 def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Config:

@@ -22,9 +22,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from healthd import bundled
-from healthd.config import Config, Duration, explain
+from healthd.config import Config, Duration
 from healthd.kube.conventions import GPU_RESOURCE, Verdict
 from healthd.sim.machine import GpuFault, MachineSpecError, load_machine_spec
+from healthd.validation import explain
 
 NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 BUNDLED_DIR = Path(__file__).parent / "scenarios"

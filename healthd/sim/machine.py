@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from healthd import bundled
 from healthd.sim.dcgm import DcgmSim
+from healthd.validation import explain
 
 ClockReason = Literal[
     "gpu_idle",
@@ -220,11 +221,7 @@ def parse_machine_spec(raw: object, origin: str = "<spec>") -> MachineSpec:
     try:
         return MachineSpec.model_validate(raw)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}"
-            for err in exc.errors()
-        )
-        raise MachineSpecError(f"machine spec {origin}: {problems}") from exc
+        raise MachineSpecError(f"machine spec {origin}: {explain(exc)}") from exc
 
 
 BUNDLED_DIR = Path(__file__).parent / "machines"
