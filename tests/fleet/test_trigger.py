@@ -65,7 +65,9 @@ async def test_twenty_nodes_in_batches_of_five(api: ApiEmulator, tmp_path: Path)
     assert sorted(r.path.rsplit("/", 1)[1] for r in writes) == names  # one write per node
     assert all(r.content_type.startswith("application/merge-patch") for r in writes)
     profile = outstanding_profile(api, report["id"])
-    assert max(profile) == 5, profile  # the batch was used, and never exceeded
+    # Never more than the batch outstanding. How many are out at once depends on how
+    # fast the agents answer, so "the batch was used" means more than one at a time.
+    assert 2 <= max(profile) <= 5, profile
     assert profile[-1] == 0
 
 
