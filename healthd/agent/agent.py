@@ -36,7 +36,6 @@ from checks.base import Check, CheckContext, CheckResult, Severity
 from checks.nvml import NvmlGpuSource, XidEvent
 from healthd.agent.busy import gpu_pods
 from healthd.agent.deepdiag import DeepDiagnostic
-from healthd.agent.http import serve_http
 from healthd.agent.metrics import AgentMetrics, read_cpu_model
 from healthd.agent.node_status import NodePublisher, desired_from
 from healthd.agent.ondemand import RequestHandler
@@ -46,6 +45,7 @@ from healthd.agent.schedule import Job, Schedule, plan_jobs, planned_check
 from healthd.agent.verdict import HealthState, Policy, Trigger, apply, end_testing, initial
 from healthd.agent.verdict import start_testing as testing_started
 from healthd.config import Config
+from healthd.http import serve_http
 from healthd.kube.client import Kube
 from healthd.kube.conventions import COMPONENT, GPU_RESOURCE, Keys, dcgm_label_value
 from healthd.kube.errors import KubeError

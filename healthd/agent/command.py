@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 import anyio
 
 from healthd.agent.agent import Agent
-from healthd.agent.logs import configure_logging
 from healthd.config import Config
 from healthd.exits import EX_CONFIG, EX_SOFTWARE, ExitError, config_or_exit
 from healthd.kube.errors import KubeError
+from healthd.logs import configure_logging
 
 if TYPE_CHECKING:
     from healthd.sim.node import SimulatedNode

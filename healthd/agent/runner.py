@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import anyio
 
 from checks.base import Check, CheckContext, CheckResult, run_check
-from healthd.agent.logs import log_context
 from healthd.agent.verdict import Trigger
+from healthd.logs import log_context
 
 log = logging.getLogger(__name__)
 

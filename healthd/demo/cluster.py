@@ -27,11 +27,11 @@ import anyio.abc
 from prometheus_client import CollectorRegistry
 
 from healthd.agent.agent import Agent
-from healthd.agent.http import serve_http
 from healthd.config import Config
 from healthd.controller.controller import Controller
 from healthd.controller.metrics import ControllerMetrics
 from healthd.demo.scenario import AppWrapperSpec, Scenario, node_names
+from healthd.http import serve_http
 from healthd.kube.client import Kube
 from healthd.kube.conventions import GPU_RESOURCE, Keys
 from healthd.kube.objects import APPWRAPPERS
