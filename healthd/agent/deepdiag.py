@@ -37,7 +37,7 @@ from healthd.kube.watching import watch_forever
 from healthd.termination import SummaryError, parse_summary
 
 if TYPE_CHECKING:
-    from healthd.agent.settings import DeepDiagSettings
+    from healthd.config.agent import DeepDiagSettings
     from healthd.kube.client import Kube
     from healthd.kube.events import EventRecorder
 

@@ -44,6 +44,7 @@ from typing import Any, Protocol
 import anyio
 import anyio.abc
 
+from healthd.config.controller import ControllerSettings
 from healthd.controller.resets import (
     APPWRAPPER_RESET,
     BREAKER_CLOSED,
@@ -57,7 +58,6 @@ from healthd.controller.resets import (
     last_reset_at,
 )
 from healthd.controller.safety import Breaker, BreakerState, Clock, Spacing, TokenBucket
-from healthd.controller.settings import ControllerSettings
 from healthd.kube.client import Kube
 from healthd.kube.errors import Conflict, Invalid, KubeError, NotFound
 from healthd.kube.events import NORMAL, WARNING, EventRecorder

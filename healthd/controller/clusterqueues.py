@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import anyio
 
+from healthd.config.controller import ControllerSettings
 from healthd.controller.caches import (
     FLAVORS_KIND,
     LENDING_KINDS,
@@ -44,7 +45,6 @@ from healthd.controller.lending import (
     lending_path,
     parse_quantity,
 )
-from healthd.controller.settings import ControllerSettings
 from healthd.kube import Backoff, Conflict, EventRecorder, Invalid, Kube, KubeError, NotFound
 from healthd.kube.conventions import Keys, Reason
 from healthd.kube.events import NORMAL, WARNING

@@ -22,7 +22,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from healthd import bundled
-from healthd.config import Config, Duration
+from healthd.config import Config
+from healthd.durations import Duration
 from healthd.kube.conventions import GPU_RESOURCE, Verdict
 from healthd.sim.machine import GpuFault, MachineSpecError, load_machine_spec
 from healthd.validation import explain

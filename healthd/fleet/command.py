@@ -20,7 +20,8 @@ from typing import TextIO
 
 import anyio
 
-from healthd.config import Config, parse_duration
+from healthd.config import Config
+from healthd.durations import parse_duration
 from healthd.exits import EX_CONFIG, EX_USAGE, ExitError, config_or_exit
 from healthd.fleet import render
 from healthd.fleet.sources import Snapshot, follow, read_snapshot

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from healthd.config.controller import ControllerSettings
 from healthd.controller.appwrappers import Resetter
 from healthd.controller.health import evict_codes
 from healthd.controller.metrics import ControllerMetrics
 from healthd.controller.resets import APPWRAPPER_LABEL, decide
-from healthd.controller.settings import ControllerSettings
 from healthd.kube.client import Kube
 from healthd.kube.conventions import CONTROLLER_COMPONENT, Keys, Verdict
 from healthd.kube.events import EventRecorder
