@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import ValidationError
 
 from checks.base import Check
-from healthd.agent.node_view import rfc3339
 from healthd.kube.conventions import Keys, Verdict
 from healthd.kube.errors import Invalid, KubeError, NotFound
 from healthd.kube.objects import meta, resource_version_of
 from healthd.selection import Selected, SelectionError, parse_selection
+from healthd.times import rfc3339
 
 if TYPE_CHECKING:
     from healthd.agent.node_status import NodePublisher

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -35,15 +35,11 @@ import anyio
 from healthd.kube.client import Kube
 from healthd.kube.errors import Conflict, KubeError, NotFound
 from healthd.kube.objects import LEASES, resource_version_of
+from healthd.times import parse_time, rfc3339
 
 log = logging.getLogger(__name__)
 
 RELEASE_TIMEOUT_S = 2.0  # a clean stop waits this long at most to hand the Lease over
-
-
-def format_micro_time(at: datetime) -> str:
-    """Kubernetes MicroTime: `2025-01-02T03:04:05.123456Z`."""
-    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _spec(lease: dict[str, Any]) -> dict[str, Any]:
@@ -53,17 +49,6 @@ def _spec(lease: dict[str, Any]) -> dict[str, Any]:
 
 def holder_of(lease: dict[str, Any]) -> str:
     return str(_spec(lease).get("holderIdentity") or "")
-
-
-def parse_time(text: object) -> datetime | None:
-    """A Time or MicroTime field; None when absent or malformed."""
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def is_expired(lease: dict[str, Any], now: datetime) -> bool:
@@ -76,7 +61,7 @@ def is_expired(lease: dict[str, Any], now: datetime) -> bool:
     renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
     if renewed is None:
         return True  # a Lease nobody can judge is a Lease nobody holds
-    return renewed + timedelta(seconds=lease_duration(lease, 0.0)) < now
+    return renewed + lease_duration(lease, 0.0) < now.timestamp()
 
 
 def lease_duration(lease: dict[str, Any], default: float) -> float:
@@ -241,7 +226,7 @@ class LeaseElector:
             if holder_of(lease) != self.identity:
                 return
             body = _with_spec(lease, holderIdentity="", leaseDurationSeconds=1,
-                              renewTime=format_micro_time(self._clock()))
+                              renewTime=rfc3339(self._clock().timestamp(), digits=6))
             await self._kube.replace(LEASES, self.name, body, self.namespace)
             log.info("%s: released the Lease %s/%s", self.identity, self.namespace, self.name)
         except KubeError as exc:
@@ -253,7 +238,7 @@ class LeaseElector:
         """PUT the Lease held by us, conditional on the version read (else Conflict)."""
         if resource_version_of(lease) is None:
             raise KubeError("the Lease read has no resourceVersion", reason="BadResponse")
-        stamp = format_micro_time(now)
+        stamp = rfc3339(now.timestamp(), digits=6)
         changes: dict[str, Any] = {"holderIdentity": self.identity, "renewTime": stamp,
                                    "leaseDurationSeconds": self._duration}
         if taking:
@@ -267,7 +252,7 @@ class LeaseElector:
         return written
 
     def _new_lease(self) -> dict[str, Any]:
-        stamp = format_micro_time(self._clock())
+        stamp = rfc3339(self._clock().timestamp(), digits=6)
         return {
             "apiVersion": LEASES.api_version, "kind": LEASES.kind,
             "metadata": {"name": self.name, "namespace": self.namespace},

@@ -47,16 +47,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from healthd.agent.busy import is_terminated
-from healthd.agent.node_view import rfc3339
 from healthd.config import Config
 from healthd.controller.blame import Assessment, assess, rows_of
 from healthd.controller.election import holder_of, is_expired
 from healthd.controller.health import gpu_count, labels_of, unavailability
 from healthd.controller.lending import LendingModel, format_quantity
-from healthd.controller.resets import parse_time
 from healthd.fleet.sources import Snapshot
 from healthd.kube.conventions import GPU_RESOURCE, Keys, Reason, Verdict
 from healthd.kube.objects import annotation_json, meta, name_of, namespace_of
+from healthd.times import parse_time, rfc3339
 
 SCHEMA_VERSION = 1
 UNKNOWN = "UNKNOWN"  # the agent publishes but cannot judge yet

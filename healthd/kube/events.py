@@ -9,22 +9,19 @@ may wait on, or fail because of, its paper trail.
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+import time
 from typing import Any
 
 from healthd.kube.client import Kube
 from healthd.kube.errors import KubeError
 from healthd.kube.objects import EVENTS, Resource, meta
+from healthd.times import rfc3339
 
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE = 1024  # the server's own limit on an Event's message
 NORMAL = "Normal"
 WARNING = "Warning"
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _trim(message: str) -> str:
@@ -59,7 +56,7 @@ class EventRecorder:
         """The Event object `record` posts (namespace: the involved object's, or
         "default" for cluster-scoped objects such as Nodes)."""
         ref = involved_reference(involved, res)
-        now = _now()
+        now = rfc3339(time.time())
         source = {"component": self.component}
         if self.host:
             source["host"] = self.host

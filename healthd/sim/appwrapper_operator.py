@@ -31,8 +31,8 @@ from __future__ import annotations
 import logging
 import random
 import string
+import time
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -43,6 +43,7 @@ from healthd.kube.conventions import GPU_RESOURCE, Keys
 from healthd.kube.errors import Invalid, KubeError, NotFound
 from healthd.kube.objects import APPWRAPPERS, NODES, PODS, key_of, meta, name_of
 from healthd.kube.watching import DELETED, watch_forever
+from healthd.times import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +52,6 @@ UNHEALTHY_VERDICTS = ("ERR", "TESTING", "EVICT")  # what the injected affinity k
 RESUMING, RUNNING, RESETTING, SUCCEEDED = "Resuming", "Running", "Resetting", "Succeeded"
 RETRY_S = 1.0  # an AppWrapper with no room looks again this often
 Obj = dict[str, Any]
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def phase_of(aw: Obj) -> str:
@@ -265,7 +262,7 @@ class AppWrapperOperator:
                                                   "controller": True}]},
                 "spec": {**spec, "nodeName": node}}
         pod = await self.kube.create(PODS, body, namespace)
-        status = {"status": {"phase": "Running", "startTime": _now(), "conditions": [
+        status = {"status": {"phase": "Running", "startTime": rfc3339(time.time()), "conditions": [
             {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}]}}
         await self.kube.merge_patch(PODS, name_of(pod), status, namespace, subresource="status")
 
@@ -278,7 +275,7 @@ class AppWrapperOperator:
         kind, value, reason = condition
         conditions = [c for c in status.get("conditions") or [] if c.get("type") != kind]
         conditions.append({"type": kind, "status": value, "reason": reason, "message": "",
-                           "lastTransitionTime": _now()})
+                           "lastTransitionTime": rfc3339(time.time())})
         ops: list[Obj] = []
         if "phase" in status:
             ops.append({"op": "test", "path": "/status/phase", "value": status["phase"]})

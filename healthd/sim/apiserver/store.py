@@ -18,10 +18,10 @@ import contextlib
 import copy
 import random
 import threading
+import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 from healthd.sim.apiserver.errors import ApiError
 from healthd.sim.apiserver.patching import apply_patch
@@ -33,6 +33,7 @@ from healthd.sim.apiserver.resources import (
     to_version,
 )
 from healthd.sim.apiserver.selectors import Selector
+from healthd.times import rfc3339
 
 _SYSTEM_METADATA = ("uid", "creationTimestamp", "deletionTimestamp",
                     "deletionGracePeriodSeconds", "generation", "namespace", "name")
@@ -42,7 +43,7 @@ Key = tuple[str, str]  # (namespace or "", name)
 
 
 def now_text() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(time.time())
 
 
 def _meta(obj: Obj) -> Obj:
