@@ -34,7 +34,6 @@ from prometheus_client import CollectorRegistry
 
 from checks.base import Check, CheckContext, CheckResult, Severity
 from checks.nvml import NvmlGpuSource, XidEvent
-from healthd.agent.busy import gpu_pods
 from healthd.agent.deepdiag import DeepDiagnostic
 from healthd.agent.metrics import AgentMetrics, read_cpu_model
 from healthd.agent.node_status import NodePublisher, desired_from
@@ -51,6 +50,7 @@ from healthd.kube.conventions import COMPONENT, GPU_RESOURCE, Keys, dcgm_label_v
 from healthd.kube.errors import KubeError
 from healthd.kube.events import EventRecorder
 from healthd.kube.objects import NODES
+from healthd.kube.pods import gpu_pods
 from healthd.kube.watching import watch_forever
 from healthd.once import Planned as OncePlanned
 

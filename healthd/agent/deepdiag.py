@@ -29,10 +29,10 @@ import anyio
 
 from checks.base import CheckResult
 from checks.catalog import Catalog
-from healthd.agent.busy import DIAGNOSTIC_LABEL, TERMINATED_PHASES
 from healthd.kube.conventions import GPU_RESOURCE, Reason
 from healthd.kube.errors import KubeError
 from healthd.kube.objects import JOBS, PODS, meta, name_of
+from healthd.kube.pods import DIAGNOSTIC_LABEL, TERMINATED_PHASES
 from healthd.kube.watching import watch_forever
 from healthd.termination import SummaryError, parse_summary
 

@@ -46,7 +46,6 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from healthd.agent.busy import is_terminated
 from healthd.config import Config
 from healthd.controller.blame import Assessment, assess, rows_of
 from healthd.controller.election import holder_of, is_expired
@@ -55,6 +54,7 @@ from healthd.controller.lending import LendingModel, format_quantity
 from healthd.fleet.sources import Snapshot
 from healthd.kube.conventions import GPU_RESOURCE, Keys, Reason, Verdict
 from healthd.kube.objects import annotation_json, meta, name_of, namespace_of
+from healthd.kube.pods import is_terminated
 from healthd.times import parse_time, rfc3339
 
 SCHEMA_VERSION = 1

@@ -5,7 +5,7 @@ AppWrapper (`NAMESPACE/NAME`) whose pods' nodes are the targets. `resolve` turns
 any of them into the Node objects as listed now (their verdict before anything is
 asked) plus the names that match no node. `busy_nodes` answers "which of these
 nodes have pods holding GPUs", the gate in front of exclusive diagnostics, with
-the agent's own rule (healthd.agent.busy).
+the agent's own rule (healthd.kube.pods).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Any
 
 import anyio
 
-from healthd.agent.busy import gpu_pods
 from healthd.controller.resets import APPWRAPPER_LABEL
 from healthd.kube.client import Kube
 from healthd.kube.errors import KubeError, NotFound
 from healthd.kube.objects import APPWRAPPERS, NODES, PODS, name_of
+from healthd.kube.pods import gpu_pods
 
 Obj = dict[str, Any]
 BUSY_CHECKS_AT_ONCE = 16  # pod listings in flight while checking many nodes

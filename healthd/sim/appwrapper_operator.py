@@ -37,11 +37,11 @@ from typing import Any
 
 import anyio
 
-from healthd.agent.busy import holds_gpus, pod_gpus
 from healthd.kube.client import Kube
 from healthd.kube.conventions import GPU_RESOURCE, Keys
 from healthd.kube.errors import Invalid, KubeError, NotFound
 from healthd.kube.objects import APPWRAPPERS, NODES, PODS, key_of, meta, name_of
+from healthd.kube.pods import holds_gpus, pod_gpus
 from healthd.kube.watching import DELETED, watch_forever
 from healthd.times import rfc3339
 

@@ -47,8 +47,8 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from healthd.agent.busy import holds_gpus, pod_gpus
 from healthd.kube.conventions import GPU_RESOURCE
+from healthd.kube.pods import holds_gpus, pod_gpus
 from healthd.sim.apiserver.emulator import ApiEmulator, ThreadedEmulator
 from healthd.sim.apiserver.resources import Obj
 from healthd.sim.apiserver.store import now_text

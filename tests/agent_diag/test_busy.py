@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from healthd.agent.busy import DIAGNOSTIC_LABEL, gpu_pods
 from healthd.kube.client import Kube
 from healthd.kube.errors import Unavailable
+from healthd.kube.pods import DIAGNOSTIC_LABEL, gpu_pods
 from healthd.sim.apiserver import ApiEmulator
 
 from .conftest import NODE, container, node, pod
