@@ -23,8 +23,9 @@ from typing import Any, NamedTuple, cast
 
 import anyio
 
-from healthd.controller.resets import APPWRAPPER_LABEL, owner_of
+from healthd.controller.resets import owner_of
 from healthd.kube import Backoff, Kube, KubeError, NotFound, WatchEvent, watch_forever
+from healthd.kube.conventions import APPWRAPPER_LABEL
 from healthd.kube.objects import (
     APPWRAPPERS,
     CLUSTERQUEUES_V1BETA1,

@@ -20,12 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from healthd.controller.health import FALLBACK_CODE
-from healthd.kube.conventions import GPU_RESOURCE, Reason
+from healthd.kube.conventions import APPWRAPPER_LABEL, GPU_RESOURCE, OPERATOR_MANAGER, Reason
 from healthd.kube.objects import meta, name_of, namespace_of, resource_version_of
 from healthd.times import parse_time
 
-APPWRAPPER_LABEL = "workload.codeflare.dev/appwrapper"  # on every pod an AppWrapper creates
-OPERATOR_MANAGER = "workload.codeflare.dev/appwrapper-controller"
 RUNNING = "Running"
 RESETTING = "Resetting"
 UNHEALTHY = "Unhealthy"

@@ -16,8 +16,8 @@ from typing import Any
 
 import anyio
 
-from healthd.controller.resets import APPWRAPPER_LABEL
 from healthd.kube.client import Kube
+from healthd.kube.conventions import APPWRAPPER_LABEL
 from healthd.kube.errors import KubeError, NotFound
 from healthd.kube.objects import APPWRAPPERS, NODES, PODS, name_of
 from healthd.kube.pods import gpu_pods

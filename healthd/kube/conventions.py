@@ -20,6 +20,11 @@ DEFAULT_OWN_PREFIX = "healthd.io/"
 
 GPU_RESOURCE = "nvidia.com/gpu"
 
+# The AppWrapper operator's: the label on every pod an AppWrapper creates, and the
+# `spec.managedBy` value of AppWrappers it (not another controller) manages.
+APPWRAPPER_LABEL = "workload.codeflare.dev/appwrapper"
+OPERATOR_MANAGER = "workload.codeflare.dev/appwrapper-controller"
+
 
 class Verdict(enum.StrEnum):
     """The node's published state (the label value). Precedence, highest first:

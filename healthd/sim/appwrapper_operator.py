@@ -38,16 +38,15 @@ from typing import Any
 import anyio
 
 from healthd.kube.client import Kube
-from healthd.kube.conventions import GPU_RESOURCE, Keys
+from healthd.kube.conventions import APPWRAPPER_LABEL, GPU_RESOURCE, Keys
 from healthd.kube.errors import Invalid, KubeError, NotFound
 from healthd.kube.objects import APPWRAPPERS, NODES, PODS, key_of, meta, name_of
-from healthd.kube.pods import holds_gpus, pod_gpus
 from healthd.kube.watching import DELETED, watch_forever
+from healthd.sim.podgpus import gpus_needed, keeps_gpus
 from healthd.times import rfc3339
 
 log = logging.getLogger(__name__)
 
-APPWRAPPER_LABEL = "workload.codeflare.dev/appwrapper"
 UNHEALTHY_VERDICTS = ("ERR", "TESTING", "EVICT")  # what the injected affinity keeps off
 RESUMING, RUNNING, RESETTING, SUCCEEDED = "Resuming", "Running", "Resetting", "Succeeded"
 RETRY_S = 1.0  # an AppWrapper with no room looks again this often
@@ -106,8 +105,8 @@ def free_gpus(nodes: Iterable[Obj], pods: Iterable[Obj]) -> dict[str, int]:
             free[name_of(node)] = int(str(allocatable.get(GPU_RESOURCE, 0)))
     for pod in pods:
         where = (pod.get("spec") or {}).get("nodeName")
-        if where in free and holds_gpus(pod):
-            free[where] -= pod_gpus(pod)
+        if where in free and keeps_gpus(pod):
+            free[where] -= gpus_needed(pod)
     return free
 
 
@@ -117,7 +116,7 @@ def place(pod_specs: list[Obj], nodes: list[Obj], pods: list[Obj]) -> list[str] 
     free = free_gpus(nodes, pods)
     chosen: list[str] = []
     for spec in pod_specs:
-        need = pod_gpus({"spec": spec})
+        need = gpus_needed({"spec": spec})
         fits = [name_of(n) for n in sorted(nodes, key=name_of)
                 if free.get(name_of(n), -1) >= need and affinity_allows(spec, n)]
         if not fits:
