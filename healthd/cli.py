@@ -154,7 +154,7 @@ def _load_config(path: str | None) -> Config:
 async def _run_check(args: argparse.Namespace) -> Report:
     config = _load_config(args.config)
     try:
-        selection = [(s.name, s.arg) for s in parse_selection(args.checks, checks.REGISTRY)]
+        selection = parse_selection(args.checks, checks.REGISTRY)
         peers = parse_peers(args.peer)
         planned = plan(config, selection)
     except (SelectionError, UsageError, ValueError) as exc:

@@ -39,8 +39,8 @@ from healthd.agent.metrics import AgentMetrics, read_cpu_model
 from healthd.agent.node_status import NodePublisher, desired_from
 from healthd.agent.ondemand import RequestHandler
 from healthd.agent.peers import PeerWatcher
-from healthd.agent.runner import Planned, Runner
-from healthd.agent.schedule import Job, Schedule, plan_jobs, planned_check
+from healthd.agent.runner import Runner
+from healthd.agent.schedule import Job, Schedule, plan_jobs
 from healthd.agent.verdict import HealthState, Policy, Trigger, apply, end_testing, initial
 from healthd.agent.verdict import start_testing as testing_started
 from healthd.config import Config
@@ -52,7 +52,7 @@ from healthd.kube.events import EventRecorder
 from healthd.kube.objects import NODES
 from healthd.kube.pods import gpu_pods
 from healthd.kube.watching import watch_forever
-from healthd.once import Planned as OncePlanned
+from healthd.plans import Planned, planned_check
 
 if TYPE_CHECKING:
     from healthd.sim.node import SimulatedNode
@@ -234,8 +234,8 @@ class Agent:
         """On a simulated machine, point the check at the simulated hardware."""
         if self.sim is None:
             return planned
-        (prepared,) = self.sim.prepare(self.ctx, [OncePlanned(planned.check, planned.timeout_s)])
-        return replace(planned, check=prepared.check)
+        (prepared,) = self.sim.prepare(self.ctx, [planned])
+        return prepared
 
     async def _fire(self, job: Job) -> None:
         try:

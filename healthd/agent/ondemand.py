@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any
 import checks
 from checks.base import CheckResult
 from healthd.agent.requests import Request, answer, read_requests, take
-from healthd.agent.runner import Planned
 from healthd.agent.verdict import Trigger, request_clear
 from healthd.kube.conventions import Reason
 from healthd.kube.errors import KubeError
 from healthd.kube.events import NORMAL, WARNING
 from healthd.kube.objects import resource_version_of
 from healthd.logs import log_context
+from healthd.plans import Planned
 
 if TYPE_CHECKING:
     from healthd.agent.agent import Agent

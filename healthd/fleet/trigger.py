@@ -34,7 +34,6 @@ import anyio
 import checks
 from checks.base import Severity, worst
 from healthd.agent.requests import Request, read_requests, take_ops
-from healthd.agent.schedule import planned_check
 from healthd.config import Config
 from healthd.fleet.targets import Resolved
 from healthd.kube.client import Kube
@@ -42,6 +41,7 @@ from healthd.kube.conventions import Keys
 from healthd.kube.errors import Invalid, KubeError, NotFound
 from healthd.kube.objects import NODES, annotation_json, meta, name_of
 from healthd.kube.watching import DELETED, watch_forever
+from healthd.plans import planned_check
 
 log = logging.getLogger(__name__)
 

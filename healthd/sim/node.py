@@ -13,7 +13,7 @@ from pathlib import Path
 
 from checks.base import CheckContext
 from checks.dcgm import DcgmCheck
-from healthd.once import Planned
+from healthd.plans import Planned
 from healthd.sim.cuda import SimBandwidthProbe
 from healthd.sim.dcgm import DcgmSim, fake_dcgmi_command
 from healthd.sim.fakenvml import FakeNvml, install
