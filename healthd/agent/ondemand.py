@@ -2,7 +2,7 @@
 own Node, taken once, run through the same runner as everything else, answered.
 
 One request at a time, in the order the node watch shows them. For each request on
-the node (healthd.agent.requests parses them):
+the node (healthd.requests parses them):
 
 1. take it (JSON-patch `test` + `remove`): if the value changed meanwhile, a newer
    request is there and the next node event brings it; nothing is lost or run twice;
@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 import checks
 from checks.base import CheckResult
-from healthd.agent.requests import Request, answer, read_requests, take
 from healthd.agent.verdict import Trigger, request_clear
 from healthd.kube.conventions import Reason
 from healthd.kube.errors import KubeError
@@ -34,6 +33,7 @@ from healthd.kube.events import NORMAL, WARNING
 from healthd.kube.objects import resource_version_of
 from healthd.logs import log_context
 from healthd.plans import Planned
+from healthd.requests import Request, answer, read_requests, take
 
 if TYPE_CHECKING:
     from healthd.agent.agent import Agent

@@ -1,6 +1,6 @@
 """`healthd trigger`: ask many nodes' agents for on-demand checks and collect the answers.
 
-The protocol is the agent's (healthd.agent.requests): write `healthd.io/run` with a
+The protocol is the agent's (healthd.requests): write `healthd.io/run` with a
 `healthd.io/run-id` in ONE merge patch per node; the agent takes the request and
 answers in `healthd.io/last-run` carrying that id. This module drives it for a fleet:
 
@@ -33,7 +33,6 @@ import anyio
 
 import checks
 from checks.base import Severity, worst
-from healthd.agent.requests import Request, read_requests, take_ops
 from healthd.config import Config
 from healthd.fleet.targets import Resolved
 from healthd.kube.client import Kube
@@ -42,6 +41,7 @@ from healthd.kube.errors import Invalid, KubeError, NotFound
 from healthd.kube.objects import NODES, annotation_json, meta, name_of
 from healthd.kube.watching import DELETED, watch_forever
 from healthd.plans import planned_check
+from healthd.requests import Request, read_requests, take_ops
 
 log = logging.getLogger(__name__)
 

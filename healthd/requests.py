@@ -1,5 +1,8 @@
 """On-demand requests by annotation: reading them, taking each exactly once, answering.
 
+The format is shared: the agent serves requests, `healthd trigger` writes and
+watches them.
+
 Admins (or `healthd trigger`) ask for checks by writing `healthd.io/run` (`all`,
 `pciebw,remapped`, `dcgm:3`, optionally with `healthd.io/run-id`) or
 `healthd.io/clear=true` on the Node. The agent sees them on its node watch:
@@ -19,7 +22,7 @@ import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import ValidationError
 
@@ -29,9 +32,6 @@ from healthd.kube.errors import Invalid, KubeError, NotFound
 from healthd.kube.objects import meta, resource_version_of
 from healthd.selection import Selected, SelectionError, parse_selection
 from healthd.times import rfc3339
-
-if TYPE_CHECKING:
-    from healthd.agent.node_status import NodePublisher
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,13 @@ def take_ops(request: Request, keys: Keys) -> list[dict[str, Any]]:
     return ops
 
 
-async def take(publisher: NodePublisher, request: Request, keys: Keys) -> bool:
+class NodePatcher(Protocol):
+    """What `take` needs: a JSON patch on the node (the agent's node publisher)."""
+
+    async def patch_annotations(self, ops: list[dict[str, Any]]) -> dict[str, Any]: ...
+
+
+async def take(publisher: NodePatcher, request: Request, keys: Keys) -> bool:
     """Consume `request`: True when it was removed by this call. False when it changed
     meanwhile (a newer request is on the node: re-read it) or the server cannot be
     reached now (the request stays on the node and the next node event retries)."""
