@@ -34,48 +34,13 @@ import anyio
 
 from healthd.kube.client import Kube
 from healthd.kube.errors import Conflict, KubeError, NotFound
+from healthd.kube.leases import holder_of, lease_duration, record_of, spec_of
 from healthd.kube.objects import LEASES, resource_version_of
-from healthd.times import parse_time, rfc3339
+from healthd.times import rfc3339
 
 log = logging.getLogger(__name__)
 
 RELEASE_TIMEOUT_S = 2.0  # a clean stop waits this long at most to hand the Lease over
-
-
-def _spec(lease: dict[str, Any]) -> dict[str, Any]:
-    spec = lease.get("spec")
-    return spec if isinstance(spec, dict) else {}
-
-
-def holder_of(lease: dict[str, Any]) -> str:
-    return str(_spec(lease).get("holderIdentity") or "")
-
-
-def is_expired(lease: dict[str, Any], now: datetime) -> bool:
-    """A one-look judgement for readers that cannot watch the Lease over time (a
-    status report): nobody holds it, or `renewTime + leaseDurationSeconds < now`.
-    The elector itself never decides this way (see the module docstring)."""
-    spec = _spec(lease)
-    if not spec.get("holderIdentity"):
-        return True
-    renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
-    if renewed is None:
-        return True  # a Lease nobody can judge is a Lease nobody holds
-    return renewed + lease_duration(lease, 0.0) < now.timestamp()
-
-
-def lease_duration(lease: dict[str, Any], default: float) -> float:
-    """`leaseDurationSeconds`, or `default` when absent or malformed."""
-    value = _spec(lease).get("leaseDurationSeconds")
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        return default
-    return float(value)
-
-
-def record_of(lease: dict[str, Any]) -> tuple[str, str, str]:
-    """What changes on every renew: holder, renewTime and the object's version."""
-    return (holder_of(lease), str(_spec(lease).get("renewTime") or ""),
-            resource_version_of(lease) or "")
 
 
 class LostLease(Exception):
@@ -242,7 +207,7 @@ class LeaseElector:
         changes: dict[str, Any] = {"holderIdentity": self.identity, "renewTime": stamp,
                                    "leaseDurationSeconds": self._duration}
         if taking:
-            transitions = _spec(lease).get("leaseTransitions")
+            transitions = spec_of(lease).get("leaseTransitions")
             count = transitions if isinstance(transitions, int) else 0
             changes |= {"acquireTime": stamp, "leaseTransitions": count + 1}
         body = _with_spec(lease, **changes)
@@ -269,4 +234,4 @@ class LeaseElector:
 def _with_spec(lease: dict[str, Any], **fields: Any) -> dict[str, Any]:
     """A copy of `lease` (metadata with its resourceVersion kept) with spec fields set."""
     return {"apiVersion": LEASES.api_version, "kind": LEASES.kind,
-            "metadata": lease.get("metadata") or {}, "spec": {**_spec(lease), **fields}}
+            "metadata": lease.get("metadata") or {}, "spec": {**spec_of(lease), **fields}}

@@ -30,10 +30,10 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from healthd.capacity.health import CORDONED, evict_codes, gpu_count, is_evict, reasons_of
 from healthd.config.controller import ControllerSettings
 from healthd.controller.appwrappers import Resetter
 from healthd.controller.caches import APPWRAPPERS_KIND, NODES_KIND, PODS_KIND, RESET_KINDS, Caches
-from healthd.controller.health import CORDONED, evict_codes, gpu_count, is_evict, reasons_of
 from healthd.controller.resets import affected, decide, owner_of
 from healthd.controller.safety import BreakerState
 from healthd.kube.conventions import Keys

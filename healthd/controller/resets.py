@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from healthd.controller.health import FALLBACK_CODE
+from healthd.capacity.health import FALLBACK_CODE
 from healthd.kube.conventions import APPWRAPPER_LABEL, GPU_RESOURCE, OPERATOR_MANAGER, Reason
 from healthd.kube.objects import meta, name_of, namespace_of, resource_version_of
 from healthd.times import parse_time

@@ -43,16 +43,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
+from healthd.capacity.health import gpu_count, labels_of, unavailability
+from healthd.capacity.lending import LendingModel, format_quantity
 from healthd.config import Config
 from healthd.controller.blame import Assessment, assess, rows_of
-from healthd.controller.election import holder_of, is_expired
-from healthd.controller.health import gpu_count, labels_of, unavailability
-from healthd.controller.lending import LendingModel, format_quantity
 from healthd.fleet.sources import Snapshot
 from healthd.kube.conventions import GPU_RESOURCE, Keys, Reason, Verdict
+from healthd.kube.leases import holder_of, is_expired
 from healthd.kube.objects import annotation_json, meta, name_of, namespace_of
 from healthd.kube.pods import is_terminated
 from healthd.times import parse_time, rfc3339
@@ -251,7 +250,7 @@ def _leader(lease: Obj | None, now: float) -> dict[str, Any]:
     renewed = parse_time(spec.get("renewTime"))
     return {"holder": holder_of(lease) or None,
             "renewed": rfc3339(renewed) if renewed is not None else None,
-            "expired": is_expired(lease, datetime.fromtimestamp(now, UTC))}
+            "expired": is_expired(lease, now)}
 
 
 def _event_time(event: Obj) -> float:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from healthd.controller.quantities import Quantity, try_quantity
+from healthd.capacity.quantities import Quantity, try_quantity
 from healthd.kube.conventions import Keys, Verdict
 from healthd.kube.objects import annotation_json, meta, name_of
 
