@@ -299,24 +299,17 @@ class CheckContext:
 
 @runtime_checkable
 class Check(Protocol):
-    """One health check. Class attributes describe it; `run` performs it once.
+    """One health check instance, as the code that runs checks sees it: its name, its
+    validated parameters, whether it needs the GPUs to itself, its deadline, and
+    `run`, which performs it once. Check classes derive from `BaseCheck`, whose class
+    attributes describe them."""
 
-    - NAME: stable name used in config, CLI and labels (`remapped`, `dcgm`, ...)
-    - Params: pydantic model of its parameters (`NoParams` when it has none)
-    - ARG: the parameter that `name:value` on the command line sets (`dcgm:3`), if any
-    - DEFAULT_INTERVAL_S, DEFAULT_TIMEOUT_S: schedule defaults for the agent
-    - EXCLUSIVE: needs all GPUs to itself (deep diagnostics)
-    """
+    @property
+    def NAME(self) -> str:
+        ...
 
-    NAME: ClassVar[str]
-    Params: ClassVar[type[BaseModel]]
-    ARG: ClassVar[str | None]
-    DEFAULT_INTERVAL_S: ClassVar[float]
-    DEFAULT_TIMEOUT_S: ClassVar[float]
-    EXCLUSIVE: ClassVar[bool]
-    DESCRIPTION: ClassVar[str]
-
-    params: BaseModel
+    @property
+    def params(self) -> BaseModel: ...
 
     @property
     def exclusive(self) -> bool: ...
@@ -328,8 +321,15 @@ class Check(Protocol):
 
 
 class BaseCheck:
-    """Convenience base: stores validated params and exposes the class attributes.
-    Subclasses set the ClassVars and implement `run`."""
+    """The base of every check class: stores validated params; subclasses set the
+    class attributes and implement `run`.
+
+    - NAME: stable name used in config, CLI and labels (`remapped`, `dcgm`, ...)
+    - Params: pydantic model of its parameters (`NoParams` when it has none)
+    - ARG: the parameter that `name:value` on the command line sets (`dcgm:3`), if any
+    - DEFAULT_INTERVAL_S, DEFAULT_TIMEOUT_S: schedule defaults for the agent
+    - EXCLUSIVE: needs all GPUs to itself (deep diagnostics)
+    """
 
     NAME: ClassVar[str]
     Params: ClassVar[type[BaseModel]] = NoParams

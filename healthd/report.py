@@ -42,7 +42,7 @@ def _clip(text: str) -> str:
 def result_rows(result: CheckResult) -> list[tuple[str, ...]]:
     if not result.entities:
         return [(result.check, "-", result.status.value, "", "", _clip(result.reason))]
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for status in result.entities:
         mine = [f for f in result.findings if f.entity == status.entity]
         codes = ",".join(dict.fromkeys(f.code for f in mine))

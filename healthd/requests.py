@@ -26,7 +26,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import ValidationError
 
-from checks.base import Check
+from checks.base import BaseCheck
 from healthd.kube.conventions import Keys, Verdict
 from healthd.kube.errors import Invalid, KubeError, NotFound
 from healthd.kube.objects import meta, resource_version_of
@@ -59,7 +59,7 @@ class Request:
 
 
 def read_requests(
-    node_obj: dict[str, Any], keys: Keys, registry: Mapping[str, type[Check]]
+    node_obj: dict[str, Any], keys: Keys, registry: Mapping[str, type[BaseCheck]]
 ) -> list[Request]:
     """The run and clear requests on the node, in that order (none: empty list)."""
     annotations = meta(node_obj).get("annotations")
@@ -75,7 +75,7 @@ def read_requests(
 
 
 def _run_request(annotations: Mapping[str, Any], keys: Keys,
-                 registry: Mapping[str, type[Check]], version: str) -> Request:
+                 registry: Mapping[str, type[BaseCheck]], version: str) -> Request:
     text = str(annotations[keys.run])
     given = annotations.get(keys.run_id)
     request_id = str(given) if given else derived_id("run", version, text)
@@ -102,7 +102,7 @@ def derived_id(kind: str, resource_version: str, text: str) -> str:
     return f"{kind}-{digest[:12]}"
 
 
-def _argument_error(selected: list[Selected], registry: Mapping[str, type[Check]]) -> str:
+def _argument_error(selected: list[Selected], registry: Mapping[str, type[BaseCheck]]) -> str:
     """Validate each `name:arg` with its check's Params (`dcgm:9`: level must be 1..4)."""
     for item in selected:
         cls = registry[item.name]

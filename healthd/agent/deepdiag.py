@@ -219,7 +219,7 @@ class DeepDiagnostic:
         watching = watch_forever(self.kube, PODS, self.settings.namespace,
                                  label_selector=f"controller-uid={uid}")
         with anyio.CancelScope(deadline=anyio.current_time() + schedule_s) as scope:
-            async with aclosing(watching) as events:  # type: ignore[type-var]
+            async with aclosing(watching) as events:
                 async for event in events:
                     if event.type == "DELETED":
                         raise DiagnosticFailed(f"diagnostic pod {name_of(event.object)} was "

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import anyio
 import anyio.abc
+from anyio.streams.memory import MemoryObjectSendStream
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
@@ -135,7 +136,7 @@ class Schedule:
             self._running.discard(number)
 
 
-async def _post(send: anyio.abc.ObjectSendStream[int], number: int) -> None:
+async def _post(send: MemoryObjectSendStream[int], number: int) -> None:
     """The scheduler's job: hand the turn to `Schedule.run`; drop it if one is queued."""
     with suppress(anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
         send.send_nowait(number)

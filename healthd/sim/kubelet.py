@@ -155,9 +155,9 @@ class FakeKubelet:
                 sub, initial = self.api.store.subscribe(jobs, None, since,
                                                         asyncio.get_running_loop())
                 try:
-                    for event in initial:
-                        since = str(event.rv)
-                        self._on_job(group, event.type, event.obj)
+                    for first in initial:
+                        since = str(first.rv)
+                        self._on_job(group, first.type, first.obj)
                     while (event := await sub.queue.get()) is not None:
                         since = str(event.rv)
                         self._on_job(group, event.type, event.obj)

@@ -14,6 +14,7 @@ callers pass and receive the shape of the resource version they speak.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import copy
 import random
@@ -154,7 +155,7 @@ class Store:
     def _name_for(self, rt: ResourceType, namespace: str, meta: Obj) -> str:
         if meta.get("name"):
             return str(meta["name"])
-        prefix = meta.get("generateName")
+        prefix = str(meta.get("generateName") or "")
         if not prefix:
             raise ApiError.invalid(f"{rt.kind} is invalid: metadata.name: Required value: "
                                    "name or generateName is required")
@@ -328,7 +329,8 @@ class Store:
     # -- watch ---------------------------------------------------------------------
 
     def subscribe(self, rt: ResourceType, namespace: str | None, since: str | None,
-                  loop: asyncio.AbstractEventLoop) -> tuple[Subscription, list[StoreEvent]]:
+                  loop: asyncio.AbstractEventLoop
+                  ) -> tuple[Subscription, builtins.list[StoreEvent]]:
         """Register a watcher; return it with the events it must see first."""
         with self._lock:
             if since in (None, "", "0"):
