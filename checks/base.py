@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 if TYPE_CHECKING:
     from checks.catalog import Catalog
     from checks.nvml import GpuSource
+    from checks.pvc_api import ProbeApiFactory
 
 Value = int | float | str | bool
 
@@ -282,7 +283,7 @@ class Peer:
 @dataclass
 class CheckContext:
     """What a check gets from outside: the finding catalog, the GPUs, the node's
-    identity and, for the checks that need them, peers and a Kubernetes client.
+    identity and, for the checks that need them, peers and the pvc probe's API.
 
     `gpus` serves ONE NVML pass per round to every NVML check (see checks.nvml)."""
 
@@ -291,7 +292,7 @@ class CheckContext:
     gpus: GpuSource | None = None
     expected_gpus: int | None = None
     peers: Sequence[Peer] = ()
-    kube: Any = None  # a kubernetes.client.ApiClient, for the pvc check
+    pvc_api: ProbeApiFactory | None = None  # the pvc check's door to the cluster
     bandwidth_probe: Any = None  # checks.pciebw.BandwidthProbe; None = the real CUDA probe
     namespace: str = "healthd-system"
     extra: dict[str, Any] = field(default_factory=dict)

@@ -51,6 +51,7 @@ from healthd.kube.errors import KubeError
 from healthd.kube.events import EventRecorder
 from healthd.kube.objects import NODES
 from healthd.kube.pods import gpu_pods
+from healthd.kube.pvc_probe import KubeProbeApi
 from healthd.kube.watching import watch_forever
 from healthd.plans import Planned, planned_check
 
@@ -174,7 +175,7 @@ class Agent:
     async def _run_with(self, kube: Kube, gpus: NvmlGpuSource) -> None:
         self.kube = kube
         self.ctx.gpus = gpus
-        self.ctx.kube = kube.api_client  # the pvc check's client
+        self.ctx.pvc_api = KubeProbeApi.factory(kube, self.keys)
         self.events = EventRecorder(kube, component=COMPONENT, host=self.node)
         self.publisher = NodePublisher(kube, self.node, self.keys, self.events,
                                        clock=self.clock)

@@ -60,12 +60,6 @@ class Kube:
         self._client = api_client
         self.timeout_s = timeout_s
 
-    @property
-    def api_client(self) -> aio_client.ApiClient:
-        """The underlying client, for code outside healthd that takes one (the pvc
-        check: `checks` never imports healthd)."""
-        return self._client
-
     # -- construction --------------------------------------------------------------
 
     @classmethod
@@ -187,11 +181,14 @@ class Kube:
         return await self.request("PUT", res.path(namespace, name, subresource), body=body)
 
     async def delete(self, res: Resource, name: str, namespace: str | None = None, *,
-                     propagation: str | None = "Background") -> None:
+                     propagation: str | None = "Background",
+                     grace_period_s: int | None = None) -> None:
         """Delete; an object that is already gone is not an error."""
-        body = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
         if propagation:
             body["propagationPolicy"] = propagation
+        if grace_period_s is not None:
+            body["gracePeriodSeconds"] = grace_period_s
         try:
             await self.request("DELETE", res.path(namespace, name), body=body)
         except KubeError as exc:
