@@ -241,6 +241,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "agent":
         from healthd.agent.command import run_agent
 
+        if args.sim:  # the simulation adapts the agent; the agent never imports it
+            from healthd.sim.node import simulate
+
+            return run_agent(args, simulate=simulate)
         return run_agent(args)
     return cmd_check(args)
 

@@ -25,8 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -34,6 +33,7 @@ from prometheus_client import CollectorRegistry
 
 from checks.base import Check, CheckContext, CheckResult, Severity
 from checks.nvml import NvmlGpuSource, XidEvent
+from checks.pciebw import BandwidthProbe
 from healthd.agent.deepdiag import DeepDiagnostic
 from healthd.agent.metrics import AgentMetrics, read_cpu_model
 from healthd.agent.node_status import NodePublisher, desired_from
@@ -54,9 +54,6 @@ from healthd.kube.pods import gpu_pods
 from healthd.kube.pvc_probe import KubeProbeApi
 from healthd.kube.watching import watch_forever
 from healthd.plans import Planned, planned_check
-
-if TYPE_CHECKING:
-    from healthd.sim.node import SimulatedNode
 
 log = logging.getLogger(__name__)
 
@@ -108,14 +105,15 @@ class Agent:
     """`healthd agent`: see the module docstring. Construct, then `await run()`."""
 
     def __init__(self, config: Config, *, node: str, kubeconfig: str | None = None,
-                 kube: Kube | None = None, sim: SimulatedNode | None = None,
+                 kube: Kube | None = None, bandwidth_probe: BandwidthProbe | None = None,
                  http_port: int | None = None, registry: CollectorRegistry | None = None,
                  clock: Callable[[], float] = time.time) -> None:
+        """`bandwidth_probe`: what the pciebw check measures with (None: the CUDA
+        driver); a simulated machine hands its own, with a config it adapted."""
         self.config = effective_config(config)
         self.settings = self.config.agent
         self.node = node
         self.keys = Keys(config.label_prefix, config.own_prefix)
-        self.sim = sim
         self.clock = clock
         self.registry = registry or CollectorRegistry()
         self.http_port = self.settings.http_port if http_port is None else http_port
@@ -137,9 +135,10 @@ class Agent:
         self.metrics = AgentMetrics(self.registry, node=node, cpu_model=read_cpu_model())
         self.ctx = CheckContext(catalog=self.config.catalog(), node_name=node,
                                 expected_gpus=self.config.expected_gpus,
-                                namespace=self.config.namespace)
+                                namespace=self.config.namespace,
+                                bandwidth_probe=bandwidth_probe)
         self.runner = Runner(self.ctx, on_result=self._on_result)
-        self._expected_from_node = self.config.expected_gpus is None and sim is None
+        self._expected_from_node = self.config.expected_gpus is None
 
     # -- probes ------------------------------------------------------------------------
 
@@ -221,22 +220,14 @@ class Agent:
     # -- plans -------------------------------------------------------------------------
 
     def _jobs(self) -> list[Job]:
-        jobs = [replace(job, planned=tuple(self._simulated(p) for p in job.planned))
-                for job in plan_jobs(self.config)]
+        jobs = plan_jobs(self.config)
         self.metrics.set_intervals({p.key: job.interval_s for job in jobs
                                     if job.interval_s is not None for p in job.planned})
         return jobs
 
     def plan(self, key: str) -> Planned:
         """The check `key` as configured (ValueError for a bad argument)."""
-        return self._simulated(planned_check(self.config, key))
-
-    def _simulated(self, planned: Planned) -> Planned:
-        """On a simulated machine, point the check at the simulated hardware."""
-        if self.sim is None:
-            return planned
-        (prepared,) = self.sim.prepare(self.ctx, [planned])
-        return prepared
+        return planned_check(self.config, key)
 
     async def _fire(self, job: Job) -> None:
         try:
@@ -353,7 +344,7 @@ class Agent:
     async def _consume_xids(self, gpus: NvmlGpuSource) -> None:
         # The event is already queued for the run it triggers: listening on would only
         # delay the label (periodic runs keep their window).
-        xid = self._simulated(planned_check(with_xid_window(self.config, 0.0), "xid"))
+        xid = planned_check(with_xid_window(self.config, 0.0), "xid")
         last: CheckResult | None = None
         async for event in gpus.watch_xids():
             log.info("XID %d on GPU %d", event.xid, event.gpu_index)

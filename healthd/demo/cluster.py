@@ -173,8 +173,9 @@ async def running_cluster(scenario: Scenario, config: Config, *, nodes: int,
                                   metrics=ControllerMetrics(CollectorRegistry())))
         async with anyio.create_task_group() as group:
             for name in names:
-                agent = Agent(config, node=name, kube=client(f"system:node:{name}"),
-                              sim=fleet.nodes[name], http_port=0,
+                sim = fleet.nodes[name]
+                agent = Agent(sim.adapt(config), node=name, kube=client(f"system:node:{name}"),
+                              bandwidth_probe=sim.bandwidth, http_port=0,
                               registry=CollectorRegistry())
                 cluster.agents[name] = agent
                 group.start_soon(fleet.run_bound, name, agent.run)
