@@ -23,7 +23,7 @@ import anyio
 from common import Goal, main, parser, summary
 
 from checks.base import CheckContext, CheckResult
-from checks.nvml import NvmlGpuSource
+from checks.snapshot import NvmlGpuSource
 from healthd.agent.runner import Runner
 from healthd.agent.verdict import Trigger
 from healthd.config import Config

@@ -22,8 +22,8 @@ from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
     from checks.catalog import Catalog
-    from checks.nvml import GpuSource
     from checks.pvc_api import ProbeApiFactory
+    from checks.snapshot import GpuSource
 
 Value = int | float | str | bool
 
@@ -285,7 +285,7 @@ class CheckContext:
     """What a check gets from outside: the finding catalog, the GPUs, the node's
     identity and, for the checks that need them, peers and the pvc probe's API.
 
-    `gpus` serves ONE NVML pass per round to every NVML check (see checks.nvml)."""
+    `gpus` serves ONE NVML pass per round to every NVML check (see checks.snapshot)."""
 
     catalog: Catalog
     node_name: str = ""

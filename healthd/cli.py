@@ -29,7 +29,7 @@ import anyio
 
 import checks
 from checks.base import CheckContext, Peer
-from checks.nvml import DRIVER_NOT_FOUND, NvmlGpuSource
+from checks.snapshot import DRIVER_NOT_FOUND, NvmlGpuSource
 from healthd import __version__
 from healthd.config import Config, ConfigError, load_config
 from healthd.exits import EX_CONFIG, EX_USAGE

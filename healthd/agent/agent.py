@@ -32,8 +32,8 @@ import anyio.abc
 from prometheus_client import CollectorRegistry
 
 from checks.base import Check, CheckContext, CheckResult, Severity
-from checks.nvml import NvmlGpuSource, XidEvent
 from checks.pciebw import BandwidthProbe
+from checks.snapshot import NvmlGpuSource, XidEvent
 from healthd.agent.deepdiag import DeepDiagnostic
 from healthd.agent.metrics import AgentMetrics, read_cpu_model
 from healthd.agent.node_status import NodePublisher, desired_from

@@ -7,7 +7,7 @@ import anyio
 from prometheus_client import CollectorRegistry
 
 from checks.base import CheckContext, CheckResult
-from checks.nvml import NvmlGpuSource
+from checks.snapshot import NvmlGpuSource
 from healthd.agent.metrics import AgentMetrics
 from healthd.config import load_config
 from healthd.once import run_planned

@@ -6,7 +6,7 @@ from __future__ import annotations
 import anyio
 
 from checks.base import CheckContext
-from checks.nvml import NvmlGpuSource
+from checks.snapshot import NvmlGpuSource
 from healthd.config import load_config
 from healthd.once import run_planned
 from healthd.plans import planned_check
