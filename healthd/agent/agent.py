@@ -179,7 +179,7 @@ class Agent:
         self.publisher = NodePublisher(kube, self.node, self.keys, self.events,
                                        clock=self.clock)
         self.diag = DeepDiagnostic(kube, self.node, self.settings.deep_diagnostics,
-                                   self.events, catalog=self.ctx.catalog)
+                                   self.events, catalog=self.ctx.catalog, keys=self.keys)
         peers = PeerWatcher(kube, self.node, namespace=self.settings.peers.namespace,
                             label_selector=self.settings.peers.label_selector,
                             on_change=self._peers_changed)
@@ -258,7 +258,7 @@ class Agent:
 
     async def busy_pods(self) -> list[str]:
         """Pods holding this node's GPUs (KubeError when the API cannot tell)."""
-        return await gpu_pods(self.kube, self.node)
+        return await gpu_pods(self.kube, self.node, self.keys)
 
     async def run_deep(self, item: Planned, trigger: Trigger) -> CheckResult | str:
         """One exclusive check as a Job, if the GPUs are free: TESTING while it runs."""

@@ -29,10 +29,10 @@ import anyio
 
 from checks.base import CheckResult
 from checks.catalog import Catalog
-from healthd.kube.conventions import GPU_RESOURCE, Reason
+from healthd.kube.conventions import GPU_RESOURCE, Keys, Reason
 from healthd.kube.errors import KubeError
 from healthd.kube.objects import JOBS, PODS, meta, name_of
-from healthd.kube.pods import DIAGNOSTIC_LABEL, TERMINATED_PHASES
+from healthd.kube.pods import TERMINATED_PHASES
 from healthd.kube.watching import watch_forever
 from healthd.termination import SummaryError, parse_summary
 
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 
 Obj = dict[str, Any]  # a Kubernetes object as JSON
 
-NODE_LABEL = "healthd.io/node"
 TERMINATION_LOG = "/dev/termination-log"
 TTL_AFTER_FINISHED_S = 600  # the cluster cleans up if the agent dies before deleting
 DELETE_TIMEOUT_S = 10.0
@@ -79,9 +78,10 @@ def diagnostic_command(key: str) -> list[str]:
             "--termination-log", TERMINATION_LOG]
 
 
-def job_manifest(node: str, key: str, gpu_count: int, settings: DeepDiagSettings) -> Obj:
+def job_manifest(node: str, key: str, gpu_count: int, settings: DeepDiagSettings,
+                 keys: Keys) -> Obj:
     """The Job that runs check `key` on `node` with all `gpu_count` GPUs reserved."""
-    labels = {DIAGNOSTIC_LABEL: "true", NODE_LABEL: _label_value(node)}
+    labels = {keys.diagnostic: "true", keys.node: _label_value(node)}
     gpus = {GPU_RESOURCE: str(gpu_count)}
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -108,7 +108,7 @@ def job_manifest(node: str, key: str, gpu_count: int, settings: DeepDiagSettings
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"generateName": job_name_prefix(node), "namespace": settings.namespace,
-                     "labels": {**labels, "healthd.io/check": _label_value(key)}},
+                     "labels": {**labels, keys.check: _label_value(key)}},
         "spec": {
             "backoffLimit": 0,
             "activeDeadlineSeconds": int(settings.schedule_deadline_s + settings.run_deadline_s),
@@ -177,8 +177,10 @@ class DeepDiagnostic:
     """Runs exclusive checks on `node` as Jobs (see the module docstring)."""
 
     def __init__(self, kube: Kube, node: str, settings: DeepDiagSettings,
-                 events: EventRecorder, *, catalog: Catalog | None = None) -> None:
+                 events: EventRecorder, *, catalog: Catalog | None = None,
+                 keys: Keys | None = None) -> None:
         self.kube = kube
+        self.keys = keys or Keys()
         self.node = node
         self.settings = settings
         self.events = events
@@ -194,7 +196,7 @@ class DeepDiagnostic:
             return outcome
         try:
             job = await self.kube.create(JOBS, job_manifest(self.node, key, gpu_count,
-                                                            self.settings))
+                                                            self.settings, self.keys))
             result = await self._follow(job, key.partition(":")[0])
             outcome = DiagOutcome(result.timed(started, result.duration_s), "")
         except KubeError as exc:

@@ -29,6 +29,7 @@ from checks.catalog import Catalog, Override, is_known_code
 from healthd.config.agent import AgentSettings
 from healthd.config.controller import ControllerSettings
 from healthd.durations import Duration
+from healthd.kube.conventions import DEFAULT_LABEL_PREFIX, DEFAULT_OWN_PREFIX
 from healthd.models import Frozen
 from healthd.validation import explain
 
@@ -65,8 +66,8 @@ class Config(Frozen):
     pod_name: str = ""  # the controller's Lease holder identity (POD_NAME)
     namespace: str = "healthd-system"
     expected_gpus: int | None = Field(None, ge=0, le=64)
-    label_prefix: str = "autopilot.ibm.com/"
-    own_prefix: str = "healthd.io/"
+    label_prefix: str = DEFAULT_LABEL_PREFIX
+    own_prefix: str = DEFAULT_OWN_PREFIX
     codes: dict[str, CodeOverride] = {}
     checks: dict[str, CheckConfig] = {}
     agent: AgentSettings = AgentSettings()

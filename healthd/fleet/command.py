@@ -74,10 +74,11 @@ def _prepare(args: argparse.Namespace, config: Config) -> tuple[Plan, Targets, f
     return plan, targets, _timeout(args, plan)
 
 
-async def _refusals(kube: Kube, plan: Plan, resolved: Resolved, force: bool) -> dict[str, str]:
+async def _refusals(kube: Kube, keys: Keys, plan: Plan, resolved: Resolved,
+                    force: bool) -> dict[str, str]:
     if not plan.exclusive or force:
         return {}
-    busy = await busy_nodes(kube, resolved.nodes)
+    busy = await busy_nodes(kube, keys, resolved.nodes)
     needs = ", ".join(plan.exclusive)
     return {node: f"{needs} needs every GPU of the node: {why} (--force-queue asks anyway)"
             for node, why in busy.items()}
@@ -105,7 +106,7 @@ async def trigger_command(args: argparse.Namespace, *, out: TextIO = sys.stdout,
     async with await _connect(args.kubeconfig) as kube:
         try:
             resolved = await resolve(kube, targets)
-            refused = await _refusals(kube, plan, resolved, args.force_queue)
+            refused = await _refusals(kube, keys, plan, resolved, args.force_queue)
             agentless = await _agentless(kube, config, resolved)
         except TargetError as exc:
             raise ExitError(str(exc), EX_USAGE) from None

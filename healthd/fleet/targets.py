@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 
 from healthd.kube.client import Kube
-from healthd.kube.conventions import APPWRAPPER_LABEL
+from healthd.kube.conventions import APPWRAPPER_LABEL, Keys
 from healthd.kube.errors import KubeError, NotFound
 from healthd.kube.objects import APPWRAPPERS, NODES, PODS, name_of
 from healthd.kube.pods import gpu_pods
@@ -117,7 +117,7 @@ def _items(listing: Obj) -> list[Obj]:
     return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
 
 
-async def busy_nodes(kube: Kube, nodes: Iterable[str]) -> dict[str, str]:
+async def busy_nodes(kube: Kube, keys: Keys, nodes: Iterable[str]) -> dict[str, str]:
     """node -> why an exclusive check must not start there: the pods holding its
     GPUs, or why that cannot be told. Nodes whose GPUs are free are left out."""
     limiter = anyio.CapacityLimiter(BUSY_CHECKS_AT_ONCE)
@@ -126,7 +126,7 @@ async def busy_nodes(kube: Kube, nodes: Iterable[str]) -> dict[str, str]:
     async def one(node: str) -> None:
         async with limiter:
             try:
-                holders = await gpu_pods(kube, node)
+                holders = await gpu_pods(kube, node, keys)
             except KubeError as exc:
                 out[node] = f"cannot tell whether the GPUs are free: {exc}"
                 return
