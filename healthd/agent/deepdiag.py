@@ -31,8 +31,8 @@ from checks.base import CheckResult
 from checks.catalog import Catalog
 from healthd.kube.conventions import GPU_RESOURCE, Keys, Reason
 from healthd.kube.errors import KubeError
-from healthd.kube.objects import JOBS, PODS, meta, name_of
-from healthd.kube.pods import TERMINATED_PHASES
+from healthd.kube.objects import JOBS, PODS, meta, name_of, node_name_of, phase_of
+from healthd.kube.pods import is_terminated
 from healthd.kube.watching import watch_forever
 from healthd.termination import SummaryError, parse_summary
 
@@ -128,12 +128,11 @@ def _container_state(pod: Obj) -> Obj:
 
 
 def is_scheduled(pod: Obj) -> bool:
-    return bool((pod.get("spec") or {}).get("nodeName"))
+    return bool(node_name_of(pod))
 
 
 def is_finished(pod: Obj) -> bool:
-    return (pod.get("status") or {}).get("phase") in TERMINATED_PHASES \
-        or "terminated" in _container_state(pod)
+    return is_terminated(pod) or "terminated" in _container_state(pod)
 
 
 def unscheduled_reason(pod: Obj | None) -> str:
@@ -163,8 +162,7 @@ def result_from_pod(pod: Obj, check: str, catalog: Catalog) -> CheckResult:
     try:
         return parse_summary(message, check, catalog)
     except SummaryError as exc:
-        phase = (pod.get("status") or {}).get("phase")
-        if phase == "Failed" or not message.strip():
+        if phase_of(pod) == "Failed" or not message.strip():
             raise DiagnosticFailed(f"diagnostic pod failed: {failure_reason(pod)}") from exc
         raise DiagnosticFailed(f"diagnostic pod finished without a readable result: {exc}") \
             from exc

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from checks.base import Peer
-from healthd.kube.objects import PODS, key_of, meta
+from healthd.kube.objects import PODS, key_of, meta, node_name_of, phase_of
 from healthd.kube.watching import watch_forever
 
 if TYPE_CHECKING:
@@ -33,10 +33,10 @@ def pod_addresses(pod: Mapping[str, Any]) -> list[str]:
 
 def is_live_peer(pod: Mapping[str, Any], own_node: str) -> bool:
     """Another node's agent pod that can answer: Running, not being deleted, has an IP."""
-    node = (pod.get("spec") or {}).get("nodeName")
+    node = node_name_of(pod)
     return (bool(node) and node != own_node
-            and (pod.get("status") or {}).get("phase") == "Running"
-            and not meta(dict(pod)).get("deletionTimestamp")
+            and phase_of(pod) == "Running"
+            and not meta(pod).get("deletionTimestamp")
             and bool(pod_addresses(pod)))
 
 
@@ -46,10 +46,10 @@ def peers_from(pods: Mapping[str, Mapping[str, Any]], own_node: str) -> list[Pee
     for pod in pods.values():
         if not is_live_peer(pod, own_node):
             continue
-        node = str(pod["spec"]["nodeName"])
-        created = str(meta(dict(pod)).get("creationTimestamp") or "")
+        node = node_name_of(pod)
+        created = str(meta(pod).get("creationTimestamp") or "")
         held = newest.get(node)
-        if held is None or created > str(meta(dict(held)).get("creationTimestamp") or ""):
+        if held is None or created > str(meta(held).get("creationTimestamp") or ""):
             newest[node] = pod
     return [Peer(name=node, addresses=pod_addresses(newest[node])) for node in sorted(newest)]
 

@@ -45,14 +45,22 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from healthd.capacity.health import gpu_count, labels_of, unavailability
+from healthd.capacity.health import gpu_count, unavailability
 from healthd.capacity.lending import LendingModel, format_quantity
 from healthd.config import Config
 from healthd.controller.blame import Assessment, assess, rows_of
 from healthd.fleet.sources import Snapshot
 from healthd.kube.conventions import GPU_RESOURCE, Keys, Reason, Verdict
 from healthd.kube.leases import holder_of, is_expired
-from healthd.kube.objects import annotation_json, meta, name_of, namespace_of
+from healthd.kube.objects import (
+    annotation_json,
+    labels_of,
+    meta,
+    name_of,
+    namespace_of,
+    node_name_of,
+    phase_of,
+)
 from healthd.kube.pods import is_terminated
 from healthd.times import parse_time, rfc3339
 
@@ -110,11 +118,9 @@ def agent_nodes(pods: Iterable[Obj]) -> set[str]:
     """Nodes with a running (bound, not terminated) agent pod."""
     out = set()
     for pod in pods:
-        spec, status = pod.get("spec"), pod.get("status")
-        node = spec.get("nodeName") if isinstance(spec, dict) else None
-        phase = status.get("phase") if isinstance(status, dict) else None
-        if node and phase == "Running" and not is_terminated(pod):
-            out.add(str(node))
+        node = node_name_of(pod)
+        if node and phase_of(pod) == "Running" and not is_terminated(pod):
+            out.add(node)
     return out
 
 

@@ -19,7 +19,7 @@ import anyio
 from healthd.kube.client import Kube
 from healthd.kube.conventions import APPWRAPPER_LABEL, Keys
 from healthd.kube.errors import KubeError, NotFound
-from healthd.kube.objects import APPWRAPPERS, NODES, PODS, name_of
+from healthd.kube.objects import APPWRAPPERS, NODES, PODS, name_of, node_name_of
 from healthd.kube.pods import gpu_pods
 
 Obj = dict[str, Any]
@@ -105,8 +105,7 @@ async def job_nodes(kube: Kube, job: str) -> list[str]:
     except NotFound:
         raise TargetError(f"no AppWrapper {job}") from None
     pods = await kube.list(PODS, namespace, label_selector=f"{APPWRAPPER_LABEL}={name}")
-    nodes = sorted({str(p["spec"]["nodeName"]) for p in _items(pods)
-                    if isinstance(p.get("spec"), dict) and p["spec"].get("nodeName")})
+    nodes = sorted({node_name_of(p) for p in _items(pods) if node_name_of(p)})
     if not nodes:
         raise TargetError(f"AppWrapper {job} has no pod bound to a node (not running?)")
     return nodes

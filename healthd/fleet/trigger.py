@@ -38,7 +38,7 @@ from healthd.fleet.targets import Resolved
 from healthd.kube.client import Kube
 from healthd.kube.conventions import Keys
 from healthd.kube.errors import Invalid, KubeError, NotFound
-from healthd.kube.objects import NODES, annotation_json, meta, name_of
+from healthd.kube.objects import NODES, annotation_json, labels_of, name_of
 from healthd.kube.watching import DELETED, watch_forever
 from healthd.plans import planned_check
 from healthd.requests import Request, read_requests, take_ops
@@ -307,9 +307,7 @@ class FleetTrigger:
 
 
 def _verdict(node: Obj, keys: Keys) -> str | None:
-    labels = meta(node).get("labels")
-    value = labels.get(keys.gpuhealth) if isinstance(labels, dict) else None
-    return str(value) if value else None
+    return labels_of(node).get(keys.gpuhealth) or None
 
 
 def _last_run(node: Obj, keys: Keys) -> dict[str, Any]:

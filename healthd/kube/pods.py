@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from healthd.kube.conventions import GPU_RESOURCE, Keys
-from healthd.kube.objects import PODS, meta
+from healthd.kube.objects import PODS, labels_of, meta, phase_of
 
 if TYPE_CHECKING:
     from healthd.kube.client import Kube
@@ -61,14 +61,12 @@ def pod_gpus(pod: Mapping[str, Any]) -> int:
 
 
 def is_terminated(pod: Mapping[str, Any]) -> bool:
-    status = pod.get("status")
-    return isinstance(status, Mapping) and status.get("phase") in TERMINATED_PHASES
+    return phase_of(pod) in TERMINATED_PHASES
 
 
 def is_diagnostic(pod: Mapping[str, Any], keys: Keys) -> bool:
     """One of the agent's own diagnostic pods (label `<own prefix>diagnostic=true`)."""
-    labels = meta(dict(pod)).get("labels")
-    return isinstance(labels, Mapping) and labels.get(keys.diagnostic) == "true"
+    return labels_of(pod).get(keys.diagnostic) == "true"
 
 
 def holds_gpus(pod: Mapping[str, Any], keys: Keys) -> bool:

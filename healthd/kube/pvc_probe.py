@@ -24,7 +24,7 @@ from checks.pvc_api import ApiProblem, ProbeApi, ProbeApiFactory, StorageClassIn
 from healthd.kube.client import Kube
 from healthd.kube.conventions import Keys
 from healthd.kube.errors import Gone, KubeError, NotFound
-from healthd.kube.objects import EVENTS, PODS, PVCS, STORAGECLASSES, meta, name_of
+from healthd.kube.objects import EVENTS, PODS, PVCS, STORAGECLASSES, meta, name_of, phase_of
 from healthd.kube.watching import DELETED, watch
 from healthd.times import parse_time
 
@@ -128,7 +128,7 @@ class KubeProbeApi(ProbeApi):
                 return
             async with translated("cannot read the test PVC"):
                 pvc = await self.kube.get(PVCS, name, self.namespace)
-            if _phase(pvc) == "Bound":
+            if phase_of(pvc) == "Bound":
                 return
             version = str(meta(pvc).get("resourceVersion") or "")
             await anyio.sleep(_REWATCH_PAUSE_S)
@@ -143,7 +143,7 @@ class KubeProbeApi(ProbeApi):
                     if event.type == DELETED:
                         raise ApiProblem(f"the test PVC {name} was deleted by someone else "
                                          "while waiting")
-                    if _phase(event.object) == "Bound":
+                    if phase_of(event.object) == "Bound":
                         return True
         except ApiProblem as exc:
             if isinstance(exc.__cause__, Gone):
@@ -191,11 +191,6 @@ class KubeProbeApi(ProbeApi):
                 problems.append(str(exc))
         if problems:
             raise ApiProblem("; ".join(problems))
-
-
-def _phase(obj: dict[str, Any]) -> str:
-    status = obj.get("status")
-    return str(status.get("phase") or "") if isinstance(status, dict) else ""
 
 
 def _about(ref: Any, name: str, uid: str) -> bool:
