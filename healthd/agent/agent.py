@@ -41,12 +41,20 @@ from healthd.agent.ondemand import RequestHandler
 from healthd.agent.peers import PeerWatcher
 from healthd.agent.runner import Runner
 from healthd.agent.schedule import Job, Schedule, plan_jobs
-from healthd.agent.verdict import HealthState, Policy, Trigger, apply, end_testing, initial
+from healthd.agent.verdict import (
+    HealthState,
+    Policy,
+    Trigger,
+    apply,
+    end_testing,
+    initial,
+    request_clear,
+)
 from healthd.agent.verdict import start_testing as testing_started
 from healthd.config import Config
 from healthd.http import serve_http
 from healthd.kube.client import Kube
-from healthd.kube.conventions import COMPONENT, GPU_RESOURCE, Keys, dcgm_label_value
+from healthd.kube.conventions import COMPONENT, GPU_RESOURCE, Keys, Verdict, dcgm_label_value
 from healthd.kube.errors import KubeError
 from healthd.kube.events import EventRecorder
 from healthd.kube.objects import NODES
@@ -54,6 +62,7 @@ from healthd.kube.pods import gpu_pods
 from healthd.kube.pvc_probe import KubeProbeApi
 from healthd.kube.watching import watch_forever
 from healthd.plans import Planned, planned_check
+from healthd.requests import Request, take
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +192,7 @@ class Agent:
         peers = PeerWatcher(kube, self.node, namespace=self.settings.peers.namespace,
                             label_selector=self.settings.peers.label_selector,
                             on_change=self._peers_changed)
-        requests = RequestHandler(self)
+        requests = RequestHandler(self, self.keys)
         jobs = self._jobs()
         log.info("agent starting on node %s: %d scheduled jobs, API %s", self.node,
                  len(jobs), getattr(kube, "host", ""))
@@ -335,11 +344,38 @@ class Agent:
     def node_changed(self) -> None:
         self._node_changed.set()
 
-    async def wait_node_change(self) -> dict[str, Any] | None:
+    # -- what on-demand requests use (healthd.agent.ondemand.RequestHost) -------------
+
+    def now(self) -> float:
+        return self.clock()
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.state.verdict
+
+    async def next_node(self) -> dict[str, Any] | None:
         """Wait for the next node event (or one not yet consumed); the node as seen."""
         await self._node_changed.wait()
         self._node_changed = anyio.Event()
         return self.node_obj
+
+    async def take(self, request: Request) -> bool:
+        return await take(self.publisher, request, self.keys)
+
+    def start_clear(self) -> list[str]:
+        state, keys = request_clear(self.state, at=self.clock())
+        self.set_state(state)
+        return sorted(keys)
+
+    async def publish_answer(self, last_run: str, flush_s: float) -> None:
+        self.last_run = last_run
+        self.publish()
+        await self.publisher.flush(flush_s)
+
+    async def tell(self, type_: str, reason: str, message: str) -> None:
+        node = self.node_obj or {"metadata": {"name": self.node}}
+        involved = {"apiVersion": "v1", "kind": "Node", "metadata": node.get("metadata", {})}
+        await self.events.record(involved, type=type_, reason=reason, message=message)
 
     async def _consume_xids(self, gpus: NvmlGpuSource) -> None:
         # The event is already queued for the run it triggers: listening on would only
