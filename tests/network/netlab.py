@@ -227,6 +227,12 @@ class Fabric:
         async with AsyncIPRoute(netns=self.switch) as sw:
             await sw.link("set", index=await _index(sw, port), state="down")
 
+    async def replug(self, name: str, network: str) -> None:
+        """Bring the switch side of the host's link back up."""
+        port = self.hosts[name].switch_ports[network]
+        async with AsyncIPRoute(netns=self.switch) as sw:
+            await sw.link("set", index=await _index(sw, port), state="up")
+
     async def set_mtu(self, name: str, network: str, mtu: int) -> None:
         host = self.hosts[name]
         async with AsyncIPRoute(netns=host.netns) as ns:
