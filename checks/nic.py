@@ -168,7 +168,9 @@ class NicCheck(BaseCheck):
         self._previous: dict[str, _Sample] = {}  # per interface, from the last round
 
     async def run(self, ctx: CheckContext) -> CheckResult:
-        attachments = [a for a in ctx.attachments if self._wanted(a.network)]
+        # An attachment without an interface name (a CNI that reports none) has
+        # nothing to read.
+        attachments = [a for a in ctx.attachments if a.interface and self._wanted(a.network)]
         if not attachments:
             return CheckResult.skipped(self.NAME, "no secondary network interfaces to check")
         reader: LinkReader = ctx.link_reader or NetlinkReader()

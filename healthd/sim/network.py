@@ -40,17 +40,18 @@ class SimNetwork:
     namespace: str = "healthd-system"
     down: set[tuple[str, str]] = field(default_factory=set)
     carrier_changes: dict[tuple[str, str], int] = field(default_factory=dict)
+    _owners: dict[str, tuple[str, str]] = field(default_factory=dict, repr=False)
 
     def address(self, node: str, network: str) -> str:
         index = list(self.nodes).index(node) + 1
         return f"10.244.{index}.2" if network == POD_NETWORK else f"192.168.100.{index}"
 
     def owner(self, address: str) -> tuple[str, str] | None:
-        for node in self.nodes:
-            for network in INTERFACE:
-                if self.address(node, network) == address:
-                    return node, network
-        return None
+        """The (node, network) an address belongs to; None for a stranger."""
+        if not self._owners:
+            self._owners = {self.address(node, network): (node, network)
+                            for node in self.nodes for network in INTERFACE}
+        return self._owners.get(address)
 
     def set_link(self, node: str, network: str, up: bool) -> None:
         """Take `node`'s link on `network` down or bring it back (a carrier change)."""

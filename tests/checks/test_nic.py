@@ -165,3 +165,9 @@ def test_read_speed_from_sysfs(tmp_path: Path, text: str | None, speed: int | No
         path.parent.mkdir()
         path.write_text(text)
     assert read_speed(path) == speed
+
+
+async def test_an_attachment_without_an_interface_name_is_not_read() -> None:
+    result = await run(NicCheck(), Links(healthy()), NET1, Attachment("net2", ""))
+    assert [e.entity.label for e in result.entities] == ["nic/net1"]
+    assert result.findings == ()
