@@ -118,7 +118,7 @@ async def run_faults(faults: int) -> dict[str, list[float | None]]:
                       "status": {"capacity": {"nvidia.com/gpu": "8"}}})
             kubeconfig = api.write_kubeconfig(Path(tmp) / "kubeconfig")
             agent = Agent(sim.adapt(bench_config()), node=NODE, kubeconfig=str(kubeconfig),
-                          bandwidth_probe=sim.bandwidth, http_port=0, registry=CollectorRegistry())
+                          probes=sim.probes(), http_port=0, registry=CollectorRegistry())
             bench = Bench(api, sim)
             async with anyio.create_task_group() as group:
                 group.start_soon(agent.run)

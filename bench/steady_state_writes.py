@@ -90,7 +90,7 @@ async def run(nodes: int,
                           "status": {"capacity": {"nvidia.com/gpu": "8"}}})
             kubeconfig = str(api.write_kubeconfig(Path(tmp) / "kubeconfig"))
             agents = [Agent(sim.adapt(bench_config()), node=node_name(i), kubeconfig=kubeconfig,
-                            bandwidth_probe=sim.bandwidth, http_port=0,
+                            probes=sim.probes(), http_port=0,
                             registry=CollectorRegistry()) for i in range(nodes)]
             async with anyio.create_task_group() as group:
                 for agent in agents:

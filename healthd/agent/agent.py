@@ -31,8 +31,7 @@ import anyio
 import anyio.abc
 from prometheus_client import CollectorRegistry
 
-from checks.base import Check, CheckContext, CheckResult, Severity
-from checks.pciebw import BandwidthProbe
+from checks.base import Attachment, Check, CheckContext, CheckResult, Probes, Severity
 from checks.snapshot import NvmlGpuSource, XidEvent
 from healthd.agent.deepdiag import DeepDiagnostic
 from healthd.agent.metrics import AgentMetrics, read_cpu_model
@@ -114,11 +113,11 @@ class Agent:
     """`healthd agent`: see the module docstring. Construct, then `await run()`."""
 
     def __init__(self, config: Config, *, node: str, kubeconfig: str | None = None,
-                 kube: Kube | None = None, bandwidth_probe: BandwidthProbe | None = None,
+                 kube: Kube | None = None, probes: Probes | None = None,
                  http_port: int | None = None, registry: CollectorRegistry | None = None,
                  clock: Callable[[], float] = time.time) -> None:
-        """`bandwidth_probe`: what the pciebw check measures with (None: the CUDA
-        driver); a simulated machine hands its own, with a config it adapted."""
+        """`probes`: what checks measure with besides NVML (None: the real thing); a
+        simulated machine hands its own, with a config it adapted."""
         self.config = effective_config(config)
         self.settings = self.config.agent
         self.node = node
@@ -144,8 +143,8 @@ class Agent:
         self.metrics = AgentMetrics(self.registry, node=node, cpu_model=read_cpu_model())
         self.ctx = CheckContext(catalog=self.config.catalog(), node_name=node,
                                 expected_gpus=self.config.expected_gpus,
-                                namespace=self.config.namespace,
-                                bandwidth_probe=bandwidth_probe)
+                                namespace=self.config.namespace)
+        (probes or Probes()).apply(self.ctx)
         self.runner = Runner(self.ctx, on_result=self._on_result)
         self._expected_from_node = self.config.expected_gpus is None
 
@@ -191,7 +190,8 @@ class Agent:
                                    self.events, catalog=self.ctx.catalog, keys=self.keys)
         peers = PeerWatcher(kube, self.node, namespace=self.settings.peers.namespace,
                             label_selector=self.settings.peers.label_selector,
-                            on_change=self._peers_changed)
+                            on_change=self._peers_changed,
+                            on_attachments=self._attachments_changed)
         requests = RequestHandler(self, self.keys)
         jobs = self._jobs()
         log.info("agent starting on node %s: %d scheduled jobs, API %s", self.node,
@@ -408,6 +408,9 @@ class Agent:
 
     def _peers_changed(self, peers: list[Any]) -> None:
         self.ctx.peers = peers
+
+    def _attachments_changed(self, attachments: tuple[Attachment, ...]) -> None:
+        self.ctx.attachments = attachments  # the nic check's interfaces
 
 
 def _reports(result: CheckResult, event: XidEvent) -> bool:

@@ -21,7 +21,7 @@ from typing import Protocol
 
 import anyio
 
-from checks.pciebw import BandwidthProbe
+from checks.base import Probes
 from healthd.agent.agent import Agent
 from healthd.config import Config
 from healthd.exits import EX_CONFIG, EX_SOFTWARE, ExitError, config_or_exit
@@ -41,8 +41,9 @@ class SimulatedMachine(Protocol):
         """The machine's node name."""
         ...
 
-    @property
-    def bandwidth(self) -> BandwidthProbe: ...
+    def probes(self) -> Probes:
+        """Its stand-ins for what checks measure with."""
+        ...
 
     def adapt(self, config: Config) -> Config:
         """`config` pointed at the simulated hardware."""
@@ -105,7 +106,7 @@ def run_agent(args: argparse.Namespace, simulate: Simulate | None = None) -> int
             configure_logging(args.log_level, node)
             agent = Agent(sim.adapt(config) if sim else config, node=node,
                           kubeconfig=args.kubeconfig,
-                          bandwidth_probe=sim.bandwidth if sim else None,
+                          probes=sim.probes() if sim else None,
                           http_port=args.http_port)
             try:
                 anyio.run(run_until_signal, agent)

@@ -164,6 +164,9 @@ async def running_cluster(scenario: Scenario, config: Config, *, nodes: int,
         api.seed(*cluster_objects(names, machine.gpus.count, machine.gpus.model))
         client = _Clients(api, stack)
         fleet = stack.enter_context(simulate_nodes({n: machine for n in names}))
+        # The agents' own pods, with the pod network and net1 in their network-status:
+        # what ping's peers and the nic check's interfaces come from.
+        api.seed(*(fleet.network.agent_pod(n) for n in names))
         cluster = DemoCluster(
             api=api, config=config, admin=client(ADMIN), fleet=fleet,
             operator=AppWrapperOperator(client("system:serviceaccount:appwrapper-system:"
@@ -175,7 +178,7 @@ async def running_cluster(scenario: Scenario, config: Config, *, nodes: int,
             for name in names:
                 sim = fleet.nodes[name]
                 agent = Agent(sim.adapt(config), node=name, kube=client(f"system:node:{name}"),
-                              bandwidth_probe=sim.bandwidth, http_port=0,
+                              probes=sim.probes(), http_port=0,
                               registry=CollectorRegistry())
                 cluster.agents[name] = agent
                 group.start_soon(fleet.run_bound, name, agent.run)

@@ -3,7 +3,7 @@ bandwidth probe and the fake dcgmi, all from one machine spec.
 
 `healthd check --sim SPEC` prepares its planned checks with it (`prepare`); an agent
 on the simulated machine is built from the adapted config (`adapt`) and handed the
-simulated bandwidth probe, so the product never knows it is simulated.
+simulated probes (`probes`), so the product never knows it is simulated.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from checks.base import CheckContext
+from checks.base import CheckContext, Probes
 from checks.dcgm import DcgmCheck
 from healthd.config import Config
 from healthd.plans import Planned
@@ -21,6 +21,7 @@ from healthd.sim.cuda import SimBandwidthProbe
 from healthd.sim.dcgm import DcgmSim, fake_dcgmi_command
 from healthd.sim.fakenvml import FakeNvml, install
 from healthd.sim.machine import MachineSpec, MachineSpecError, load_machine_spec
+from healthd.sim.network import SimNetwork
 
 NO_DRIVER_OUTPUT = "v4-runtime-error"  # what DCGM says when it cannot start
 
@@ -34,14 +35,22 @@ class SimulatedNode:
     spec: MachineSpec
     nvml: FakeNvml
     bandwidth: SimBandwidthProbe
+    network: SimNetwork | None = None  # the simulated fleet's links (multinode only)
 
     @property
     def node(self) -> str:
         return self.spec.node
 
+    def probes(self) -> Probes:
+        """The simulated bandwidth probe, and the fleet's links and pings if any."""
+        if self.network is None:
+            return Probes(bandwidth=self.bandwidth)
+        return Probes(bandwidth=self.bandwidth, links=self.network.links(self.spec.node),
+                      ping=self.network.prober(self.spec.node))
+
     def prepare(self, ctx: CheckContext, planned: Sequence[Planned]) -> list[Planned]:
         """Point the context and the planned checks at the simulated hardware."""
-        ctx.bandwidth_probe = self.bandwidth
+        self.probes().apply(ctx)
         ctx.node_name = ctx.node_name or self.spec.node
         if ctx.expected_gpus is None:
             ctx.expected_gpus = self.spec.gpus.count  # the machine should have them all

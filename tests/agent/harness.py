@@ -136,7 +136,7 @@ async def running_agent(api: ApiEmulator, tmp_path: Path, *,
     machine = spec if isinstance(spec, MachineSpec) else load_machine_spec(spec)
     with simulate(machine.model_copy(update={"node": NODE})) as sim:
         agent = Agent(sim.adapt(config or fast_config()), node=NODE, kubeconfig=str(kubeconfig),
-                      bandwidth_probe=sim.bandwidth,
+                      probes=sim.probes(),
                       http_port=0, registry=CollectorRegistry())
         async with anyio.create_task_group() as group:
             group.start_soon(agent.run)

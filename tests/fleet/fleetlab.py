@@ -80,7 +80,7 @@ async def running_agents(api: ApiEmulator, tmp_path: Path,
     spec = load_machine_spec("healthy-8xh100")
     with simulate(spec) as sim:
         agents = [Agent(sim.adapt(quiet_config()), node=n, kubeconfig=kubeconfig,
-                        bandwidth_probe=sim.bandwidth, http_port=0,
+                        probes=sim.probes(), http_port=0,
                         registry=CollectorRegistry()) for n in nodes]
         async with anyio.create_task_group() as group:
             for agent in agents:
