@@ -40,6 +40,14 @@ def tool(name: str) -> str:
     return path
 
 
+def test_import_contracts_are_kept() -> None:
+    # The graph cache lives in the virtualenv, beside mypy's: warm runs take a second.
+    cache = Path(sys.prefix) / ".import_linter_cache"
+    proc = subprocess.run([tool("lint-imports"), "--cache-dir", str(cache)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def test_mypy_strict_finds_nothing() -> None:
     # Settings (strict, the pydantic plugin, the cache under .venv) in pyproject.toml.
     proc = subprocess.run([tool("mypy")], cwd=ROOT, capture_output=True, text=True,

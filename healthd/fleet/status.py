@@ -48,7 +48,6 @@ from typing import Any
 from healthd.capacity.health import gpu_count, unavailability
 from healthd.capacity.lending import LendingModel, format_quantity
 from healthd.config import Config
-from healthd.controller.blame import Assessment, assess, rows_of
 from healthd.fleet.sources import Snapshot
 from healthd.kube.conventions import GPU_RESOURCE, Keys, Reason, Verdict
 from healthd.kube.leases import holder_of, is_expired
@@ -62,6 +61,7 @@ from healthd.kube.objects import (
     phase_of,
 )
 from healthd.kube.pods import is_terminated
+from healthd.network_blame import Assessment, assess, rows_of
 from healthd.times import parse_time, rfc3339
 
 SCHEMA_VERSION = 1
