@@ -70,7 +70,7 @@ class Kube:
         return cls(aio_client.ApiClient(config), timeout_s=timeout_s)
 
     async def close(self) -> None:
-        await self._client.close()  # type: ignore[no-untyped-call]
+        await self._client.close()
 
     async def __aenter__(self) -> Kube:
         return self
@@ -298,7 +298,7 @@ def _unreachable(method: str, path: str, exc: BaseException) -> Unavailable:
 
 
 async def _from_file(path: str, config: aio_client.Configuration) -> None:
-    await aio_config.load_kube_config(  # type: ignore[no-untyped-call]
+    await aio_config.load_kube_config(
         config_file=path, client_configuration=config, persist_config=False)
 
 
@@ -313,7 +313,7 @@ async def _load_configuration(kubeconfig: str | None) -> aio_client.Configuratio
             await _from_file(path, config)
             return config
         try:
-            aio_config.load_incluster_config(  # type: ignore[no-untyped-call]
+            aio_config.load_incluster_config(
                 client_configuration=config)
         except ConfigException:
             if not home.exists():
