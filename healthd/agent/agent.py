@@ -31,9 +31,9 @@ import anyio
 import anyio.abc
 from prometheus_client import CollectorRegistry
 
-from checks.base import Attachment, Check, CheckContext, CheckResult, Probes, Severity
+from checks.base import Attachment, CheckContext, CheckResult, Probes, Severity
 from checks.snapshot import NvmlGpuSource, XidEvent
-from healthd.agent.deepdiag import DeepDiagnostic
+from healthd.agent.deepdiag import DeepCheck, DeepDiagnostic
 from healthd.agent.metrics import AgentMetrics, read_cpu_model
 from healthd.agent.node_status import NodePublisher, desired_from
 from healthd.agent.ondemand import RequestHandler
@@ -67,31 +67,6 @@ log = logging.getLogger(__name__)
 
 PUBLISHER_REPORT_S = 1.0  # how often the publisher's health reaches the metrics
 LABEL_WAIT_S = 60.0  # fault-to-label: give up measuring after this long
-
-
-class DeepCheck:
-    """An exclusive check run as a Job: the runner sees an ordinary exclusive check,
-    so the gate keeps every other check off the GPUs while it runs."""
-
-    def __init__(self, check: Check, diag: DeepDiagnostic, key: str, gpu_count: int) -> None:
-        self.inner, self.diag, self.key, self.gpu_count = check, diag, key, gpu_count
-        self.NAME = check.NAME
-        self.params = check.params
-
-    @property
-    def exclusive(self) -> bool:
-        return True
-
-    @property
-    def timeout_s(self) -> float:
-        settings = self.diag.settings
-        return settings.schedule_deadline_s + settings.run_deadline_s + 30
-
-    async def run(self, ctx: CheckContext) -> CheckResult:
-        outcome = await self.diag.run(self.key, self.gpu_count)
-        if outcome.result is None:  # DeepDiagnostic already told the node (an Event)
-            return CheckResult.unknown(self.NAME, outcome.error)
-        return outcome.result
 
 
 def effective_config(config: Config) -> Config:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from checks.base import CheckResult
+from checks.base import Check, CheckContext, CheckResult
 from checks.catalog import Catalog
 from healthd.kube.conventions import GPU_RESOURCE, Keys, Reason
 from healthd.kube.errors import KubeError
@@ -250,3 +250,28 @@ class DeepDiagnostic:
         with anyio.CancelScope(shield=True), anyio.move_on_after(DELETE_TIMEOUT_S):
             await self.events.record(involved, type="Warning", reason=Reason.DIAGNOSTIC_FAILED,
                                      message=f"diagnostic {key}: {message}")
+
+
+class DeepCheck:
+    """An exclusive check run as a Job: the runner sees an ordinary exclusive check,
+    so the gate keeps every other check off the GPUs while it runs."""
+
+    def __init__(self, check: Check, diag: DeepDiagnostic, key: str, gpu_count: int) -> None:
+        self.inner, self.diag, self.key, self.gpu_count = check, diag, key, gpu_count
+        self.NAME = check.NAME
+        self.params = check.params
+
+    @property
+    def exclusive(self) -> bool:
+        return True
+
+    @property
+    def timeout_s(self) -> float:
+        settings = self.diag.settings
+        return settings.schedule_deadline_s + settings.run_deadline_s + 30
+
+    async def run(self, ctx: CheckContext) -> CheckResult:
+        outcome = await self.diag.run(self.key, self.gpu_count)
+        if outcome.result is None:  # DeepDiagnostic already told the node (an Event)
+            return CheckResult.unknown(self.NAME, outcome.error)
+        return outcome.result
