@@ -1,0 +1,57 @@
+"""`healthd record` then `healthd check --sim RECORDING` on every bundled machine:
+the replay gives the same per-check statuses, reasons, findings and values as the
+machine that was recorded, and recording a replay gives the same spec again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from healthd.cli import main
+from healthd.sim.machine import bundled_specs, load_machine_spec
+
+NO_DRIVER = "no-driver"
+# The check's own XID window is 1 s; listening as long catches what it catches.
+RECORD_ALL = ["--include", "pciebw", "--include", "dcgm", "--include", "xid-window=1s"]
+
+
+def check_json(capsys: pytest.CaptureFixture[str], spec: str) -> dict[str, Any]:
+    main(["check", "--sim", spec, "--output", "json"])
+    return json.loads(capsys.readouterr().out)
+
+
+def record(capsys: pytest.CaptureFixture[str], spec: str, out: Path, *extra: str) -> int:
+    code = main(["record", "--sim", spec, "--output", str(out), *RECORD_ALL, *extra])
+    capsys.readouterr()
+    return code
+
+
+def comparable(report: dict[str, Any]) -> dict[str, Any]:
+    """What a user compares: everything but when the checks ran and how long they took."""
+    checks = [{k: v for k, v in check.items() if k not in ("started_at", "duration_s")}
+              for check in report["checks"]]
+    return {**report, "checks": checks}
+
+
+@pytest.mark.parametrize("spec", sorted(set(bundled_specs()) - {NO_DRIVER}))
+def test_replay_of_a_recording_matches_the_recorded_machine(
+        spec: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    original = check_json(capsys, spec)
+    recording = tmp_path / "recorded.yaml"
+    assert record(capsys, spec, recording) == 0
+    replayed = check_json(capsys, str(recording))
+    assert comparable(replayed) == comparable(original)
+
+
+@pytest.mark.parametrize("spec", ["healthy-8xh100", "gpu-missing", "h100-vm-notsupported"])
+def test_recording_a_replay_gives_the_same_spec(
+        spec: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
+    assert record(capsys, spec, first) == 0
+    assert record(capsys, str(first), second) == 0
+    assert yaml.safe_load(second.read_text()) == yaml.safe_load(first.read_text())
+    assert load_machine_spec(second) == load_machine_spec(first)
