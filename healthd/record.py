@@ -205,7 +205,8 @@ def _refusals(gpu: GpuSnapshot, base: dict[str, Any]) -> list[dict[str, str]]:
         if isinstance(reading, Ok) or _said_by_machine(name, reading, base):
             continue
         error = _nvml_error(reading)
-        if error not in refusals:  # a failed handle lookup fails every reading alike
+        # a failed handle lookup fails every reading alike: one entry says it
+        if error is not None and error not in refusals:
             refusals.append(error)
     return refusals
 
@@ -296,9 +297,14 @@ def _said_by_machine(name: str, reading: Unsupported | Failed, base: dict[str, A
     return capability is not None and not base[capability]
 
 
-def _nvml_error(reading: Unsupported | Failed) -> dict[str, str]:
-    function = reading.function or "nvmlDeviceGetName"
-    return {"function": function, "error": reading.error or "UNKNOWN"}
+def _nvml_error(reading: Unsupported | Failed) -> dict[str, str] | None:
+    """The spec's `nvml_errors` entry that makes NVML answer the same again. A code
+    without an NVML_ERROR_* name, or a failure that was no NVML error at all (a
+    binding surprise), replays as UNKNOWN: the best the format can say."""
+    if not reading.function:
+        return None
+    error = reading.error if reading.error and not reading.error.isdigit() else "UNKNOWN"
+    return {"function": reading.function, "error": error}
 
 
 def _not_supported(reading: Reading[Any]) -> bool:

@@ -59,6 +59,20 @@ NvmlErrorName = Literal[
     "LIB_RM_VERSION_MISMATCH",
     "MEMORY",
     "UNKNOWN",
+    # newer codes, so a recording can replay whatever a driver answered
+    "ALREADY_INITIALIZED",
+    "INSUFFICIENT_SIZE",
+    "IN_USE",
+    "NO_DATA",
+    "VGPU_ECC_NOT_SUPPORTED",
+    "INSUFFICIENT_RESOURCES",
+    "FREQ_NOT_SUPPORTED",
+    "ARGUMENT_VERSION_MISMATCH",
+    "DEPRECATED",
+    "NOT_READY",
+    "GPU_NOT_FOUND",
+    "INVALID_STATE",
+    "RESET_TYPE_NOT_SUPPORTED",
 ]
 
 

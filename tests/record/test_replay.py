@@ -55,3 +55,43 @@ def test_recording_a_replay_gives_the_same_spec(
     assert record(capsys, str(first), second) == 0
     assert yaml.safe_load(second.read_text()) == yaml.safe_load(first.read_text())
     assert load_machine_spec(second) == load_machine_spec(first)
+
+
+# A machine with what real nodes show and the bundled specs do not: per-GPU errors
+# (newer NVML codes too), a failed handle lookup, one GPU without NVLink among GPUs
+# with it, no clock event reason at all and bits newer than the named ones, a GPU
+# whose slot is only Gen4, page retirement, and MIG on a GPU.
+ODD_MACHINE: dict[str, Any] = {
+    "node": "odd-node",
+    "gpus": {"count": 6, "page_retirement": True, "pcie_bandwidth_gbps": {"h2d": 50.5}},
+    "faults": [
+        {"gpu": 0, "clock_event_mask": 0},
+        {"gpu": 1, "clock_event_mask": 0x401, "pcie": {"gen": 4, "max_gen": 4}},
+        {"gpu": 2, "nvml_errors": [
+            {"function": "nvmlDeviceGetNvLinkState", "error": "NOT_SUPPORTED"},
+            {"function": "nvmlDeviceGetEnforcedPowerLimit", "error": "NO_DATA"},
+            {"function": "nvmlDeviceGetRemappedRows", "error": "UNKNOWN"}]},
+        {"gpu": 3, "nvml_errors": [
+            {"function": "nvmlDeviceGetHandleByIndex", "error": "NO_PERMISSION"}]},
+        {"gpu": 4, "ecc": {"corrected_volatile": 3, "retired_pages_pending": True},
+         "pcie_replays": 12, "power": {"usage_w": 312.25, "limit_w": 650}},
+        {"gpu": 5, "mig": True, "nvlink_down": [17]},
+    ],
+}
+
+
+def test_replay_keeps_per_gpu_errors_masks_and_links(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "odd.yaml"
+    spec.write_text(yaml.safe_dump(ODD_MACHINE))
+    recording = tmp_path / "recorded.yaml"
+    assert record(capsys, str(spec), recording) == 0
+    assert comparable(check_json(capsys, str(recording))) == comparable(
+        check_json(capsys, str(spec)))
+    recorded = yaml.safe_load(recording.read_text())
+    by_gpu = {entry["gpu"]: entry for entry in recorded["faults"]}
+    def functions(entry: dict[str, Any]) -> list[tuple[str, str]]:
+        return sorted((e["function"], e["error"]) for e in entry["nvml_errors"])
+
+    assert functions(by_gpu[2]) == functions(ODD_MACHINE["faults"][2])
+    assert by_gpu[1]["clock_event_mask"] == 0x401
