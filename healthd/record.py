@@ -41,20 +41,9 @@ from checks.nvml import (
 )
 from checks.nvml_reader import ECC_DISABLED
 from checks.pciebw import Bandwidth, BandwidthProbe, ProbeError
+from checks.power import CLOCK_EVENT_BITS, GPU_IDLE
 from checks.processes import ProgramNotFound, ProgramNotRunnable, run_process
 
-IDLE_MASK = 0x1
-CLOCK_REASON_NAMES: dict[int, str] = {
-    0x1: "gpu_idle",
-    0x2: "applications_clocks_setting",
-    0x4: "sw_power_cap",
-    0x8: "hw_slowdown",
-    0x10: "sync_boost",
-    0x20: "sw_thermal_slowdown",
-    0x40: "hw_thermal_slowdown",
-    0x80: "hw_power_brake_slowdown",
-    0x100: "display_clock_setting",
-}
 REDACTED_NODE = "recorded-node"
 _VERSION = re.compile(r"version\s*:?\s*([0-9][\w.\-]*)", re.IGNORECASE)
 _SERIAL = re.compile(r'("serial(?:_num(?:ber)?)?"\s*:\s*")([^"]*)(")', re.IGNORECASE)
@@ -256,7 +245,7 @@ def _values(name: str, value: Any, base: dict[str, Any]) -> dict[str, Any]:
                 "pending": value.pending, "failure": value.failure}
         return {"remapped_rows": rows} if any(rows.values()) else {}
     if name == "clock_event_reasons":
-        return {} if value == IDLE_MASK else _clock_fields(int(value))
+        return {} if value == GPU_IDLE else _clock_fields(int(value))
     if name == "power":
         power = {"usage_w": value.usage_w, "limit_w": value.limit_w}
         return {} if power == base.get("power") else {"power": power}
@@ -280,8 +269,8 @@ def _values(name: str, value: Any, base: dict[str, Any]) -> dict[str, Any]:
 
 
 def _clock_fields(mask: int) -> dict[str, Any]:
-    names = [name for bit, name in CLOCK_REASON_NAMES.items() if mask & bit]
-    if mask and sum(bit for bit in CLOCK_REASON_NAMES if mask & bit) == mask:
+    names = [name for bit, name in CLOCK_EVENT_BITS.items() if mask & bit]
+    if mask and sum(bit for bit in CLOCK_EVENT_BITS if mask & bit) == mask:
         return {"clock_event_reasons": names}
     return {"clock_event_mask": mask}  # no reason at all, or bits newer than the names
 

@@ -21,7 +21,7 @@ import anyio
 import yaml
 
 from checks.dcgm import DcgmCheck, DcgmParams
-from checks.pciebw import MIB, BandwidthProbe, CudaBandwidthProbe, PcieBwCheck, PcieBwParams
+from checks.pciebw import MIB, BandwidthProbe, CudaBandwidthProbe, PcieBwCheck
 from healthd import __version__
 from healthd.config import Config, parse_duration
 from healthd.exits import EX_CONFIG, EX_USAGE, ExitError, config_or_exit
@@ -91,7 +91,7 @@ def run_record(args: argparse.Namespace) -> int:
 
 
 async def _record(args: argparse.Namespace, includes: Includes, config: Config) -> str:
-    bandwidth = cast(PcieBwParams, cast(PcieBwCheck, config.build_check("pciebw")).settings)
+    bandwidth = cast(PcieBwCheck, config.build_check("pciebw")).settings
     dcgm_params = cast(DcgmParams, cast(DcgmCheck, config.build_check("dcgm", "1")).params)
     probe: BandwidthProbe | None = CudaBandwidthProbe() if includes.pciebw else None
     dcgm_command: list[str] = list(dcgm_params.command)
