@@ -227,6 +227,8 @@ def _held_json(state: HealthState, h: Held) -> dict[str, Any]:
         out["uuid"] = entity.uuid
     if h.clear_requested:
         out["clear_requested"] = True
+    if h.flaps:
+        out["flaps"] = h.flaps
     return out
 
 
