@@ -119,7 +119,7 @@ class AgentSettings(_Frozen):
     )
     flap_window: int = Field(
         100, ge=1, le=10000,
-        description="runs after a release within which a returning finding counts as a flap",
+        description="runs without a sighting after which a finding's flaps are forgotten",
     )
     flap_max_doublings: int = Field(
         5, ge=0, le=10, description="each flap doubles recover_after, at most this many times"

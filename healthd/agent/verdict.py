@@ -23,10 +23,12 @@ Rules:
   that reports it again resets the count. A run that could not tell (UNKNOWN/SKIPPED,
   for the whole check or for the holding's entity) neither counts nor resets. Runs of
   other checks never touch it.
-- Flaps. A finding raised again within `flap_window` completed runs of its check
-  after its release has flapped: its `flaps` grows by one (so it is held twice as
-  long) and `HealthState.flaps_total` counts it. A track clean for `flap_window` runs
-  is forgotten, and a clear forgets it too.
+- Flaps. A finding reported again after one or more completed runs without it has
+  flapped (whether or not it was held meanwhile): its track's `flaps` grows by one
+  and `HealthState.flaps_total` counts it. A holding's `flaps` is its track's, up to
+  `max_doublings`, so an oscillating signal is held longer with every swing and
+  settles on the worse state. A track without a sighting for `flap_window`
+  completed runs is forgotten; a clear starts its count over.
 - Sticky codes and every EVICT holding are released only by a clear request followed
   by one such clean run of K; no number of runs alone releases them, so a periodic
   run never downgrades EVICT. A clear marks every holding; a marked holding goes on
@@ -77,7 +79,7 @@ class Held:
     since: float  # when it was first held
     passes: int = 0  # consecutive clean runs of `check` since it was last reported
     clear_requested: bool = False
-    flaps: int = 0  # times it came back soon after a release (each doubles the hold)
+    flaps: int = 0  # times it came back, up to Policy.max_doublings (each doubles the hold)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -99,8 +101,8 @@ class Track:
     decides from."""
 
     recent: tuple[bool, ...] = ()  # reported in the latest completed runs, newest last
-    flaps: int = 0  # as Held.flaps, remembered across a release
-    clean_since_release: int | None = None  # None: not released (or forgotten)
+    flaps: int = 0  # times it came back after a clean run (a clear starts over)
+    clean: int = 0  # completed runs without it since it was last reported
 
 
 @dataclass(frozen=True)
@@ -147,12 +149,12 @@ class HealthState:
 class Policy:
     """How fast a node raises and recovers: each code's raise rule (the catalog),
     `recover_after` consecutive clean runs (>= 1) doubled per flap up to
-    `max_doublings` times, and how long a released finding's flaps are remembered."""
+    `max_doublings` times, and how long a finding's flaps are remembered."""
 
     recover_after: int = 2
     catalog: Catalog = field(default_factory=Catalog, compare=False)
     max_doublings: int = 5
-    flap_window: int = 100  # completed runs of the check after a release
+    flap_window: int = 100  # completed runs without a sighting that forget a track
 
     def __post_init__(self) -> None:
         if self.recover_after < 1:
@@ -246,31 +248,27 @@ def _judge(
     state: HealthState, key: str, result: CheckResult, at: float, policy: Policy
 ) -> tuple[list[Held], dict[TrackKey, Track], int]:
     """The holdings and tracks after one completed run of `key`, and how many of its
-    findings flapped: renew what it reports again, count a clean run for the rest of
-    its holdings, hold what now has enough evidence."""
+    findings came back (flapped): renew what it reports again, count a clean run for
+    the rest of its holdings, hold what now has enough evidence."""
     reported = _raising(result.findings)
     blind = {e.entity.label for e in result.entities if not e.status.ordered}
-    tracks = _tracked(state.tracks, key, reported, blind, policy)
+    tracks, flaps = _tracked(state.tracks, key, reported, blind, policy)
     out: list[Held] = []
     for h in state.held:
         if h.check != key:
             out.append(h)
         elif (found := reported.pop((h.code, h.entity), None)) is not None:
-            out.append(_renew(h, found))
+            out.append(_renew(h, found, flaps=_flaps(tracks, h.key, policy)))
         elif h.entity in blind:
             out.append(h)  # the run could not see this entity: no evidence either way
         elif (kept := _clean_run(h, policy)) is not None:
             out.append(kept)
-        else:
-            tracks[h.key] = _released(tracks.get(h.key, Track()), h)
-    flaps = 0
+        elif h.clear_requested and h.key in tracks:
+            tracks[h.key] = replace(tracks[h.key], flaps=0)  # cleared: a fresh start
     for (code, entity), f in reported.items():
-        track = tracks[(key, code, entity)]
-        if policy.raises(f, track.recent):
-            came_back = track.clean_since_release is not None
-            flaps += came_back
-            out.append(_hold(key, f, at, flaps=track.flaps + came_back))
-            tracks[(key, code, entity)] = replace(track, clean_since_release=None)
+        slot = (key, code, entity)
+        if policy.raises(f, tracks[slot].recent):
+            out.append(_hold(key, f, at, flaps=_flaps(tracks, slot, policy)))
     return out, tracks, flaps
 
 
@@ -280,10 +278,12 @@ def _tracked(
     reported: Mapping[tuple[str, str], Finding],
     blind: set[str],
     policy: Policy,
-) -> dict[TrackKey, Track]:
-    """Every track with this run of `key` recorded: reported or not, for each entity
-    the run could see. A clean track past the flap window is forgotten."""
+) -> tuple[dict[TrackKey, Track], int]:
+    """Every track with this run of `key` recorded (reported or not, for each entity
+    the run could see), and how many came back after a clean run. A track clean for
+    the flap window is forgotten."""
     out: dict[TrackKey, Track] = {}
+    returns = 0
     for slot in {*tracks, *((key, code, entity) for code, entity in reported)}:
         track = tracks.get(slot, Track())
         check, code, entity = slot
@@ -292,20 +292,18 @@ def _tracked(
             out[slot] = track
             continue
         recent = (*track.recent, seen)[-policy.memory(code):]
-        clean = track.clean_since_release
-        if clean is not None and not seen:
-            clean += 1
-        track = replace(track, recent=recent, clean_since_release=clean)
-        if seen or any(recent) or (clean is not None and clean < policy.flap_window):
+        came_back = seen and slot in tracks and track.clean > 0
+        returns += came_back
+        track = Track(recent, track.flaps + came_back, 0 if seen else track.clean + 1)
+        if track.clean < policy.flap_window:
             out[slot] = track
-    return out
+    return out, returns
 
 
-def _released(track: Track, h: Held) -> Track:
-    """A holding let go: remember its flaps for the flap window (a clear forgets)."""
-    if h.clear_requested:
-        return Track(recent=track.recent)
-    return replace(track, flaps=h.flaps, clean_since_release=0)
+def _flaps(tracks: Mapping[TrackKey, Track], slot: TrackKey, policy: Policy) -> int:
+    """A holding's flaps: its track's, counted up to where the hold stops growing."""
+    track = tracks.get(slot)
+    return min(track.flaps, policy.max_doublings) if track else 0
 
 
 def _raising(findings: Iterable[Finding]) -> dict[tuple[str, str], Finding]:
@@ -325,7 +323,7 @@ def _hold(key: str, f: Finding, at: float, *, flaps: int) -> Held:
                 flaps=flaps)
 
 
-def _renew(h: Held, f: Finding) -> Held:
+def _renew(h: Held, f: Finding, *, flaps: int) -> Held:
     """Reported again: the count starts over and a pending clear is spent. The
     message changes only with the severity (a moving value is no news)."""
     worse = f.severity.rank > h.severity.rank
@@ -336,6 +334,7 @@ def _renew(h: Held, f: Finding) -> Held:
         message=f.message if worse else h.message,
         passes=0,
         clear_requested=False,
+        flaps=flaps,
     )
 
 

@@ -111,8 +111,8 @@ def test_a_run_that_reports_the_code_again_resets_the_count() -> None:
     faulty = run_of("remapped", ("REMAP_PENDING", 1))
     node.hold("remapped", faulty)
     assert node.runs("remapped", clean("remapped"), 2) == [E, E]
-    node.run("remapped", faulty)
-    assert node.runs("remapped", clean("remapped"), 3) == [E, E, P]
+    node.run("remapped", faulty)  # back after two clean runs: a flap, so 3 x 2 now
+    assert node.runs("remapped", clean("remapped"), 6) == [E] * 5 + [P]
 
 
 @pytest.mark.parametrize("blind", [unknown, skipped])
@@ -385,7 +385,8 @@ def test_sightings_further_apart_never_raise(gap: int) -> None:
     for _ in range(20):
         assert node.run("power", faulty) is P
         assert node.runs("power", ok, gap) == [P] * gap
-    assert node.state.flaps_total == 0
+    assert node.state.held == ()
+    assert node.state.flaps_total == 19  # every sighting after the first was a swing
 
 
 def test_a_wider_rule_from_the_catalog_raises_on_the_third_sighting() -> None:
@@ -433,7 +434,8 @@ def test_the_hold_is_capped() -> None:
         node.runs("power", ok, 4)
         node.hold("power", faulty)
     held = node.state.top
-    assert held is not None and held.flaps == 5
+    assert held is not None and held.flaps == 2  # counted up to where the hold stops growing
+    assert node.state.tracks[held.key].flaps == 5
     assert node.runs("power", ok, 4) == [W, W, W, P]  # 1 x 2^2, not 1 x 2^5
 
 
@@ -450,16 +452,28 @@ def test_flaps_are_forgotten_after_the_flap_window() -> None:
     assert node.runs("power", ok, 1) == [P]
 
 
-def test_a_clear_forgets_the_flaps() -> None:
+def test_a_clear_starts_the_flap_count_over() -> None:
     node = Node(recover_after=1)
     faulty, ok = run_of("power", ("HW_SLOWDOWN", 0)), clean("power")
     node.hold("power", faulty)
     node.run("power", ok)
     node.hold("power", faulty)
+    assert node.state.top is not None and node.state.top.flaps == 1
     node.clear()
     node.run("power", ok)
     node.hold("power", faulty)
-    assert node.state.top is not None and node.state.top.flaps == 0
+    assert node.state.top is not None and node.state.top.flaps == 1  # not 2
+
+
+def test_a_signal_that_keeps_coming_back_is_held_longer_before_it_is_ever_raised() -> None:
+    node = Node(recover_after=2)
+    blip, ok = run_of("power", ("HW_SLOWDOWN", 0)), clean("power")
+    for _ in range(3):  # single blips: never raised, but each one is a swing
+        assert [node.run("power", r) for r in (blip, ok, ok)] == [P, P, P]
+    assert node.hold("power", blip) is W
+    held = node.state.top
+    assert held is not None and held.flaps == 3  # the second and third blip, and this one
+    assert node.runs("power", ok, 16) == [W] * 15 + [P]  # 2 x 2^3
 
 
 def test_a_held_finding_keeps_its_message_while_its_value_moves() -> None:
