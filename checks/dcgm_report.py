@@ -12,7 +12,8 @@ read becomes a report with `outcome == "error"` and a reason. It accepts
 - the `--iterations N` wrapper `{"iterations": [<report>, ...]}`;
 - log lines around the JSON, even ones with braces or partial JSON of their own:
   every JSON object in the output is a candidate, and the report is the first one
-  with a report's top-level keys (a log line never hides a failure).
+  with a report's top-level keys that reads as a report (a log line never hides a
+  failure).
 
 Test names are normalised onto the 4.x plugin names in upper snake case, so the same
 fault gives the same finding code on both versions (`GPU Memory` and `memory` are both
@@ -168,8 +169,7 @@ class _Unreadable(ValueError):
 def parse_diag_output(stdout: str, exit_code: int) -> DiagReport:
     """Parse `dcgmi diag -j` output and exit status into a report. Never raises."""
     try:
-        doc = _load_json(stdout)
-        version, driver, results, runtime_error = _read_document(doc)
+        version, driver, results, runtime_error = _read_report(stdout)
     except _Unreadable as exc:
         return _unreadable(exit_code, str(exc))
     if runtime_error:
@@ -211,25 +211,36 @@ def _exit_reason(code: int, detail: str) -> str:
     return f"{what}; {detail}" if detail else what
 
 
-def _load_json(stdout: str) -> Any:
-    """The report among everything in `stdout`: the first JSON object (or one nested
-    in it, for a log line that wraps the report) with a report's top-level keys; a
-    runtime error alone if that is all there is; else the first object, whose missing
-    keys `_section` then names."""
-    candidates = list(_json_objects(stdout))
-    for keys in (_REPORT_KEYS, ("runtime_error",)):
-        for candidate in candidates:
-            if (found := _with_keys(candidate, keys)) is not None:
-                return found
-    if candidates:
-        return candidates[0]
+def _read_report(stdout: str) -> tuple[str, str, list[DiagResult], str]:
+    """The first candidate in `stdout` that reads as a report (see `_candidates`);
+    none does: why the most likely one did not."""
+    first: _Unreadable | None = None
+    for doc in _candidates(stdout):
+        try:
+            return _read_document(doc)
+        except _Unreadable as exc:
+            first = first or exc
+    if first is not None:
+        raise first
     start, end = stdout.find("{"), stdout.rfind("}")
     if start < 0 or end < start:
         return _raise("no JSON in the output" if stdout.strip() else "empty output")
     try:
-        return json.loads(stdout[start : end + 1])
+        json.loads(stdout[start : end + 1])
     except (ValueError, RecursionError) as exc:
         return _raise(f"output is not valid JSON ({exc})")
+    return _raise("output is not a JSON object")
+
+
+def _candidates(stdout: str) -> list[dict[str, Any]]:
+    """Every JSON object in `stdout` (or nested in one, for a log line that wraps the
+    report) with a report's top-level keys, then one with a runtime error alone, then
+    the first object at all (whose missing keys `_section` names)."""
+    objects = list(_json_objects(stdout))
+    out: list[dict[str, Any]] = []
+    for keys in (_REPORT_KEYS, ("runtime_error",)):
+        out.extend(found for doc in objects if (found := _with_keys(doc, keys)) is not None)
+    return out + objects[:1]
 
 
 _REPORT_KEYS = (_V4_KEY, _V3_KEY, "iterations")

@@ -160,10 +160,15 @@ CONFLICT = {"kind": "Status", "code": 409, "reason": "Conflict",
                        "latest version and try again"}
 
 
+def queue_answering_409(api: ApiEmulator, times: int) -> None:
+    """A queue whose next `times` PATCHes meet a conflict."""
+    api.seed(node("n1"), flavor("default-flavor"), simple_queue("6"))
+    api.fail("PATCH", QUEUE_PATH, 409, times=times, body=CONFLICT)
+
+
 async def test_a_409_is_retried_against_the_fresh_queue_without_a_warning(
         api: ApiEmulator, kube: Kube) -> None:
-    api.seed(node("n1"), flavor("default-flavor"), simple_queue("6"))
-    api.fail("PATCH", QUEUE_PATH, 409, times=2, body=CONFLICT)
+    queue_answering_409(api, 2)
     async with lending(kube):
         set_verdict(api, "n1", "EVICT")
         await until(lambda: limit_of(api) == "2")
@@ -176,8 +181,7 @@ async def test_a_409_is_retried_against_the_fresh_queue_without_a_warning(
 
 async def test_409_on_every_retry_is_one_conflict_warning_then_backoff(
         api: ApiEmulator, kube: Kube) -> None:
-    api.seed(node("n1"), flavor("default-flavor"), simple_queue("6"))
-    api.fail("PATCH", QUEUE_PATH, 409, times=1000, body=CONFLICT)
+    queue_answering_409(api, 1000)
     async with lending(kube):
         set_verdict(api, "n1", "EVICT")
         await until(lambda: events(api, Reason.LENDING_LIMIT_CONFLICT))

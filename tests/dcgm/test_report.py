@@ -333,3 +333,9 @@ def test_a_report_wrapped_in_a_log_record_is_found() -> None:
     text = (FAKE_DCGMI.parent / "outputs" / "v4-fail-pcie.json").read_text()
     wrapped = '{"level": "info", "payload": ' + text + "}"
     assert parse_diag_output(wrapped, 226).outcome == "fail"
+
+
+def test_an_empty_report_in_the_noise_does_not_hide_the_real_one() -> None:
+    text = (FAKE_DCGMI.parent / "outputs" / "v4-fail-pcie.json").read_text()
+    noisy = '{"DCGM Diagnostic": {"test_categories": []}\n}\n' + text
+    assert parse_diag_output(noisy, 226).outcome == "fail"
