@@ -164,7 +164,7 @@ class Policy:
 
     def hold_runs(self, flaps: int) -> int:
         """Clean runs that release a holding that has flapped `flaps` times."""
-        return self.recover_after * 2 ** min(flaps, self.max_doublings)
+        return self.recover_after * (1 << min(flaps, self.max_doublings))  # x 2^flaps
 
     def raises(self, f: Finding, recent: tuple[bool, ...]) -> bool:
         """Whether finding `f`, reported in the latest of the `recent` runs, is held."""
