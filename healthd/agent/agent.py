@@ -50,6 +50,7 @@ from healthd.agent.verdict import (
     request_clear,
 )
 from healthd.agent.verdict import start_testing as testing_started
+from healthd.capacity.health import gpu_count
 from healthd.config import Config
 from healthd.http import serve_http
 from healthd.kube.client import Kube
@@ -407,10 +408,4 @@ def _covers(result: CheckResult, event: XidEvent) -> bool:
 
 def _node_gpus(node: dict[str, Any] | None) -> int:
     """The node's GPU capacity (`status.capacity["nvidia.com/gpu"]`), 0 when unknown."""
-    status = node.get("status") if isinstance(node, dict) else None
-    capacity = status.get("capacity") if isinstance(status, dict) else None
-    try:
-        return int(str((capacity or {}).get(GPU_RESOURCE, 0)))
-    except ValueError:
-        return 0
-
+    return int(gpu_count(node, GPU_RESOURCE)) if node is not None else 0
