@@ -48,6 +48,11 @@ class DcgmSim(BaseModel):
         default=None, ge=0, le=255, description="exit status; unset: the recording's own"
     )
     sleep_s: float = Field(default=0.0, ge=0, description="seconds the diagnostic takes")
+    host_engine: str | None = Field(
+        default=None,
+        description="where the host engine listens (`none`: nowhere, so dcgmi cannot "
+        "connect); unset: wherever the check asks",
+    )
 
     @field_validator("output")
     @classmethod
@@ -66,4 +71,6 @@ def fake_dcgmi_command(sim: DcgmSim) -> list[str]:
         argv += ["--exit", str(sim.exit)]
     if sim.sleep_s:
         argv += ["--sleep", repr(sim.sleep_s)]
+    if sim.host_engine is not None:
+        argv += ["--host-engine", sim.host_engine]
     return argv
