@@ -69,6 +69,7 @@ class Reason(enum.StrEnum):
     LENDING_LIMIT_REJECTED = "LendingLimitRejected"
     LENDING_SHORTFALL = "LendingShortfall"
     PEER_UNREACHABLE = "PeerUnreachable"
+    CHECK_UNAVAILABLE = "CheckUnavailable"
 
 
 @dataclass(frozen=True)
