@@ -8,9 +8,10 @@ query and alert expression is evaluated in.
   gpu-node-b, where GPU 5 reports XID 79 (EVICT), and on gpu-node-h, healthy, whose
   Node writes the API refuses; a fourth agent target answers nothing (an agent that
   is down);
-- `healthd controller` (beside a replica target that answers nothing) resets one AppWrapper and fails to reset the other (the API
-  refuses its status write), lends 0 of 12 GPUs with 16 unavailable (a shortfall),
-  and, once two more nodes turn bad, opens its circuit breaker;
+- `healthd controller` (beside a replica target that answers nothing) resets one
+  AppWrapper and fails to reset the other (the API refuses its status write), lends
+  0 of 12 GPUs with 16 unavailable (a shortfall), and, once two more nodes turn bad,
+  opens its circuit breaker;
 - the agents' pvc check probes a storage class that never binds and one that does
   not exist (UNKNOWN) and runs slower than its interval.
 
