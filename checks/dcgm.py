@@ -19,8 +19,8 @@ Judging (the parsing itself is `checks.dcgm_report.parse_diag_output`):
 
 `dcgmi` is a client: it asks a host engine (`nv-hostengine`) to run the diagnostic.
 `params.host_engine` (HOST or HOST:PORT, passed as `--host`) names a remote one, e.g.
-the GPU Operator's standalone `nvidia-dcgm` on the node's IP at port 5555; unset,
-dcgmi asks `localhost`, i.e. a host engine in the same pod.
+the GPU Operator's node-local `nvidia-dcgm` Service or a host engine on the node's IP;
+unset, dcgmi asks `localhost`, i.e. a host engine in the same pod.
 
 Levels 3 and 4 stress the GPUs for minutes to hours, so they need the GPUs to
 themselves (`exclusive`); levels 1 and 2 do not.

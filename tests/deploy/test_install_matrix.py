@@ -125,14 +125,19 @@ def test_openshift_uses_no_runtime_class(overlay: dict[str, list[Obj]]) -> None:
     assert "runtimeClassName" not in agent_pod(overlay["openshift"])["spec"]
 
 
-def test_every_flavour_points_dcgmi_at_the_nodes_host_engine(
-        overlay: dict[str, list[Obj]]) -> None:
-    for objects in overlay.values():
-        env = {e["name"]: e for e in agent_pod(objects)["spec"]["containers"][0]["env"]}
-        assert env["HOST_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
-        assert env["DCGM_HOST_ENGINE"]["value"] == "$(HOST_IP):5555"  # expanded by kubelet
-        names = list(env)
-        assert names.index("HOST_IP") < names.index("DCGM_HOST_ENGINE")  # defined first
+@pytest.mark.parametrize(("flavour", "host_engine"), [
+    ("gpu-operator", "nvidia-dcgm.gpu-operator.svc:5555"),
+    ("openshift", "nvidia-dcgm.nvidia-gpu-operator.svc:5555"),
+    ("device-plugin", "$(HOST_IP):5555"),  # a host engine on the node, on its IP
+])
+def test_every_flavour_points_dcgmi_at_its_nodes_host_engine(
+        overlay: dict[str, list[Obj]], flavour: str, host_engine: str) -> None:
+    env = {e["name"]: e for e in agent_pod(overlay[flavour])["spec"]["containers"][0]["env"]}
+    assert env["DCGM_HOST_ENGINE"]["value"] == host_engine
+    assert env["HOST_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    names = list(env)
+    if "$(HOST_IP)" in host_engine:  # the kubelet expands only variables defined before
+        assert names.index("HOST_IP") < names.index("DCGM_HOST_ENGINE")
 
 
 # -- monitoring on each stack --------------------------------------------------------
