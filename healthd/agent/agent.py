@@ -341,8 +341,9 @@ class Agent:
     def _tell_unavailable(self, key: str, result: CheckResult) -> None:
         """One Warning Event when a check cannot be used on this node (its tool or
         service is missing), not one per run; told again only after it worked."""
-        if not (result.status is Severity.SKIPPED and result.actionable):
+        if result.status.ordered:  # it worked: a later relapse is news again
             self._told_unavailable.discard(key)
+        if not (result.status is Severity.SKIPPED and result.actionable):
             return
         if key in self._told_unavailable or self._tasks is None:
             return
