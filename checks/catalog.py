@@ -5,6 +5,11 @@ Every code a check can report is listed here (or belongs to a family: `XID_<n>`,
 `Catalog(overrides)`; nothing else decides what a code means.
 
 Sticky codes clear only through `healthd.io/clear` followed by a passing run.
+
+Each code also says how much evidence raises it (`RaiseRule`): a steady signal
+(a counter, a clock reason, a link state) waits for a second sighting so that one
+noisy reading never moves the label; an event or a long diagnostic, which is not
+seen again on the next run, raises on its first sighting.
 """
 
 from __future__ import annotations
@@ -19,11 +24,29 @@ S = Severity
 
 
 @dataclass(frozen=True)
+class RaiseRule:
+    """A non-fatal finding is raised once it was seen in `seen` of the last `runs`
+    completed runs of its check (or in two consecutive ones). `seen` 1: at once."""
+
+    seen: int = 2
+    runs: int = 3
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.seen <= self.runs:
+            raise ValueError(f"raise rule needs 1 <= seen <= runs, got {self.seen} of {self.runs}")
+
+
+STEADY = RaiseRule()  # signals read again on every run
+AT_ONCE = RaiseRule(1, 1)  # events and diagnostics: the next run will not see them again
+
+
+@dataclass(frozen=True)
 class CodeSpec:
     code: str
     severity: Severity
     sticky: bool
     description: str
+    raise_rule: RaiseRule = STEADY
 
 
 def _spec(code: str, severity: Severity, description: str, sticky: bool = False) -> CodeSpec:
@@ -44,7 +67,14 @@ DEFAULT_CODES: dict[str, CodeSpec] = {
         _spec("NVLINK_DOWN", S.ERR, "an NVLink that should be up is down"),
         _spec("GPU_MISSING", S.EVICT, "a GPU is lost or fewer GPUs than expected", True),
         _spec("PEER_UNREACHABLE", S.WARN, "a peer node does not answer ping"),
-        _spec("NETWORK_ISOLATED", S.ERR, "this node cannot reach most of its peers"),
+        _spec("NETWORK_ISOLATED", S.ERR, "this node cannot reach most of its peers (on a network)"),
+        _spec("NIC_DOWN", S.ERR, "a training network's interface is down or has no carrier"),
+        _spec("NIC_DOWN_AUXILIARY", S.WARN, "a non-training secondary interface is down"),
+        _spec("NIC_MISSING", S.ERR, "an interface Multus attached is not in the pod"),
+        _spec("NIC_FLAPPING", S.WARN, "a secondary interface's carrier went down and up"),
+        _spec("NIC_MTU_MISMATCH", S.WARN, "a secondary interface's MTU is not the expected one"),
+        _spec("NIC_ERRORS", S.WARN, "a secondary interface's error or drop counters grow"),
+        _spec("NIC_SPEED_LOW", S.WARN, "a secondary interface runs below its expected speed"),
         _spec("PVC_NOT_BOUND", S.WARN, "a test PVC did not bind in time"),
         _spec("PVC_PROVISION_ERROR", S.WARN, "the provisioner reported an error"),
         _spec("DCGM_ISOLATE", S.EVICT, "DCGM asks to isolate the GPU (exit 205)", True),
@@ -84,16 +114,16 @@ _DCGM_RE = re.compile(r"^DCGM_([A-Z0-9_]+)$")
 def xid_spec(xid: int) -> CodeSpec:
     code = f"XID_{xid}"
     if xid in _XID_INFO:
-        return CodeSpec(code, S.PASS, False, "application-caused XID (informational)")
+        return CodeSpec(code, S.PASS, False, "application-caused XID (informational)", AT_ONCE)
     severity, sticky, meaning = _XID_DEFAULT.get(xid, (S.WARN, False, "unlisted XID"))
-    return CodeSpec(code, severity, sticky, meaning)
+    return CodeSpec(code, severity, sticky, meaning, AT_ONCE)
 
 
 def dcgm_spec(test: str) -> CodeSpec:
     code = f"DCGM_{test}"
     if test in FATAL_DCGM_TESTS:
-        return CodeSpec(code, S.EVICT, True, f"DCGM diagnostic {test} failed (fatal)")
-    return CodeSpec(code, S.ERR, False, f"DCGM diagnostic {test} failed")
+        return CodeSpec(code, S.EVICT, True, f"DCGM diagnostic {test} failed (fatal)", AT_ONCE)
+    return CodeSpec(code, S.ERR, False, f"DCGM diagnostic {test} failed", AT_ONCE)
 
 
 def default_spec(code: str) -> CodeSpec | None:
@@ -115,6 +145,7 @@ def is_known_code(code: str) -> bool:
 class Override:
     severity: Severity | None = None
     sticky: bool | None = None
+    raise_rule: RaiseRule | None = None
 
 
 class Catalog:
@@ -138,4 +169,5 @@ class Catalog:
             spec,
             severity=over.severity or spec.severity,
             sticky=spec.sticky if over.sticky is None else over.sticky,
+            raise_rule=over.raise_rule or spec.raise_rule,
         )

@@ -32,7 +32,7 @@ import anyio
 import anyio.abc
 from prometheus_client import CollectorRegistry
 
-from checks.base import Check, CheckContext, CheckResult, Severity
+from checks.base import Attachment, Check, CheckContext, CheckResult, Severity
 from checks.nvml import NvmlGpuSource, XidEvent
 from healthd.agent.busy import gpu_pods
 from healthd.agent.deepdiag import DeepDiagnostic
@@ -122,7 +122,10 @@ class Agent:
         self.clock = clock
         self.registry = registry or CollectorRegistry()
         self.http_port = self.settings.http_port if http_port is None else http_port
-        self.policy = Policy(recover_after=self.settings.recover_after)
+        self.policy = Policy(recover_after=self.settings.recover_after,
+                             catalog=self.config.catalog(),
+                             max_doublings=self.settings.flap_max_doublings,
+                             flap_window=self.settings.flap_window)
         self.state: HealthState = initial(clock())
         self.port: int | None = None  # the bound HTTP port, once serving
         self.last_run: str | None = None  # the answer to the latest on-demand request
@@ -196,7 +199,8 @@ class Agent:
                                    job_env=self._deep_job_env())
         peers = PeerWatcher(kube, self.node, namespace=self.settings.peers.namespace,
                             label_selector=self.settings.peers.label_selector,
-                            on_change=self._peers_changed)
+                            on_change=self._peers_changed,
+                            on_attachments=self._attachments_changed)
         requests = RequestHandler(self)
         jobs = self._jobs()
         log.info("agent starting on node %s: %d scheduled jobs, API %s", self.node,
@@ -427,6 +431,9 @@ class Agent:
 
     def _peers_changed(self, peers: list[Any]) -> None:
         self.ctx.peers = peers
+
+    def _attachments_changed(self, attachments: tuple[Attachment, ...]) -> None:
+        self.ctx.attachments = attachments  # the nic check's interfaces
 
 
 def _reports(result: CheckResult, event: XidEvent) -> bool:

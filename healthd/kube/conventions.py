@@ -20,6 +20,13 @@ DEFAULT_OWN_PREFIX = "healthd.io/"
 
 GPU_RESOURCE = "nvidia.com/gpu"
 
+# Multus publishes a pod's attachments (pod network and secondary networks) in this
+# annotation; OpenShift's older releases spell it `networks-status`. Read only.
+NETWORK_STATUS_ANNOTATIONS = (
+    "k8s.v1.cni.cncf.io/network-status",
+    "k8s.v1.cni.cncf.io/networks-status",
+)
+
 
 class Verdict(enum.StrEnum):
     """The node's published state (the label value). Precedence, highest first:
@@ -66,7 +73,9 @@ class Reason(enum.StrEnum):
     RESET_BREAKER_OPEN = "ResetBreakerOpen"
     RESET_BREAKER_CLOSED = "ResetBreakerClosed"
     LENDING_LIMIT_UPDATED = "LendingLimitUpdated"
-    LENDING_LIMIT_REJECTED = "LendingLimitRejected"
+    LENDING_LIMIT_REJECTED = "LendingLimitRejected"  # the server refused the value (422)
+    LENDING_LIMIT_CONFLICT = "LendingLimitConflict"  # 409 or a moving queue on every retry
+    NODE_WRITE_CONFLICT = "NodeWriteConflict"  # the agent's Node write met 409 on every retry
     LENDING_SHORTFALL = "LendingShortfall"
     PEER_UNREACHABLE = "PeerUnreachable"
     CHECK_UNAVAILABLE = "CheckUnavailable"
