@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -79,8 +80,9 @@ def diagnostic_command(key: str) -> list[str]:
 
 
 def job_manifest(node: str, key: str, gpu_count: int, settings: DeepDiagSettings,
-                 keys: Keys) -> Obj:
-    """The Job that runs check `key` on `node` with all `gpu_count` GPUs reserved."""
+                 keys: Keys, env: Mapping[str, str] | None = None) -> Obj:
+    """The Job that runs check `key` on `node` with all `gpu_count` GPUs reserved;
+    `env` reaches its container (e.g. the agent's DCGM host engine)."""
     labels = {keys.diagnostic: "true", keys.node: _label_value(node)}
     gpus = {GPU_RESOURCE: str(gpu_count)}
     pod_spec: dict[str, Any] = {
@@ -94,7 +96,8 @@ def job_manifest(node: str, key: str, gpu_count: int, settings: DeepDiagSettings
             "image": settings.image,
             "command": diagnostic_command(key),
             "env": [{"name": "NODE_NAME",
-                     "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+                     "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                    *({"name": k, "value": v} for k, v in sorted((env or {}).items()))],
             "resources": {"requests": dict(gpus), "limits": dict(gpus)},
             "terminationMessagePath": TERMINATION_LOG,
             "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -176,11 +179,13 @@ class DeepDiagnostic:
 
     def __init__(self, kube: Kube, node: str, settings: DeepDiagSettings,
                  events: EventRecorder, *, catalog: Catalog | None = None,
-                 keys: Keys | None = None) -> None:
+                 keys: Keys | None = None,
+                 job_env: Mapping[str, str] | None = None) -> None:
         self.kube = kube
         self.keys = keys or Keys()
         self.node = node
         self.settings = settings
+        self.job_env = dict(job_env or {})
         self.events = events
         self.catalog = catalog or Catalog()
 
@@ -194,7 +199,8 @@ class DeepDiagnostic:
             return outcome
         try:
             job = await self.kube.create(JOBS, job_manifest(self.node, key, gpu_count,
-                                                            self.settings, self.keys))
+                                                            self.settings, self.keys,
+                                                            self.job_env))
             result = await self._follow(job, key.partition(":")[0])
             outcome = DiagOutcome(result.timed(started, result.duration_s), "")
         except KubeError as exc:

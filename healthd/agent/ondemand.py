@@ -84,7 +84,7 @@ class RequestHost(Protocol):
         """Publish `last-run` with the state, waiting up to `flush_s` for the write."""
         ...
 
-    async def tell(self, type_: str, reason: str, message: str) -> None:
+    async def node_event(self, type_: str, reason: str, message: str) -> None:
         """Post an Event on the node."""
         ...
 
@@ -178,7 +178,7 @@ class RequestHandler:
                               f"verdict {agent.verdict.value}")
 
     async def _event(self, type_: str, reason: str, message: str) -> None:
-        await self.agent.tell(type_, reason, message)
+        await self.agent.node_event(type_, reason, message)
 
 
 def _statuses(results: Mapping[str, CheckResult | str]) -> dict[str, str]:
