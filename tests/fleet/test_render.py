@@ -71,7 +71,8 @@ def test_the_summary_names_the_nodes_that_need_a_look() -> None:
     (["trigger", "--nodes", "n1", "--checks", "nope"], "unknown check nope"),
     (["trigger", "--nodes", "n1", "--checks", "power", "--batch", "0"], "--batch"),
     (["trigger", "--nodes", "n1", "--checks", "power", "--timeout", "soon"], "--timeout"),
-    (["trigger", "--job", "train", "--checks", "power"], "NAMESPACE/APPWRAPPER"),
+    (["trigger", "--job", "a/b/c", "--checks", "power"], "[NAMESPACE/]APPWRAPPER"),
+    (["trigger", "--job", "red/train", "-n", "blue", "--checks", "power"], "another namespace"),
     (["trigger", "--checks", "power"], "one of the arguments"),
     (["status", "--verdict", "GOOD"], "--verdict"),
 ])
