@@ -44,7 +44,7 @@ def result_rows(result: CheckResult, *, wide: bool = False) -> list[tuple[str, .
     if not result.entities:
         return [(result.check, "-", result.status.value, "", "",
                  _clip(result.reason, wide=wide))]
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for status in result.entities:
         mine = [f for f in result.findings if f.entity == status.entity]
         codes = ",".join(dict.fromkeys(f.code for f in mine))

@@ -157,6 +157,9 @@ async def _serve(cluster: DemoCluster, stream: TextIO, hold: Hold | None) -> Non
            f"  kubeconfig  {kubeconfig}",
            f"  try         kubectl --kubeconfig {kubeconfig} get nodes "
            f"-L {cluster.keys.gpuhealth}",
+           f"  status      healthd status --kubeconfig {kubeconfig}",
+           f"  diagnose    healthd trigger --kubeconfig {kubeconfig} "
+           f"--nodes {cluster.nodes[0]} --checks dcgm:3 --wait",
            f"  controller  http://127.0.0.1:{cluster.controller_port}/metrics"]
     out += [f"  {name:<11} http://127.0.0.1:{port}/metrics"
             for name, port in cluster.agent_ports().items()]
