@@ -83,11 +83,14 @@ def outcome_row(o: NodeOutcome, *, wide: bool = False) -> tuple[str, ...]:
 def answer_line(o: NodeOutcome) -> str:
     """One line per node as its request ends, for output that is not a terminal:
     `gpu-7: WARN (before PASS) pciebw=WARN in 31s`."""
-    verdict = f"{o.after or '-'} (before {o.before or '-'})"
-    text = f"{o.node}: {_group(o, waited=True)}"
+    detail = _clip(o.problem)
     if o.state == ANSWERED and o.accepted:
-        text = f"{o.node}: {verdict} {_checks_text(o)} in {_duration(o)}"
-    return text + (f": {_clip(o.problem)}" if o.problem else "")
+        text = f"{o.node}: {o.after or '-'} (before {o.before or '-'}) {_checks_text(o)} " \
+               f"in {_duration(o)}"
+        return text + (f": {detail}" if detail else "")
+    if o.state == ANSWERED:
+        return f"{o.node}: refused by the agent: {detail}"
+    return f"{o.node}: {detail or _group(o, waited=True)}"
 
 
 def _short_status(text: str) -> str:
