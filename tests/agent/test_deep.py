@@ -100,13 +100,20 @@ async def test_free_gpus_run_the_diagnostic_as_a_job_and_publish_its_result(
         await eventually(lambda: h.events("DiagnosticRunning"), what="TESTING Event")
 
 
-async def test_a_job_that_is_never_scheduled_ends_testing_with_an_event(
-        api: ApiEmulator, tmp_path: Path) -> None:
+@asynccontextmanager
+async def never_scheduled(api: ApiEmulator, tmp_path: Path) -> AsyncIterator[Harness]:
+    """An agent at PASS whose diagnostic Jobs never get a node (0.5 s deadline)."""
     spec = spec_with_dcgm("v4-pass-r3")
     config = fast_config(deep_diagnostics={"namespace": DIAG_NS, "schedule_deadline_s": 0.5})
     async with kubelet(api, spec, tmp_path, mode=Mode.NEVER_SCHEDULE), running_agent(
             api, tmp_path, spec=spec, config=config) as h:
         await eventually(lambda: h.verdict() == "PASS", what="PASS label")
+        yield h
+
+
+async def test_a_job_that_is_never_scheduled_ends_testing_with_an_event(
+        api: ApiEmulator, tmp_path: Path) -> None:
+    async with never_scheduled(api, tmp_path) as h:
         h.request("dcgm:3", run_id="deep-3")
         answer = await eventually(lambda: (a := h.last_run()) and a["id"] == "deep-3" and a,
                                   20, "answer")
@@ -136,11 +143,7 @@ async def test_a_configured_diagnostic_runs_on_its_schedule_not_at_start(
 
 async def test_a_diagnostic_that_never_ran_says_why_everywhere_a_person_looks(
         api: ApiEmulator, tmp_path: Path) -> None:
-    spec = spec_with_dcgm("v4-pass-r3")
-    config = fast_config(deep_diagnostics={"namespace": DIAG_NS, "schedule_deadline_s": 0.5})
-    async with kubelet(api, spec, tmp_path, mode=Mode.NEVER_SCHEDULE), running_agent(
-            api, tmp_path, spec=spec, config=config) as h:
-        await eventually(lambda: h.verdict() == "PASS", what="PASS label")
+    async with never_scheduled(api, tmp_path) as h:
         admin = api.write_kubeconfig(tmp_path / "admin.kubeconfig")
         trigger = await anyio.run_process(
             [sys.executable, "-m", "healthd.cli", "trigger", "--nodes", NODE, "--checks",

@@ -235,3 +235,11 @@ async def test_watch_redraws_on_change(api: ApiEmulator, tmp_path: Path) -> None
         api.put(node)
         await eventually(lambda: verdict_of("n-new") == "WARN", 10, "redraw")
         group.cancel_scope.cancel()
+
+
+async def test_one_of_a_kind_reads_in_the_singular(api: ApiEmulator, tmp_path: Path) -> None:
+    api.seed(gpu_node("n-1", verdict="PASS"), agent_pod("n-1"),
+             event("train.1", "NodeEvicted", 60))
+    run = await healthd(api, tmp_path, "status", clock=lambda: NOW)
+    assert "\n1 GPU node: 1 PASS\n" in run.out
+    assert "1 AppWrapper reset in the last hour" in run.out
