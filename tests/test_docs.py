@@ -44,7 +44,7 @@ def test_every_bundled_spec_is_in_both_spec_tables() -> None:
 
 def test_the_agent_metrics_table_is_complete_and_well_formed() -> None:
     rows = table_rows(section(README, "### HTTP and metrics"))
-    assert all(len(row) == 4 and re.fullmatch(r"`[a-z_]+`", row[0]) for row in rows), [
+    assert all(len(row) == 4 and re.fullmatch(r"`[a-z0-9_]+`", row[0]) for row in rows), [
         row for row in rows if len(row) != 4 or not row[0].startswith("`")]
     documented = families(table_rows(healthd.agent.metrics.__doc__ or ""))
     documented.discard("autopilot_health_checks")  # the README describes it above the table

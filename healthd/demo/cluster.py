@@ -6,10 +6,10 @@ What is seeded: namespaces `blue`, `red` and `healthd-system`; ResourceFlavor
 `default-flavor`; ClusterQueues `blue-cluster-queue` and `red-cluster-queue` (8 GPUs
 each) and `slack-cluster-queue` (8 GPUs, no lendingLimit) in cohort
 `default-cohort`; nodes `gpu-node-1..N` with 8 `nvidia.com/gpu` each, and on each an
-agent Pod in `healthd-system`. The agents, the controller and the operator each
-talk to the emulator over HTTP with their own identity, exactly as in a cluster;
-nothing they read is written to the store behind their backs. Only the NVML library
-under pynvml is simulated (healthd.sim.multinode).
+agent Pod in `healthd-system` (healthd.sim.network). The agents, the controller and
+the operator each talk to the emulator over HTTP with their own identity, exactly as
+in a cluster; nothing they read is written to the store behind their backs. Only the
+NVML library under pynvml is simulated (healthd.sim.multinode).
 
 Two kubelet stand-ins write Pod status straight to the store, as a kubelet would:
 the agent Pods' Ready condition follows each agent's own readiness (its /readyz),
@@ -95,24 +95,6 @@ def node_object(name: str, gpus: int, model: str) -> Obj:
                                        "reason": "KubeletReady"}]}}
 
 
-def selector_labels(selector: str) -> dict[str, str]:
-    """The labels a plain `k=v,k2=v2` selector asks for (what the agent Pods carry)."""
-    pairs = (term.split("=", 1) for term in selector.split(",") if "=" in term)
-    return {key.strip(): value.strip().lstrip("=") for key, value in pairs}
-
-
-def agent_pod_object(node: str, config: Config) -> Obj:
-    """The DaemonSet's Pod on `node`, running, not Ready until its agent says so."""
-    peers = config.agent.peers
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"healthd-agent-{node}", "namespace": peers.namespace,
-                         "labels": selector_labels(peers.label_selector)},
-            "spec": {"nodeName": node,
-                     "containers": [{"name": "agent", "image": "healthd:demo",
-                                     "command": ["healthd", "agent"]}]},
-            "status": {"phase": "Running", **_readiness(False)}}
-
-
 def _readiness(ready: bool) -> Obj:
     return {"conditions": [{"type": "Ready", "status": str(ready)}],
             "containerStatuses": [{"name": "agent", "ready": ready, "restartCount": 0,
@@ -195,10 +177,12 @@ async def running_cluster(scenario: Scenario, config: Config, *, nodes: int,
     names = node_names(nodes)
     machine = load_machine_spec(scenario.machine)
     async with ApiEmulator(port=port) as api, AsyncExitStack() as stack:
-        api.seed(*cluster_objects(names, machine.gpus.count, machine.gpus.model),
-                 *(agent_pod_object(name, config) for name in names))
+        api.seed(*cluster_objects(names, machine.gpus.count, machine.gpus.model))
         client = _Clients(api, stack)
         fleet = stack.enter_context(simulate_nodes({n: machine for n in names}))
+        # The agents' own pods, with the pod network and net1 in their network-status:
+        # what ping's peers and the nic check's interfaces come from.
+        api.seed(*(fleet.network.agent_pod(n) for n in names))
         cluster = DemoCluster(
             api=api, config=config, admin=client(ADMIN), fleet=fleet,
             operator=AppWrapperOperator(client("system:serviceaccount:appwrapper-system:"
@@ -236,7 +220,7 @@ async def _probe_agents(cluster: DemoCluster) -> None:
     """The kubelet's readiness probe: each agent Pod's Ready condition follows its
     agent's readiness, written only when it changes."""
     shown: dict[str, bool] = {}
-    namespace = cluster.config.agent.peers.namespace
+    namespace = cluster.fleet.network.namespace
     while True:
         for name, agent in cluster.agents.items():
             ready = agent.ready()[0]
