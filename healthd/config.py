@@ -28,7 +28,7 @@ from pydantic import (
 
 import checks
 from checks.base import Check, Severity
-from checks.catalog import Catalog, Override, is_known_code
+from checks.catalog import Catalog, Override, RaiseRule, is_known_code
 from healthd.agent.settings import AgentSettings
 from healthd.controller.settings import ControllerSettings
 from healthd.validation import explain
@@ -64,6 +64,26 @@ class _Frozen(BaseModel):
 class CodeOverride(_Frozen):
     severity: Severity | None = None
     sticky: bool | None = None
+    raise_seen: int | None = Field(
+        None, ge=1, le=100, description="raise after this many sightings in raise_runs runs")
+    raise_runs: int | None = Field(
+        None, ge=1, le=100, description="the window of runs raise_seen counts in")
+
+    @model_validator(mode="after")
+    def _whole_rule(self) -> CodeOverride:
+        if (self.raise_seen is None) != (self.raise_runs is None):
+            raise ValueError("give both raise_seen and raise_runs, or neither")
+        if self.raise_seen is not None and self.raise_runs is not None \
+                and self.raise_seen > self.raise_runs:
+            raise ValueError(f"raise_seen ({self.raise_seen}) cannot exceed raise_runs "
+                             f"({self.raise_runs})")
+        return self
+
+    def override(self) -> Override:
+        rule = None
+        if self.raise_seen is not None and self.raise_runs is not None:
+            rule = RaiseRule(self.raise_seen, self.raise_runs)
+        return Override(self.severity, self.sticky, rule)
 
     @field_validator("severity")
     @classmethod
@@ -127,7 +147,7 @@ class Config(_Frozen):
         return self
 
     def catalog(self) -> Catalog:
-        return Catalog({code: Override(o.severity, o.sticky) for code, o in self.codes.items()})
+        return Catalog({code: o.override() for code, o in self.codes.items()})
 
     def check_section(self, name: str) -> CheckConfig:
         return self.checks.get(name, CheckConfig())

@@ -119,7 +119,10 @@ class Agent:
         self.clock = clock
         self.registry = registry or CollectorRegistry()
         self.http_port = self.settings.http_port if http_port is None else http_port
-        self.policy = Policy(recover_after=self.settings.recover_after)
+        self.policy = Policy(recover_after=self.settings.recover_after,
+                             catalog=self.config.catalog(),
+                             max_doublings=self.settings.flap_max_doublings,
+                             flap_window=self.settings.flap_window)
         self.state: HealthState = initial(clock())
         self.port: int | None = None  # the bound HTTP port, once serving
         self.last_run: str | None = None  # the answer to the latest on-demand request

@@ -26,8 +26,8 @@ from healthd.report import render_table
 
 TRIGGER_HEADERS = ("NODE", "BEFORE", "AFTER", "CHECKS", "DURATION", "ERROR")
 TRIGGER_WIDE_HEADERS = ("NODE", "BEFORE", "AFTER", "CHECKS", "DURATION", "WAITED", "ERROR")
-STATUS_HEADERS = ("NODE", "VERDICT", "SINCE", "TOP CODES", "AGENT", "RESTARTS", "BLAMED",
-                  "NOTES")
+STATUS_HEADERS = ("NODE", "VERDICT", "SINCE", "TOP CODES", "FLAPS", "AGENT", "RESTARTS",
+                  "BLAMED", "NOTES")
 STATUS_WIDE_HEADERS = (*STATUS_HEADERS, "GPUS", "AGENT POD", "LAST CHANGE")
 LENDING_HEADERS = ("QUEUE", "FLAVOR", "RESOURCE", "NOMINAL", "LIMIT", "DUE", "UNAVAILABLE",
                    "BAD NODES")
@@ -180,7 +180,8 @@ def _status_row(row: Mapping[str, Any]) -> tuple[str, ...]:
     notes = [n for n, on in (("cordoned", row["cordoned"]), ("NotReady", row["ready"] is False))
              if on]
     return (row["name"], row["verdict"], age(row["since_age_s"]),
-            ",".join(row["top_codes"]) or "-", _agent_state(row), _restarts(row),
+            ",".join(row["top_codes"]) or "-", str(row.get("flaps") or "-"),
+            _agent_state(row), _restarts(row),
             "yes" if row.get("blamed") else "-", ",".join(notes) or "-")
 
 

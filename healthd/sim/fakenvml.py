@@ -127,6 +127,8 @@ class FakeNvmlLibrary:
             raise Fail(code("INVALID_ARGUMENT"))
         if state.lost:
             raise Fail(code("GPU_IS_LOST"))
+        if _VERSION_SUFFIX.sub("", name) in self.spec.gpus.unsupported:
+            raise Fail(code("NOT_SUPPORTED"))
         return state
 
     def raise_injected(self, name: str, gpu: int | None) -> None:

@@ -43,7 +43,8 @@ def test_bad_params_are_rejected(params: dict[str, object]) -> None:
 
 def test_sim_command_replays_a_recording() -> None:
     argv = fake_dcgmi_command(DcgmSim(output="v4-fail-r3", exit=1, sleep_s=0.5))
-    assert argv[1:] == [str(FAKE_DCGMI), "--output", "v4-fail-r3", "--exit", "1", "--sleep", "0.5"]
+    assert argv[1:] == [str(FAKE_DCGMI), "--output", "v4-fail-r3", "--exit", "1", "--sleep", "0.5",
+                         "--dcgm-version", "4.2.3"]
 
 
 def test_sim_rejects_an_unknown_recording() -> None:

@@ -9,7 +9,9 @@ first, then the dcgmi arguments it stands in for (which must start with `diag`):
                   [--stderr TEXT] [--pid-file F] [--grandchild]  diag -r 3 -j
 
 `--output` is a recorded name (a file in `outputs/`, see `outputs/index.json`) or a
-path. Without `--exit` it exits with the status the recording was taken with.
+path; `--text` prints the given text instead (a recording kept inline in a machine
+spec). `--version` answers like `dcgmi --version`, with `--dcgm-version`'s number.
+Without `--exit` it exits with the status the recording was taken with.
 `--sleep inf` never finishes (for timeout tests); `--grandchild` first starts a
 sleeping child in the same process group, and `--pid-file` records both pids, so a
 test can prove the whole group dies. Standard library only: it must start fast.
@@ -52,7 +54,10 @@ def resolve(output: str) -> tuple[Path, int]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fake-dcgmi", description=__doc__.splitlines()[0])
-    parser.add_argument("--output", required=True, help="recorded name or file path")
+    parser.add_argument("--output", default="", help="recorded name or file path")
+    parser.add_argument("--text", default=None, help="print this instead of --output")
+    parser.add_argument("--dcgm-version", default="4.2.3", help="version --version shows")
+    parser.add_argument("--version", action="store_true", help="print the version, exit 0")
     parser.add_argument("--exit", type=int, default=None, help="exit status to use")
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds to wait first")
     parser.add_argument("--noise", action="store_true", help="print junk around the JSON")
@@ -88,11 +93,14 @@ def _sleep(seconds: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.version:
+        print(f"dcgmi  version: {args.dcgm_version}")
+        return 0
     if not args.dcgmi_args or args.dcgmi_args[0] != "diag":
         print("Error: fake dcgmi only knows `diag`", file=sys.stderr)
         return EXIT_BAD_ARGS
     try:
-        path, recorded_exit = resolve(args.output)
+        path, recorded_exit = (None, 0) if args.text is not None else resolve(args.output)
     except (OSError, ValueError) as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGS
@@ -101,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         pids.append(_spawn_grandchild())
     _record_pids(args.pid_file, pids)
     _sleep(args.sleep)
-    body = path.read_text()
+    body = args.text if path is None else path.read_text()
     out = f"{BANNER}{body}\n{TRAILER}" if args.noise else body
     sys.stdout.write(out)
     sys.stdout.flush()
