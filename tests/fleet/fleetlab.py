@@ -95,11 +95,18 @@ async def running_agents(api: ApiEmulator, tmp_path: Path,
                 group.start_soon(agent.run)
             try:
                 await eventually(lambda: all(a.ready()[0] for a in agents), 30, "agents ready")
+                # Ready is the first round done; its verdict reaches the Node just after.
+                await eventually(lambda: all(_verdict(api, n) for n in nodes), 30, "verdicts")
                 yield agents
             finally:
                 for agent in agents:
                     agent.stop()
                 group.cancel_scope.deadline = anyio.current_time() + 10
+
+
+def _verdict(api: ApiEmulator, node: str) -> str | None:
+    obj = api.get("Node", node) or {}
+    return ((obj.get("metadata") or {}).get("labels") or {}).get(KEYS.gpuhealth)
 
 
 class Terminal(io.StringIO):
