@@ -105,7 +105,7 @@ def run_agent(args: argparse.Namespace, simulate: Simulate | None = None) -> int
             node = resolve_node_name(config, args.node, sim)
             configure_logging(args.log_level, node)
             agent = Agent(sim.adapt(config) if sim else config, node=node,
-                          kubeconfig=args.kubeconfig,
+                          kubeconfig=args.kubeconfig, context=args.context,
                           probes=sim.probes() if sim else None,
                           http_port=args.http_port)
             try:
