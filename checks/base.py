@@ -326,9 +326,9 @@ class CheckContext:
     peers: Sequence[Peer] = ()
     pvc_api: ProbeApiFactory | None = None  # the pvc check's door to the cluster
     attachments: Sequence[Attachment] = ()  # this pod's secondary interfaces (nic)
-    link_reader: Any = None  # checks.nic.LinkReader; None = netlink in this namespace
-    bandwidth_probe: Any = None  # checks.pciebw.BandwidthProbe; None = the real CUDA probe
-    ping_prober: Any = None  # checks.ping.Prober; None = ICMP through icmplib
+    link_reader: LinkReader | None = None  # None: netlink in this namespace
+    bandwidth_probe: BandwidthProbe | None = None  # None: the real CUDA probe
+    ping_prober: Prober | None = None  # None: ICMP through icmplib
     namespace: str = "healthd-system"
     extra: dict[str, Any] = field(default_factory=dict)
 
