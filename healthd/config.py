@@ -39,6 +39,10 @@ ENV_OVERRIDES = {
     "POD_NAMESPACE": "namespace",
 }
 
+# The DCGM host engine from the pod: Kubernetes expands `$(HOST_IP):5555` in the
+# manifest, which a config file cannot (see deploy/daemonset/overlays/gpu-operator).
+DCGM_HOST_ENGINE_ENV = "DCGM_HOST_ENGINE"
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
@@ -187,8 +191,20 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     for var, field_name in ENV_OVERRIDES.items():
         if env.get(var):
             raw[field_name] = env[var]
+    if env.get(DCGM_HOST_ENGINE_ENV):
+        _set_dcgm_host_engine(raw, env[DCGM_HOST_ENGINE_ENV])
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
         origin = path or "defaults"
         raise ConfigError(f"config {origin}: {explain(exc)}") from exc
+
+
+def _set_dcgm_host_engine(raw: dict[str, Any], address: str) -> None:
+    """`checks.dcgm.params.host_engine = address` in a raw config; a section of the
+    wrong shape is left for validation to name."""
+    sections = raw.setdefault("checks", {})
+    dcgm = sections.setdefault("dcgm", {}) if isinstance(sections, dict) else None
+    params = dcgm.setdefault("params", {}) if isinstance(dcgm, dict) else None
+    if isinstance(params, dict):
+        params["host_engine"] = address

@@ -78,6 +78,7 @@ class Reason(enum.StrEnum):
     NODE_WRITE_CONFLICT = "NodeWriteConflict"  # the agent's Node write met 409 on every retry
     LENDING_SHORTFALL = "LendingShortfall"
     PEER_UNREACHABLE = "PeerUnreachable"
+    CHECK_UNAVAILABLE = "CheckUnavailable"
 
 
 @dataclass(frozen=True)

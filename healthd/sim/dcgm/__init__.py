@@ -54,6 +54,11 @@ class DcgmSim(BaseModel):
         description="a recorded `dcgmi diag -j` output, inline (healthd record writes it); "
         "replaces `output`",
     )
+    host_engine: str | None = Field(
+        default=None,
+        description="where the host engine listens (`none`: nowhere, so dcgmi cannot "
+        "connect); unset: wherever the check asks",
+    )
 
     @field_validator("output")
     @classmethod
@@ -76,4 +81,6 @@ def fake_dcgmi_command(sim: DcgmSim) -> list[str]:
         argv += ["--exit", str(sim.exit)]
     if sim.sleep_s:
         argv += ["--sleep", repr(sim.sleep_s)]
+    if sim.host_engine is not None:
+        argv += ["--host-engine", sim.host_engine]
     return [*argv, "--dcgm-version", sim.version]
