@@ -32,6 +32,7 @@ import aiohttp
 import anyio
 import kubernetes.aio.client as aio_client
 import kubernetes.aio.config as aio_config
+import yaml
 from kubernetes.aio.client.exceptions import ApiException
 from kubernetes.aio.client.rest import RESTResponse
 from kubernetes.aio.config.config_exception import ConfigException
@@ -69,10 +70,12 @@ class Kube:
     # -- construction --------------------------------------------------------------
 
     @classmethod
-    async def connect(cls, kubeconfig: str | None = None, *, timeout_s: float = 10) -> Kube:
+    async def connect(cls, kubeconfig: str | None = None, *, context: str | None = None,
+                      timeout_s: float = 10) -> Kube:
         """A client from `kubeconfig` when given; else from $KUBECONFIG; else the pod's
-        service account (in-cluster); else ~/.kube/config. KubeError when none works."""
-        config = await _load_configuration(kubeconfig)
+        service account (in-cluster); else ~/.kube/config. `context` picks a kubeconfig
+        context other than its current one. KubeError when none works."""
+        config = await _load_configuration(kubeconfig, context)
         return cls(aio_client.ApiClient(config), timeout_s=timeout_s)
 
     async def close(self) -> None:
@@ -300,12 +303,38 @@ def _unreachable(method: str, path: str, exc: BaseException) -> Unavailable:
     return Unavailable(f"{method} {path}: {detail}", reason="Unreachable")
 
 
-async def _from_file(path: str, config: aio_client.Configuration) -> None:
+async def _from_file(path: str, config: aio_client.Configuration,
+                     context: str | None) -> None:
+    _read_kubeconfig(path)
     await aio_config.load_kube_config(  # type: ignore[no-untyped-call]
-        config_file=path, client_configuration=config, persist_config=False)
+        config_file=path, context=context, client_configuration=config,
+        persist_config=False)
 
 
-async def _load_configuration(kubeconfig: str | None) -> aio_client.Configuration:
+def _read_kubeconfig(path: str) -> dict[str, Any]:
+    """The kubeconfig file as a mapping; ConfigException saying plainly what is wrong
+    (the client's own loader answers an empty file with a TypeError and broken YAML
+    with a parser traceback, before it looks at anything else)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigException("not a text file") from exc
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" (line {where.line + 1})" if where is not None else ""
+        raise ConfigException(f"not valid YAML{line}: "
+                              f"{getattr(exc, 'problem', None) or exc}") from exc
+    if document is None:
+        raise ConfigException("the file is empty")
+    if not isinstance(document, dict):
+        raise ConfigException(f"not a YAML mapping (got {type(document).__name__})")
+    return document
+
+
+async def _load_configuration(kubeconfig: str | None,
+                              context: str | None = None) -> aio_client.Configuration:
     # Bypass the generated class's "default copy" construction: a fresh, private config.
     config: aio_client.Configuration = type.__call__(aio_client.Configuration)
     # $KUBECONFIG is the kubernetes client's own convention, honoured like kubectl does.
@@ -313,15 +342,17 @@ async def _load_configuration(kubeconfig: str | None) -> aio_client.Configuratio
     home = Path.home() / ".kube" / "config"
     try:
         if path:
-            await _from_file(path, config)
+            await _from_file(path, config, context)
             return config
         try:
+            if context:  # a context names a kubeconfig entry: never the in-cluster account
+                raise ConfigException(f"--context {context} needs a kubeconfig")
             aio_config.load_incluster_config(  # type: ignore[no-untyped-call]
                 client_configuration=config)
         except ConfigException:
             if not home.exists():
                 raise
-            await _from_file(str(home), config)
+            await _from_file(str(home), config, context)
         return config
     except (ConfigException, OSError, ValueError, TypeError, KeyError) as exc:
         where = path or "in-cluster service account or ~/.kube/config"
