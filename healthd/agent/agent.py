@@ -116,7 +116,8 @@ class Agent:
         self.policy = Policy(recover_after=self.settings.recover_after,
                              catalog=self.config.catalog(),
                              max_doublings=self.settings.flap_max_doublings,
-                             flap_window=self.settings.flap_window)
+                             flap_window=self.settings.flap_window,
+                             min_hold=self.settings.min_hold)
         self.state: HealthState = initial(clock())
         self.port: int | None = None  # the bound HTTP port, once serving
         self.last_run: str | None = None  # the answer to the latest on-demand request
