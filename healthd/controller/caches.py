@@ -34,6 +34,7 @@ from healthd.kube.objects import (
     Resource,
     key_of,
     name_of,
+    node_name_of,
     resource_version_of,
 )
 from healthd.kube.watching import DELETED
@@ -116,9 +117,7 @@ class _Index:
 
 
 def _node_name(pod: Obj) -> str | None:
-    spec = pod.get("spec")
-    name = spec.get("nodeName") if isinstance(spec, dict) else None
-    return str(name) if name else None
+    return node_name_of(pod) or None
 
 
 class _ListingWatcher:
