@@ -299,7 +299,10 @@ class ProcessCluster:
             # A thread blocked on the pipe costs this process (the one measured) no CPU.
             if not await anyio.to_thread.run_sync(conn.poll, wait_s):
                 raise TimeoutError(f"the emulator process did not answer {command!r}")
-            kind, value = conn.recv()
+            try:
+                kind, value = conn.recv()
+            except EOFError:
+                raise RuntimeError("the emulator process exited") from None
         if kind == "error":
             raise RuntimeError(f"the emulator process failed: {value}")
         return value

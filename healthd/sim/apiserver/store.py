@@ -123,8 +123,14 @@ class Store:
              selector: Selector | None = None) -> tuple[list[Obj], int]:
         """Matching objects as `rt` serves them (sorted by namespace/name), and the rv."""
         with self._lock:
-            items = [render(obj, rt) for key, obj in sorted(self._bucket(rt).items())
-                     if namespace is None or key[0] == namespace]
+            stored = [obj for key, obj in sorted(self._bucket(rt).items())
+                      if namespace is None or key[0] == namespace]
+            if selector is not None and not rt.renames:
+                # Select before copying: a selective list of a large collection (a
+                # controller's pods) copies only what it returns.
+                stored = [obj for obj in stored if selector.matches(obj)]
+                selector = None
+            items = [render(obj, rt) for obj in stored]
             return [o for o in items if selector is None or selector.matches(o)], self._rv
 
     # -- the one write path --------------------------------------------------------
