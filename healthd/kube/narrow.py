@@ -70,11 +70,11 @@ from kubernetes.aio.client.exceptions import ApiException  # noqa: E402
 from kubernetes.aio.client.rest import RESTResponse  # noqa: E402
 
 _client = sys.modules["kubernetes.aio.client"]
-setattr(_client, "Configuration", Configuration)  # the config loaders import it from there
+vars(_client)["Configuration"] = Configuration  # the config loaders import it from there
 
 from kubernetes.aio.client.api_client import ApiClient  # noqa: E402
 
-setattr(_client, "ApiClient", ApiClient)
+vars(_client)["ApiClient"] = ApiClient
 
 from kubernetes.aio.config.config_exception import ConfigException  # noqa: E402
 from kubernetes.aio.config.incluster_config import load_incluster_config  # noqa: E402

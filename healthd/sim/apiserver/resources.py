@@ -138,6 +138,16 @@ def _move(obj: Obj, src: str, dst: str) -> None:
     holder[leaf] = value
 
 
+def copy_json(value: Any) -> Any:
+    """A deep copy of JSON-shaped data (dicts, lists, scalars): several times faster
+    than `copy.deepcopy`, which the store's every read and write would pay."""
+    if isinstance(value, dict):
+        return {key: copy_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [copy_json(item) for item in value]
+    return value
+
+
 def to_version(obj: Obj, rt: ResourceType) -> Obj:
     """A stored object in the shape `rt` serves (the caller's copy is changed)."""
     for storage_path, version_path in rt.renames:
