@@ -40,7 +40,9 @@ class _DeferredPackage(types.ModuleType):
         except ModuleNotFoundError as exc:
             if exc.name != f"{self.__name__}.{name}":
                 raise
-        self.__class__ = types.ModuleType  # from now on an ordinary, complete package
+        if vars(self).get("_healthd_loaded"):  # complete already: the name is not there
+            raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+        vars(self)["_healthd_loaded"] = True
         assert self.__spec__ is not None and self.__spec__.loader is not None
         self.__spec__.loader.exec_module(self)
         return getattr(self, name)
