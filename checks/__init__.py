@@ -11,6 +11,7 @@ from checks.base import Check
 from checks.dcgm import DcgmCheck
 from checks.ecc import EccCheck
 from checks.gpus import GpusCheck
+from checks.nic import NicCheck
 from checks.nvlink import NvlinkCheck
 from checks.pcie import PcieCheck
 from checks.pciebw import PcieBwCheck
@@ -30,6 +31,7 @@ _ALL: tuple[type[Check], ...] = (
     XidCheck,
     PcieBwCheck,
     PingCheck,
+    NicCheck,
     PvcCheck,
     DcgmCheck,
 )

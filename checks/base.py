@@ -78,19 +78,25 @@ def worst(severities: Iterable[Severity]) -> Severity:
     return Severity.SKIPPED if seen else Severity.PASS
 
 
-EntityKind = Literal["gpu", "node", "peer", "storage"]
+EntityKind = Literal["gpu", "node", "peer", "storage", "network", "nic"]
+
+# The pod network (the cluster network every pod has) as a network name; secondary
+# networks (Multus attachments) go by their attachment's name, e.g. `net1`.
+POD_NETWORK = "pod"
 
 
 @dataclass(frozen=True, order=True)
 class Entity:
     """What a finding is about: a GPU (by index, with UUID and PCI bus id), the node
-    itself, a peer node, or a storage class."""
+    itself, a peer node (on one network: `network` is empty for the pod network), a
+    storage class, a secondary network, or a secondary network interface (`nic`)."""
 
     kind: EntityKind
     name: str
     uuid: str = ""
     pci_bus_id: str = ""
     model: str = ""
+    network: str = ""  # peers and NICs on a secondary network; "" = the pod network
 
     @classmethod
     def gpu(cls, index: int, uuid: str = "", pci_bus_id: str = "", model: str = "") -> Entity:
@@ -100,6 +106,11 @@ class Entity:
     def node(cls, name: str) -> Entity:
         return cls("node", name)
 
+    @classmethod
+    def peer(cls, name: str, network: str = "") -> Entity:
+        """A peer node as probed on `network` ("" or POD_NETWORK: the pod network)."""
+        return cls("peer", name, network="" if network == POD_NETWORK else network)
+
     @property
     def index(self) -> int | None:
         """The GPU index, for GPU entities."""
@@ -107,18 +118,21 @@ class Entity:
 
     @property
     def label(self) -> str:
-        """Short name for tables and logs: `gpu3`, `node`, `peer/n2`, `storage/fast`."""
+        """Short name for tables and logs: `gpu3`, `node`, `peer/n2`, `peer/n2@net1`,
+        `storage/fast`, `network/net1`, `nic/net1`."""
         if self.kind == "gpu":
             return f"gpu{self.name}"
         if self.kind == "node":
             return "node"
+        if self.kind == "peer" and self.network:
+            return f"peer/{self.name}@{self.network}"
         return f"{self.kind}/{self.name}"
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "name": self.name}
         if self.kind == "gpu":
             out["index"] = self.index
-        for key in ("uuid", "pci_bus_id", "model"):
+        for key in ("uuid", "pci_bus_id", "model", "network"):
             if getattr(self, key):
                 out[key] = getattr(self, key)
         return out
@@ -273,10 +287,22 @@ class NoParams(BaseModel):
 
 @dataclass
 class Peer:
-    """Another node to probe: its name and addresses (IPv4 and/or IPv6)."""
+    """Another node to probe: its name, its pod-network addresses (IPv4 and/or IPv6)
+    and, per secondary network it is attached to, its addresses there."""
 
     name: str
     addresses: Sequence[str]
+    networks: Mapping[str, Sequence[str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """One interface this node's own pod has on a secondary network (from Multus):
+    what the `nic` check inspects."""
+
+    network: str
+    interface: str
+    addresses: tuple[str, ...] = ()
 
 
 @dataclass
@@ -291,6 +317,8 @@ class CheckContext:
     gpus: GpuSource | None = None
     expected_gpus: int | None = None
     peers: Sequence[Peer] = ()
+    attachments: Sequence[Attachment] = ()  # this pod's secondary interfaces (nic)
+    link_reader: Any = None  # checks.nic.LinkReader; None = netlink in this namespace
     kube: Any = None  # a kubernetes.client.ApiClient, for the pvc check
     bandwidth_probe: Any = None  # checks.pciebw.BandwidthProbe; None = the real CUDA probe
     namespace: str = "healthd-system"

@@ -1,11 +1,19 @@
-"""The `ping` check: can this node reach its peer nodes over ICMP echo?
+"""The `ping` check: can this node reach its peer nodes over ICMP echo, on every
+network they share?
 
-Each peer is probed on every address it has (IPv4 and IPv6) at once; a peer that
-answers on any address is reachable. The check judges from THIS node's view only:
-an unreachable peer is a `PEER_UNREACHABLE` finding about that peer, and a node
-that cannot reach most of its peers is `NETWORK_ISOLATED`. Who is really at fault
-when several nodes disagree is a cluster-wide question answered by `checks.blame`
-over every node's results.
+Each peer is probed on every address it has (IPv4 and IPv6) at once, per network:
+the pod network (`status.podIPs`) and every secondary network it is attached to
+(Multus `network-status`, handed over in `Peer.networks`). A peer that answers on
+any address of a network is reachable on that network. The check judges each
+network on its own, from THIS node's view only: an unreachable peer is a
+`PEER_UNREACHABLE` finding about that peer on that network, and a node that cannot
+reach most of its peers on a network is `NETWORK_ISOLATED` there (about the node
+for the pod network, about `network/<name>` for a secondary one). Who is really at
+fault when several nodes disagree is a cluster-wide question answered by
+`checks.blame` over every node's results, network by network.
+
+Which networks are probed, and with how many echoes and what deadline each, is
+configuration (`networks`, `per_network`).
 
 The ICMP traffic goes through a `Prober`. `IcmpProber` is the real one (icmplib,
 raw sockets with CAP_NET_RAW, or unprivileged ICMP datagram sockets); tests swap in
@@ -21,13 +29,21 @@ import ipaddress
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import anyio
 import icmplib
 from pydantic import BaseModel, ConfigDict, Field
 
-from checks.base import BaseCheck, CheckContext, CheckResult, Entity, Peer, ResultBuilder
+from checks.base import (
+    POD_NETWORK,
+    BaseCheck,
+    CheckContext,
+    CheckResult,
+    Entity,
+    Peer,
+    ResultBuilder,
+)
 
 
 class ProbeError(Exception):
@@ -105,8 +121,27 @@ class IcmpProber:
         return Echo(address, host.packets_sent, tuple(host.rtts))
 
 
+class NetworkProbe(BaseModel):
+    """How one network is probed; unset fields take the check's own values."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    count: int | None = Field(None, ge=1, le=100, description="echo requests per address")
+    timeout_s: float | None = Field(None, gt=0, le=30, description="wait for each reply")
+    deadline_s: float | None = Field(
+        None, gt=0, le=600, description="the whole network's probing ends by then"
+    )
+
+
 class PingParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    networks: Literal["all"] | tuple[str, ...] = Field(
+        "all", description=f"networks to probe: all, or names ({POD_NETWORK!r} = pod network)"
+    )
+    per_network: dict[str, NetworkProbe] = Field(
+        default_factory=dict, description="count / timeout_s / deadline_s per network name"
+    )
 
     count: int = Field(3, ge=1, le=100, description="echo requests per address")
     timeout_s: float = Field(1.0, gt=0, le=30, description="wait for each reply")
@@ -129,10 +164,11 @@ class PeerOutcome:
     echoes: tuple[Echo, ...] = ()
     invalid: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
+    network: str = POD_NETWORK
 
     @property
     def entity(self) -> Entity:
-        return Entity("peer", self.peer.name)
+        return Entity.peer(self.peer.name, self.network)
 
     @property
     def judged(self) -> bool:
@@ -185,15 +221,57 @@ def _valid_address(address: object) -> bool:
 
 
 def _merge_peers(peers: Sequence[Peer], self_name: str) -> list[Peer]:
-    """One entry per peer name (addresses merged, order kept), without this node."""
-    merged: dict[str, list[str]] = {}
+    """One entry per peer name (addresses merged per network, order kept), without
+    this node."""
+    merged: dict[str, dict[str, list[str]]] = {}
     for peer in peers:
         if peer.name == self_name and self_name:
             continue
-        given = [peer.addresses] if isinstance(peer.addresses, str) else peer.addresses
-        addresses = merged.setdefault(str(peer.name), [])
-        addresses.extend(str(a) for a in given if str(a) not in addresses)
-    return [Peer(name, tuple(addresses)) for name, addresses in sorted(merged.items())]
+        networks = merged.setdefault(str(peer.name), {POD_NETWORK: []})
+        for network, given in [(POD_NETWORK, peer.addresses), *peer.networks.items()]:
+            addresses = networks.setdefault(str(network), [])
+            listed = [given] if isinstance(given, str) else given
+            addresses.extend(str(a) for a in listed if str(a) not in addresses)
+    return [
+        Peer(name, tuple(nets.pop(POD_NETWORK)), {n: tuple(a) for n, a in nets.items() if a})
+        for name, nets in sorted(merged.items())
+    ]
+
+
+@dataclass(frozen=True)
+class NetworkPlan:
+    """One network to probe: the peers on it (with their addresses there) and how."""
+
+    network: str
+    peers: tuple[Peer, ...]
+    count: int
+    timeout_s: float
+    deadline_s: float | None
+
+    @property
+    def secondary(self) -> bool:
+        return self.network != POD_NETWORK
+
+
+def plan_networks(peers: Sequence[Peer], params: PingParams) -> list[NetworkPlan]:
+    """The networks to probe (pod network first, then by name), as configured. A
+    network only some peers are attached to is probed on those peers only."""
+    on: dict[str, list[Peer]] = {POD_NETWORK: list(peers)}
+    for peer in peers:
+        for network, addresses in sorted(peer.networks.items()):
+            on.setdefault(network, []).append(Peer(peer.name, addresses))
+    wanted = params.networks
+    plans = []
+    for network in sorted(on, key=lambda n: (n != POD_NETWORK, n)):
+        if not on[network] or (wanted != "all" and network not in wanted):
+            continue
+        how = params.per_network.get(network, NetworkProbe())
+        plans.append(NetworkPlan(
+            network, tuple(on[network]),
+            count=how.count or params.count,
+            timeout_s=how.timeout_s or params.timeout_s,
+            deadline_s=how.deadline_s))
+    return plans
 
 
 class PingCheck(BaseCheck):
@@ -204,7 +282,7 @@ class PingCheck(BaseCheck):
     DEFAULT_INTERVAL_S: ClassVar[float] = 300.0
     # Room for large fleets: 64 addresses at a time, ~3.4 s each with the defaults.
     DEFAULT_TIMEOUT_S: ClassVar[float] = 120.0
-    DESCRIPTION: ClassVar[str] = "ICMP echo to every peer node (IPv4 and IPv6)"
+    DESCRIPTION: ClassVar[str] = "ICMP echo to every peer node on every network (IPv4, IPv6)"
 
     params: PingParams
 
@@ -218,60 +296,83 @@ class PingCheck(BaseCheck):
         self.prober: Prober = prober or IcmpProber(privileged=self.params.privileged)
 
     async def run(self, ctx: CheckContext) -> CheckResult:
-        peers = _merge_peers(ctx.peers, ctx.node_name)
-        if not peers:
+        plans = plan_networks(_merge_peers(ctx.peers, ctx.node_name), self.params)
+        if not plans:
             return CheckResult.skipped(self.NAME, "no peers to ping")
-        try:
-            outcomes = await self._probe_all(peers)
-        except ProbePermissionError as exc:
-            return CheckResult.unknown(self.NAME, str(exc))
-        return self._judge(ctx, outcomes)
-
-    async def _probe_all(self, peers: Sequence[Peer]) -> list[PeerOutcome]:
-        """Probe every valid address of every peer, at most `concurrency` at once."""
         limiter = anyio.CapacityLimiter(self.params.concurrency)
+        outcomes: dict[str, list[PeerOutcome] | ProbePermissionError] = {}
+        async with anyio.create_task_group() as tg:
+            for plan in plans:
+                tg.start_soon(self._probe_network, plan, limiter, outcomes)
+        for got in outcomes.values():
+            if isinstance(got, ProbePermissionError):  # no address can be probed at all
+                return CheckResult.unknown(self.NAME, str(got))
+        builder = ResultBuilder(self.NAME, ctx.catalog)
+        for plan in plans:
+            judged = outcomes[plan.network]
+            assert not isinstance(judged, ProbeError)
+            self._judge(builder, ctx, plan, judged)
+        return builder.build()
+
+    async def _probe_network(
+        self, plan: NetworkPlan, limiter: anyio.CapacityLimiter,
+        into: dict[str, list[PeerOutcome] | ProbePermissionError],
+    ) -> None:
+        """Probe every valid address of every peer on one network, within its
+        deadline; an address still in flight at the deadline could not be judged."""
         results: dict[tuple[str, str], Echo | ProbeError] = {}
 
         async def one(name: str, address: str) -> None:
             async with limiter:
-                results[(name, address)] = await self._probe_one(address)
+                results[(name, address)] = await self._probe_one(plan, address)
 
-        async with anyio.create_task_group() as tg:
-            for peer in peers:
-                for address in peer.addresses:
-                    if _valid_address(address):
-                        tg.start_soon(one, peer.name, address)
-        for outcome in results.values():
-            if isinstance(outcome, ProbePermissionError):
-                raise outcome  # no address can be probed: the whole check cannot tell
-        return [_outcome(peer, results) for peer in peers]
+        with anyio.move_on_after(plan.deadline_s):
+            async with anyio.create_task_group() as tg:
+                for peer in plan.peers:
+                    for address in peer.addresses:
+                        if _valid_address(address):
+                            tg.start_soon(one, peer.name, address)
+        late = ProbeError(f"no answer within the {plan.network} deadline of {plan.deadline_s} s")
+        for peer in plan.peers:
+            for address in filter(_valid_address, peer.addresses):
+                results.setdefault((peer.name, address), late)
+        denied = [o for o in results.values() if isinstance(o, ProbePermissionError)]
+        if denied:  # no address can be probed: the whole check cannot tell
+            into[plan.network] = denied[0]
+            return
+        into[plan.network] = [_outcome(peer, results, plan.network) for peer in plan.peers]
 
-    async def _probe_one(self, address: str) -> Echo | ProbeError:
-        p = self.params
+    async def _probe_one(self, plan: NetworkPlan, address: str) -> Echo | ProbeError:
         try:
             return await self.prober.probe(
-                address, count=p.count, interval_s=p.interval_s, timeout_s=p.timeout_s
+                address, count=plan.count, interval_s=self.params.interval_s,
+                timeout_s=plan.timeout_s,
             )
         except ProbeError as exc:
             return exc
 
-    def _judge(self, ctx: CheckContext, outcomes: Sequence[PeerOutcome]) -> CheckResult:
-        builder = ResultBuilder(self.NAME, ctx.catalog)
+    def _judge(self, builder: ResultBuilder, ctx: CheckContext, plan: NetworkPlan,
+               outcomes: Sequence[PeerOutcome]) -> None:
         judged = [o for o in outcomes if o.judged]
         down = [o for o in judged if not o.reachable]
         isolated = len(judged) >= 2 and len(down) > self.params.isolated_fraction * len(judged)
         for outcome in outcomes:
             self._record_peer(builder, outcome, isolated)
-        if isolated:
-            builder.finding(
-                "NETWORK_ISOLATED",
-                Entity.node(ctx.node_name or "node"),
-                f"cannot reach {len(down)} of {len(judged)} peers: "
-                + _some([o.peer.name for o in down]),
-                unreachable=len(down),
-                peers=len(judged),
-            )
-        return builder.build()
+        if not isolated:
+            return
+        # On the pod network the node itself is cut off; on a secondary network
+        # the node's attachment to that network is.
+        entity = (Entity("network", plan.network) if plan.secondary
+                  else Entity.node(ctx.node_name or "node"))
+        where = f" on {plan.network}" if plan.secondary else ""
+        builder.finding(
+            "NETWORK_ISOLATED",
+            entity,
+            f"cannot reach {len(down)} of {len(judged)} peers{where}: "
+            + _some([o.peer.name for o in down]),
+            unreachable=len(down),
+            peers=len(judged),
+        )
 
     def _record_peer(self, builder: ResultBuilder, outcome: PeerOutcome, isolated: bool) -> None:
         entity, values = outcome.entity, outcome.values()
@@ -288,6 +389,8 @@ class PingCheck(BaseCheck):
             builder.unknown(entity, "not judged: this node cannot reach most of its peers")
         else:
             tried = ", ".join(e.address for e in outcome.echoes)
+            if outcome.network != POD_NETWORK:
+                tried = f"network {outcome.network} ({tried})"
             message = f"peer {outcome.peer.name} does not answer ping on {tried}"
             if outcome.invalid or outcome.errors:
                 message += f" (also: {outcome.unknown_reason()})"
@@ -300,7 +403,9 @@ def _some(names: Sequence[str], shown: int = 10) -> str:
     return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
-def _outcome(peer: Peer, results: dict[tuple[str, str], Echo | ProbeError]) -> PeerOutcome:
+def _outcome(
+    peer: Peer, results: dict[tuple[str, str], Echo | ProbeError], network: str
+) -> PeerOutcome:
     echoes: list[Echo] = []
     invalid: list[str] = []
     errors: list[str] = []
@@ -312,4 +417,4 @@ def _outcome(peer: Peer, results: dict[tuple[str, str], Echo | ProbeError]) -> P
             echoes.append(got)
         else:
             errors.append(f"{address}: {got}")
-    return PeerOutcome(peer, tuple(echoes), tuple(invalid), tuple(errors))
+    return PeerOutcome(peer, tuple(echoes), tuple(invalid), tuple(errors), network)

@@ -32,7 +32,7 @@ import anyio
 import anyio.abc
 from prometheus_client import CollectorRegistry
 
-from checks.base import Check, CheckContext, CheckResult, Severity
+from checks.base import Attachment, Check, CheckContext, CheckResult, Severity
 from checks.nvml import NvmlGpuSource, XidEvent
 from healthd.agent.busy import gpu_pods
 from healthd.agent.deepdiag import DeepDiagnostic
@@ -182,7 +182,8 @@ class Agent:
                                    self.events, catalog=self.ctx.catalog)
         peers = PeerWatcher(kube, self.node, namespace=self.settings.peers.namespace,
                             label_selector=self.settings.peers.label_selector,
-                            on_change=self._peers_changed)
+                            on_change=self._peers_changed,
+                            on_attachments=self._attachments_changed)
         requests = RequestHandler(self)
         jobs = self._jobs()
         log.info("agent starting on node %s: %d scheduled jobs, API %s", self.node,
@@ -380,6 +381,9 @@ class Agent:
 
     def _peers_changed(self, peers: list[Any]) -> None:
         self.ctx.peers = peers
+
+    def _attachments_changed(self, attachments: tuple[Attachment, ...]) -> None:
+        self.ctx.attachments = attachments  # the nic check's interfaces
 
 
 def _reports(result: CheckResult, event: XidEvent) -> bool:

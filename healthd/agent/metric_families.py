@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-from checks.base import CheckResult, Entity, EntityKind, Finding, Severity, Value
+from checks.base import POD_NETWORK, CheckResult, Entity, EntityKind, Finding, Severity, Value
 from healthd.kube.conventions import Verdict
 
 if TYPE_CHECKING:
@@ -29,6 +29,8 @@ ENTITY_LABELS: dict[EntityKind, tuple[str, ...]] = {
     "peer": ("peer",),
     "storage": ("storage_class",),
     "node": (),
+    "network": ("network",),
+    "nic": ("interface", "network"),
 }
 # Check name -> Autopilot's `health` label value (Autopilot calls power `power-slowdown`).
 AUTOPILOT_HEALTH = {
@@ -53,6 +55,7 @@ class Measure:
     kind: EntityKind = "gpu"
     extra: tuple[tuple[str, str], ...] = ()  # fixed labels telling sibling values apart
     scale: float = 1.0
+    secondary: bool = False  # peers on a secondary network (else the pod network's)
 
 
 def _split(
@@ -93,6 +96,11 @@ MEASURES: tuple[Measure, ...] = (
             "Share of echoes lost on the peer's best address.", "loss", "peer"),
     *_split("ping", "healthd_peer_ping_rtt_seconds", "Ping round-trip time in seconds.", "stat",
             {"avg": "rtt_avg_ms", "max": "rtt_max_ms"}, kind="peer", scale=1e-3),
+    Measure("ping", "healthd_network_peer_ping_loss_ratio", "Share of echoes lost on the "
+            "peer's best address on a secondary network.", "loss", "peer", secondary=True),
+    Measure("ping", "healthd_network_peer_ping_rtt_seconds", "Average ping round-trip time "
+            "on a secondary network, in seconds.", "rtt_avg_ms", "peer", scale=1e-3,
+            secondary=True),
     Measure("pvc", "healthd_storage_pvc_bind_seconds",
             "Seconds the test PVC took to bind.", "bind_s", "storage"),
 )
@@ -186,6 +194,8 @@ class SnapshotCollector:
             self._check(out, key, entry)
             self._entities(out, key, entry.result, identities)
         self._autopilot(out, snap.latest, identities)
+        if (ping := snap.latest.get("ping")) is not None:
+            _ping_networks(out, self._node, ping.result)
         if snap.state is not None:
             self._verdict(out, snap.state)
         yield from out.metrics()
@@ -218,9 +228,11 @@ class SnapshotCollector:
         self, out: _Families, m: Measure, entity: Entity, values: Mapping[str, Value]
     ) -> None:
         value = number(values.get(m.value))
-        if entity.kind != m.kind or value is None:
+        if entity.kind != m.kind or value is None or bool(entity.network) != m.secondary:
             return
         labels = {"node": self._node, **_entity_labels(entity), **dict(m.extra)}
+        if m.secondary:
+            labels["network"] = entity.network
         out.add(m.family, m.help, labels, value * m.scale)
 
     def _autopilot(
@@ -265,7 +277,31 @@ def check_name(key: str) -> str:
 def _entity_labels(entity: Entity) -> dict[str, str]:
     if entity.kind == "gpu":
         return gpu_labels(entity)
+    if entity.kind == "nic":
+        return {"interface": entity.name, "network": entity.network}
     return {name: entity.name for name in ENTITY_LABELS[entity.kind]}
+
+
+def _ping_networks(out: _Families, node: str, result: CheckResult) -> None:
+    """Per network this node probed: peers probed and peers that lost every echo
+    (or were found unreachable): the per-network view a dashboard plots."""
+    probed: dict[str, int] = {}
+    unreachable: dict[str, int] = {}
+    for status in result.entities:
+        entity = status.entity
+        if entity.kind != "peer":
+            continue
+        network = entity.network or POD_NETWORK
+        probed[network] = probed.get(network, 0) + 1
+        flag = _entity_flag(entity, status.status, status.values, result.findings)
+        unreachable[network] = unreachable.get(network, 0) + (flag == 1.0)
+    for network in sorted(probed):
+        labels = {"node": node, "network": network}
+        out.add("healthd_ping_peers", "Peers the latest ping round probed, per network.",
+                labels, float(probed[network]))
+        out.add("healthd_ping_unreachable_peers",
+                "Peers that did not answer in the latest ping round, per network.",
+                labels, float(unreachable[network]))
 
 
 def _gpu_identities(results: Iterable[CheckResult]) -> dict[str, Entity]:
@@ -308,7 +344,8 @@ def _autopilot_values(health: str, result: CheckResult) -> list[tuple[str, float
     kind = "peer" if health == "ping" else "gpu"
     out: list[tuple[str, float]] = []
     for status in result.entities:
-        if status.entity.kind != kind:
+        # Autopilot's deviceid is the peer's name: the pod network's view only.
+        if status.entity.kind != kind or status.entity.network:
             continue
         flag = _entity_flag(status.entity, status.status, status.values, result.findings)
         if flag is not None:

@@ -18,9 +18,9 @@ dcgm-exporter's labels so joins with it work: `gpu` (index), `UUID`, `pci_bus_id
 
 | family | type | labels | meaning |
 | --- | --- | --- | --- |
-| `autopilot_health_checks` | gauge | health, node, deviceid, cpumodel, gpumodel | Autopilot compatibility, same meaning: `pciebw` H2D GB/s per GPU index; `remapped`, `power-slowdown` 0/1 per GPU index; `dcgm`, `pvc` 0/1 with deviceid ""; `ping` 0/1 per peer node name. 1 = a WARN-or-worse finding (or a peer that lost every echo). No series while the check cannot tell |
+| `autopilot_health_checks` | gauge | health, node, deviceid, cpumodel, gpumodel | Autopilot compatibility, same meaning: `pciebw` H2D GB/s per GPU index; `remapped`, `power-slowdown` 0/1 per GPU index; `dcgm`, `pvc` 0/1 with deviceid ""; `ping` 0/1 per peer node name (pod network). 1 = a WARN-or-worse finding (or a peer that lost every echo). No series while the check cannot tell |
 | `healthd_check_status` | gauge (state set) | node, check, status | 1 for the status of the check's latest run, 0 for the other five statuses |
-| `healthd_check_entity_status` | gauge | node, check, entity, GPU labels, status | one series per entity of the check's latest run, value 1, `status` its status (`entity` is `gpu3`, `node`, `peer/n2`, `storage/fast`; GPU labels empty for other entities) |
+| `healthd_check_entity_status` | gauge | node, check, entity, GPU labels, status | one series per entity of the check's latest run, value 1, `status` its status (`entity` is `gpu3`, `node`, `peer/n2`, `peer/n2@net1`, `network/net1`, `nic/net1`, `storage/fast`; GPU labels empty for other entities) |
 | `healthd_check_runs_total` | counter | node, check, result | completed runs by overall result (PASS WARN ERR EVICT UNKNOWN SKIPPED) |
 | `healthd_check_duration_seconds` | histogram | node, check | how long runs took |
 | `healthd_check_last_run_timestamp_seconds` | gauge | node, check | when the latest run ended (Unix time) |
@@ -43,6 +43,10 @@ dcgm-exporter's labels so joins with it work: `gpu` (index), `UUID`, `pci_bus_id
 | `healthd_gpu_xid_events_total` | counter | GPU labels, xid | XID events received, by code (each XID finding adds its `count` value) |
 | `healthd_peer_ping_loss_ratio` | gauge | node, peer | share of echoes lost on the peer's best address (ping) |
 | `healthd_peer_ping_rtt_seconds` | gauge | node, peer, stat | round-trip time, `avg` / `max` (ping) |
+| `healthd_network_peer_ping_loss_ratio` | gauge | node, peer, network | the same on a secondary network (`net1`, ...) |
+| `healthd_network_peer_ping_rtt_seconds` | gauge | node, peer, network | average round-trip time on a secondary network |
+| `healthd_ping_peers` | gauge | node, network | peers the latest ping round probed on the network (`pod` = the pod network) |
+| `healthd_ping_unreachable_peers` | gauge | node, network | of those, the peers that did not answer |
 | `healthd_storage_pvc_bind_seconds` | gauge | node, storage_class | seconds the test PVC took to bind (pvc) |
 | `healthd_agent_fault_to_label_seconds` | histogram | node | from a fault's detection to the node label carrying it |
 | `healthd_agent_api_in_sync` | gauge | node | 1 when the Node shows everything the agent wants it to |

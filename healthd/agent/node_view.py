@@ -171,15 +171,29 @@ MAX_UNREACHED = 64  # peers named in the annotation; past that the node reads as
 
 def ping_json(state: HealthState) -> dict[str, Any] | None:
     """What this node's latest ping run saw, for the controller's fleet-wide blame:
-    the peers it could not reach (everyone else it probed answered), or `isolated`
-    when it could reach almost nobody. None before ping has judged anything."""
+    the peers it could not reach on the pod network (everyone else it probed
+    answered), or `isolated` when it could reach almost nobody; and the same per
+    secondary network the run probed, under `networks` (left out when none was).
+    None before ping has judged anything."""
     ran = state.checks.get(PING_CHECK)
     if ran is None or not ran.status.ordered:
         return None
     findings = state.check_findings.get(PING_CHECK, ())
-    unreached = sorted(f.entity.name for f in findings
-                       if f.code == "PEER_UNREACHABLE" and f.entity.kind == "peer")
-    isolated = any(f.code == "NETWORK_ISOLATED" for f in findings)
+    view = _network_view(findings, "")
+    if ran.networks:
+        view["networks"] = {n: _network_view(findings, n) for n in ran.networks}
+    return view
+
+
+def _network_view(findings: Iterable[Finding], network: str) -> dict[str, Any]:
+    """One network's row: `network` "" is the pod network (isolation is about the
+    node), a name is a secondary network (isolation is about `network/<name>`)."""
+    findings = list(findings)
+    unreached = sorted(f.entity.name for f in findings if f.code == "PEER_UNREACHABLE"
+                       and f.entity.kind == "peer" and f.entity.network == network)
+    isolated = any(f.code == "NETWORK_ISOLATED"
+                   and (f.entity.kind == "network") == bool(network)
+                   and (not network or f.entity.name == network) for f in findings)
     if isolated or len(unreached) > MAX_UNREACHED:
         return {"isolated": True, "unreached": []}
     return {"isolated": False, "unreached": unreached}

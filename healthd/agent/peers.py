@@ -1,11 +1,14 @@
 """The ping check's peers: the other nodes' agent pods, kept current by a watch.
 
 Every GPU node runs an agent pod, so the agents' pod IPs are the natural set of
-peers to probe (the same addresses the workloads' traffic uses). `PeerWatcher`
-lists and watches the agent pods once (`healthd.kube.watching.watch_forever`:
-resume, relist, backoff; no polling) and keeps one `Peer` per other node: its
-running, not-terminating agent pod with an IP. During a rolling update a node may
-briefly have two agent pods; the newest one stands for the node.
+peers to probe (the same addresses the workloads' traffic uses), and their Multus
+`network-status` names their addresses on every secondary network
+(healthd.agent.network_status). `PeerWatcher` lists and watches the agent pods
+once (`healthd.kube.watching.watch_forever`: resume, relist, backoff; no polling)
+and keeps one `Peer` per other node: its running, not-terminating agent pod with
+an IP. During a rolling update a node may briefly have two agent pods; the newest
+one stands for the node. The agent's own pod gives the secondary interfaces the
+`nic` check inspects (`attachments`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from checks.base import Peer
+from checks.base import Attachment, Peer
+from healthd.agent.network_status import ProblemLog, network_status
 from healthd.kube.objects import PODS, key_of, meta
 from healthd.kube.watching import watch_forever
 
@@ -40,8 +44,8 @@ def is_live_peer(pod: Mapping[str, Any], own_node: str) -> bool:
             and bool(pod_addresses(pod)))
 
 
-def peers_from(pods: Mapping[str, Mapping[str, Any]], own_node: str) -> list[Peer]:
-    """One Peer per other node, sorted by node name; the newest pod wins a node."""
+def _newest_per_node(pods: Mapping[str, Mapping[str, Any]], own_node: str
+                     ) -> dict[str, Mapping[str, Any]]:
     newest: dict[str, Mapping[str, Any]] = {}
     for pod in pods.values():
         if not is_live_peer(pod, own_node):
@@ -51,21 +55,45 @@ def peers_from(pods: Mapping[str, Mapping[str, Any]], own_node: str) -> list[Pee
         held = newest.get(node)
         if held is None or created > str(meta(dict(held)).get("creationTimestamp") or ""):
             newest[node] = pod
-    return [Peer(name=node, addresses=pod_addresses(newest[node])) for node in sorted(newest)]
+    return newest
+
+
+def peers_from(pods: Mapping[str, Mapping[str, Any]], own_node: str) -> list[Peer]:
+    """One Peer per other node, sorted by node name; the newest pod wins a node.
+    Its secondary networks come from its network-status (none when unreadable)."""
+    newest = _newest_per_node(pods, own_node)
+    return [Peer(name=node, addresses=pod_addresses(newest[node]),
+                 networks=network_status(newest[node]).addresses())
+            for node in sorted(newest)]
+
+
+def own_attachments(pods: Mapping[str, Mapping[str, Any]], own_node: str
+                    ) -> tuple[Attachment, ...]:
+    """The secondary interfaces of this node's own (newest live) agent pod."""
+    mine = {k: p for k, p in pods.items()
+            if (p.get("spec") or {}).get("nodeName") == own_node}
+    newest = _newest_per_node(mine, "")
+    pod = newest.get(own_node)
+    return network_status(pod).attachments if pod is not None else ()
 
 
 class PeerWatcher:
     """Keeps `peers` equal to the other nodes' live agent pods."""
 
     def __init__(self, kube: Kube, node: str, *, namespace: str, label_selector: str,
-                 on_change: Callable[[list[Peer]], None] | None = None) -> None:
+                 on_change: Callable[[list[Peer]], None] | None = None,
+                 on_attachments: Callable[[tuple[Attachment, ...]], None] | None = None
+                 ) -> None:
         self.kube = kube
         self.node = node
         self.namespace = namespace
         self.label_selector = label_selector
         self.on_change = on_change  # called with the new list whenever it changes
+        self.on_attachments = on_attachments  # this pod's secondary interfaces changed
         self._pods: dict[str, Mapping[str, Any]] = {}
         self._peers: list[Peer] = []
+        self._attachments: tuple[Attachment, ...] = ()
+        self._problems = ProblemLog()
 
     @property
     def peers(self) -> list[Peer]:
@@ -78,11 +106,17 @@ class PeerWatcher:
             self._pods.pop(key, None)
         else:
             self._pods[key] = pod
+            self._problems.note(key, network_status(pod))
         peers = peers_from(self._pods, self.node)
         if peers != self._peers:
             self._peers = peers
             if self.on_change is not None:
                 self.on_change(self.peers)
+        attachments = own_attachments(self._pods, self.node)
+        if attachments != self._attachments:
+            self._attachments = attachments
+            if self.on_attachments is not None:
+                self.on_attachments(attachments)
 
     async def run(self) -> None:
         """Watch until cancelled (watch_forever retries through API outages)."""

@@ -85,6 +85,10 @@ class CheckState:
     trigger: Trigger
     reason: str = ""
     duration_s: float = 0.0
+    # Secondary networks the run looked at (ping's per-network view; empty for the
+    # checks that know no networks), so "nothing failed on net1" is told apart from
+    # "net1 was not probed".
+    networks: tuple[str, ...] = ()
 
 
 def _frozen_map(items: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
@@ -187,7 +191,8 @@ def request_clear(state: HealthState, *, at: float) -> tuple[HealthState, frozen
 
 
 def _check_state(result: CheckResult, trigger: Trigger, at: float) -> CheckState:
-    return CheckState(result.status, at, trigger, result.reason, result.duration_s)
+    networks = tuple(sorted({s.entity.network for s in result.entities if s.entity.network}))
+    return CheckState(result.status, at, trigger, result.reason, result.duration_s, networks)
 
 
 def _judge(

@@ -1,23 +1,28 @@
-"""Fleet-level network blame: which node do its peers fail to reach.
+"""Fleet-level network blame: which node do its peers fail to reach, on which network.
 
 One agent's `ping` check cannot tell "that peer is down" from "my own link is
 down"; the fleet can. Every agent publishes what its latest ping round saw in its
-`healthd.io/health` annotation (`"ping": {"isolated": bool, "unreached": [peers]}`,
-healthd.agent.node_view): it probed every other agent node and reached all but
-`unreached`, or, when `isolated`, almost none. This module reads those objects from
-the controller's node cache, judges them with `checks.blame.judge_rows` (the
-sparse form of `judge`: linear in nodes plus unreached entries, no n x n matrix),
-and says what it found:
+`healthd.io/health` annotation (`"ping": {"isolated": bool, "unreached": [peers],
+"networks": {"net1": {...the same...}}}`, healthd.agent.node_view): per network it
+probed every other agent node attached there and reached all but `unreached`, or,
+when `isolated`, almost none. This module reads those objects from the
+controller's node cache, judges each network on its own with
+`checks.blame.judge_rows` (the sparse form of `judge`: linear in nodes plus
+unreached entries, no n x n matrix), and says what it found:
 
-- a node most of its peers cannot reach (verdict BLAMED): one Warning Event
-  `PeerUnreachable` on that Node naming the reporters, once per blame episode, and
-  `healthd_network_blamed{node}` 1 while it lasts (the series goes when it ends);
-- a node that cannot reach most peers (ISOLATED) already carries
-  `NETWORK_ISOLATED` from its own agent: nothing more is said about it here;
-- a partition (pings fail between groups of nodes, or most nodes reached almost
-  nobody, which is how agents on either side of an even split report it): nobody
-  is blamed, one Warning Event on the controller's Lease per episode, a log line,
-  and `healthd_network_partitioned` 1.
+- a node most of its peers cannot reach on a network (verdict BLAMED): one Warning
+  Event `PeerUnreachable` on that Node naming the network and the reporters, once
+  per blame episode, and `healthd_network_blamed{node,network}` 1 while it lasts
+  (the series goes when it ends). A node is blamed on the network that fails only:
+  a dead `net1` NIC never blames the node on the pod network;
+- on the pod network, a node that cannot reach most peers (ISOLATED) already
+  carries `NETWORK_ISOLATED` from its own agent: nothing more is said about it.
+  On a secondary network the agent's own view cannot tell its NIC from the fabric;
+  when most of its peers cannot reach it either, it is blamed there too;
+- a partition of a network (pings fail between groups of nodes, or most nodes
+  reached almost nobody: a whole fabric down, or an even split): nobody is blamed
+  on it, one Warning Event on the controller's Lease per episode, a log line, and
+  `healthd_network_partitioned{network}` 1.
 
 It never writes a label or an annotation: the node's verdict belongs to its own
 agent. `assess` is pure, so `healthd status` shows the same blame from the same
@@ -35,6 +40,7 @@ from typing import Any
 
 import anyio
 
+from checks.base import POD_NETWORK
 from checks.blame import Row, SparseReport, Verdict, judge_rows
 from healthd.controller.caches import NODES_KIND, Caches
 from healthd.controller.metrics import ControllerMetrics
@@ -53,23 +59,53 @@ Obj = dict[str, Any]
 # -- reading the reports ---------------------------------------------------------------
 
 
-def ping_row(node: Obj, keys: Keys) -> Row | None:
-    """The node's published ping view as a sparse row; None when it has none (no
-    agent, ping not judged yet, or an annotation that is not what agents write)."""
+def ping_rows(node: Obj, keys: Keys) -> dict[str, Row]:
+    """The node's published ping view as one sparse row per network (POD_NETWORK
+    for the pod network); empty when it has none (no agent, ping not judged yet,
+    or an annotation that is not what agents write). A malformed secondary entry
+    is left out on its own."""
     ping = annotation_json(node, keys.health).get("ping")
-    if not isinstance(ping, dict) or not isinstance(ping.get("isolated", False), bool):
+    pod = _row(ping)
+    if pod is None or not isinstance(ping, dict):
+        return {}
+    rows = {POD_NETWORK: pod}
+    networks = ping.get("networks")
+    if isinstance(networks, dict):
+        for network, view in networks.items():
+            row = _row(view)
+            if isinstance(network, str) and network not in ("", POD_NETWORK) and row is not None:
+                rows[network] = row
+    return rows
+
+
+def _row(view: object) -> Row | None:
+    if not isinstance(view, dict) or not isinstance(view.get("isolated", False), bool):
         return None
-    if ping.get("isolated"):
+    if view.get("isolated"):
         return Row(reached_none=True)
-    unreached = ping.get("unreached", [])
+    unreached = view.get("unreached", [])
     if not isinstance(unreached, list):
         return None
     return Row(frozenset(str(n) for n in unreached if isinstance(n, str) and n))
 
 
-def rows_of(nodes: Iterable[Obj], keys: Keys) -> dict[str, Row]:
-    """Every node's ping row, nodes without one left out."""
-    return {name_of(n): row for n in nodes if (row := ping_row(n, keys)) is not None}
+def ping_row(node: Obj, keys: Keys, network: str = POD_NETWORK) -> Row | None:
+    """The node's row on one network; None when it published none there."""
+    return ping_rows(node, keys).get(network)
+
+
+def rows_of(nodes: Iterable[Obj], keys: Keys, network: str = POD_NETWORK) -> dict[str, Row]:
+    """Every node's ping row on `network`, nodes without one left out."""
+    return {name_of(n): row for n in nodes if (row := ping_row(n, keys, network)) is not None}
+
+
+def rows_by_network(nodes: Iterable[Obj], keys: Keys) -> dict[str, dict[str, Row]]:
+    """network -> node -> row, over every node's published view."""
+    out: dict[str, dict[str, Row]] = {POD_NETWORK: {}}
+    for node in nodes:
+        for network, row in ping_rows(node, keys).items():
+            out.setdefault(network, {})[name_of(node)] = row
+    return out
 
 
 # -- judging ---------------------------------------------------------------------------
@@ -77,8 +113,8 @@ def rows_of(nodes: Iterable[Obj], keys: Keys) -> dict[str, Row]:
 
 @dataclass(frozen=True)
 class Assessment:
-    """What the fleet's ping reports say. `blamed`: node -> the credible reporters
-    that cannot reach it (out of `peers[node]` that probed it)."""
+    """What the fleet's ping reports say about one network. `blamed`: node -> the
+    credible reporters that cannot reach it (out of `peers[node]` that probed it)."""
 
     reporters: int
     blamed: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -87,20 +123,27 @@ class Assessment:
     partitioned: bool = False
     groups: tuple[tuple[str, ...], ...] = ()
     why: str = ""  # what the partition looks like, for a person
+    network: str = POD_NETWORK
 
 
-def assess(rows: Mapping[str, Row], *, share: float = SHARE) -> Assessment:
-    """Judge the rows (checks.blame's rules), with one guard: when most reporters
-    reached almost nobody, each of them missed every peer and none says which, so
-    the reports cannot single a node out; that is a partition (an even split reads
-    exactly so), and nobody is blamed."""
+def assess(rows: Mapping[str, Row], *, share: float = SHARE,
+           network: str = POD_NETWORK) -> Assessment:
+    """Judge one network's rows (checks.blame's rules), with one guard: when most
+    reporters reached almost nobody, each of them missed every peer and none says
+    which, so the reports cannot single a node out; that is a partition (an even
+    split, or the whole fabric down, reads exactly so), and nobody is blamed.
+
+    On the pod network an ISOLATED node is left to its own agent's
+    NETWORK_ISOLATED; on a secondary network a node most credible peers cannot
+    reach is blamed even when it also says it is isolated (see the module doc)."""
     silent = sum(1 for row in rows.values() if row.reached_none)
     if len(rows) >= 2 and silent > share * len(rows):
-        why = (f"{silent} of {len(rows)} nodes reached almost none of their peers: the "
-               "network is split or down between many nodes")
-        return Assessment(len(rows), partitioned=True, why=why)
+        why = (f"{silent} of {len(rows)} nodes reached almost none of their peers on "
+               f"{_network_name(network)}: it is split or down between many nodes")
+        return Assessment(len(rows), partitioned=True, why=why, network=network)
     report = judge_rows(rows, share=share)
-    blamed = [n for n in report.blamed if report.verdict_of(n) is Verdict.BLAMED]
+    blamed = [n for n in report.blamed
+              if network != POD_NETWORK or report.verdict_of(n) is Verdict.BLAMED]
     details = {n: report[n] for n in blamed}
     return Assessment(
         reporters=len(rows),
@@ -109,13 +152,27 @@ def assess(rows: Mapping[str, Row], *, share: float = SHARE) -> Assessment:
         isolated=report.isolated,
         partitioned=report.partitioned,
         groups=report.groups,
-        why=_partition_text(report) if report.partitioned else "")
+        why=_partition_text(report, network) if report.partitioned else "",
+        network=network)
 
 
-def _partition_text(report: SparseReport) -> str:
+def assess_networks(rows: Mapping[str, Mapping[str, Row]], *,
+                    share: float = SHARE) -> dict[str, Assessment]:
+    """`assess` for every network of `rows_by_network`, each on its own."""
+    return {network: assess(by_node, share=share, network=network)
+            for network, by_node in sorted(rows.items())}
+
+
+def _network_name(network: str) -> str:
+    return "the pod network" if network == POD_NETWORK else f"network {network}"
+
+
+def _partition_text(report: SparseReport, network: str) -> str:
     sizes = " + ".join(str(len(g)) for g in report.groups)
     sides = "; ".join(_names(g, 3) for g in report.groups)
-    return f"pings fail between {len(report.groups)} groups of nodes ({sizes}: {sides})"
+    where = "" if network == POD_NETWORK else f" on network {network}"
+    return (f"pings{where} fail between {len(report.groups)} groups of nodes "
+            f"({sizes}: {sides})")
 
 
 def _names(names: tuple[str, ...] | list[str], shown: int = NAMES_SHOWN) -> str:
@@ -123,23 +180,32 @@ def _names(names: tuple[str, ...] | list[str], shown: int = NAMES_SHOWN) -> str:
     return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
-def blame_message(node: str, reporters: tuple[str, ...], peers: int) -> str:
+def blame_message(node: str, reporters: tuple[str, ...], peers: int,
+                  network: str = POD_NETWORK) -> str:
     """The PeerUnreachable Event's message on a blamed node."""
-    return (f"{len(reporters)} of {peers} peers cannot reach {node} by ping: "
-            f"{_names(reporters)}. The node, its network link or its switch port is "
-            "likely at fault; its own agent may not see it")
+    if network == POD_NETWORK:
+        return (f"{len(reporters)} of {peers} peers cannot reach {node} by ping: "
+                f"{_names(reporters)}. The node, its network link or its switch port is "
+                "likely at fault; its own agent may not see it")
+    return (f"{len(reporters)} of {peers} peers cannot reach {node} by ping on network "
+            f"{network}: {_names(reporters)}. Its {network} interface, cable, transceiver "
+            f"or switch port is likely at fault (see its nic check); other networks "
+            "are not affected")
 
 
 # -- the activity ----------------------------------------------------------------------
 
 
+Blame = tuple[str, str]  # (node, network)
+
+
 @dataclass
 class Episodes:
-    """What has been announced (Events posted): the blamed nodes and whether a
-    partition is on. Owned by the controller, so it outlives one term."""
+    """What has been announced (Events posted): the blamed (node, network) pairs and
+    the partitioned networks. Owned by the controller, so it outlives one term."""
 
-    blamed: set[str] = field(default_factory=set)
-    partitioned: bool = False
+    blamed: set[Blame] = field(default_factory=set)
+    partitioned: set[str] = field(default_factory=set)
 
 
 class NetworkBlame:
@@ -157,9 +223,19 @@ class NetworkBlame:
         self._lease = lease
         self.episodes = episodes if episodes is not None else Episodes()
         self.settle_s = settle_s
-        self.rows: dict[str, Row] = {}
-        self.assessment: Assessment | None = None
+        self.by_network: dict[str, dict[str, Row]] = {POD_NETWORK: {}}
+        self.assessments: dict[str, Assessment] = {}
         self._changed = anyio.Event()
+
+    @property
+    def rows(self) -> dict[str, Row]:
+        """The pod network's rows, node -> row."""
+        return self.by_network.get(POD_NETWORK, {})
+
+    @property
+    def assessment(self) -> Assessment | None:
+        """The pod network's latest assessment (None before the first)."""
+        return self.assessments.get(POD_NETWORK)
 
     def handle(self, kind: str, old: Obj | None, new: Obj | None) -> None:
         """The caches' change callback: quick; wakes `run` only when a ping report
@@ -167,13 +243,14 @@ class NetworkBlame:
         if kind != NODES_KIND:
             return
         name = name_of(new or old or {})
-        row = ping_row(new, self._keys) if new is not None else None
-        if row == self.rows.get(name) and old is not None and new is not None:
+        rows = ping_rows(new, self._keys) if new is not None else {}
+        held = {n: by_node[name] for n, by_node in self.by_network.items() if name in by_node}
+        if rows == held and old is not None and new is not None:
             return
-        if row is None:
-            self.rows.pop(name, None)
-        else:
-            self.rows[name] = row
+        for by_node in self.by_network.values():
+            by_node.pop(name, None)
+        for network, row in rows.items():
+            self.by_network.setdefault(network, {})[name] = row
         self._changed.set()
 
     async def run(self) -> None:
@@ -188,25 +265,32 @@ class NetworkBlame:
                 await anyio.sleep(self.settle_s)
         finally:
             self._metrics.set_blamed(())
-            self._metrics.set_partitioned(False)
+            self._metrics.set_partitioned({})
 
-    async def evaluate(self) -> Assessment:
-        """Judge the current rows and announce what changed."""
-        found = assess(self.rows)
-        self.assessment = found
-        blamed = {n: r for n, r in found.blamed.items() if self._caches.nodes.get(n)}
+    async def evaluate(self) -> dict[str, Assessment]:
+        """Judge every network's current rows and announce what changed."""
+        found = assess_networks({n: rows for n, rows in self.by_network.items()
+                                 if rows or n == POD_NETWORK})
+        self.assessments = found
+        blamed = {(node, network): (reporters, a.peers[node])
+                  for network, a in found.items() for node, reporters in a.blamed.items()
+                  if self._caches.nodes.get(node)}
         self._metrics.set_blamed(blamed)
-        self._metrics.set_partitioned(found.partitioned)
-        for gone in sorted(self.episodes.blamed - blamed.keys()):
-            log.info("%s: its peers reach it again (or it is gone)", gone)
-        for node in sorted(blamed.keys() - self.episodes.blamed):
-            await self._announce_blame(node, blamed[node], found.peers[node])
+        self._metrics.set_partitioned(
+            {network: a.partitioned for network, a in found.items()})
+        for node, network in sorted(self.episodes.blamed - blamed.keys()):
+            log.info("%s: its peers reach it again on %s (or it is gone)", node,
+                     _network_name(network))
+        for key in sorted(blamed.keys() - self.episodes.blamed):
+            await self._announce_blame(*key, *blamed[key])
         self.episodes.blamed = set(blamed)
-        await self._announce_partition(found)
+        for assessment in found.values():
+            await self._announce_partition(assessment)
         return found
 
-    async def _announce_blame(self, node: str, reporters: tuple[str, ...], peers: int) -> None:
-        message = blame_message(node, reporters, peers)
+    async def _announce_blame(self, node: str, network: str, reporters: tuple[str, ...],
+                              peers: int) -> None:
+        message = blame_message(node, reporters, peers, network)
         log.warning("%s%s", "dry run: " if self._dry_run else "", message)
         subject = self._caches.nodes.get(node)
         if not self._dry_run and subject is not None:
@@ -215,12 +299,18 @@ class NetworkBlame:
                                       message=message, res=NODES)
 
     async def _announce_partition(self, found: Assessment) -> None:
-        was, self.episodes.partitioned = self.episodes.partitioned, found.partitioned
+        network = found.network
+        was = network in self.episodes.partitioned
+        if found.partitioned:
+            self.episodes.partitioned.add(network)
+        else:
+            self.episodes.partitioned.discard(network)
         if was and not found.partitioned:
-            log.info("the network partition is over")
+            log.info("the partition of %s is over", _network_name(network))
         if was or not found.partitioned:
             return
-        message = f"network partition: {found.why}; no node is blamed for pings across it"
+        what = "network partition" if network == POD_NETWORK else f"{network} partition"
+        message = f"{what}: {found.why}; no node is blamed for pings across it"
         log.warning("%s%s", "dry run: " if self._dry_run else "", message)
         if not self._dry_run:
             await self._events.record(self._lease, type=WARNING,

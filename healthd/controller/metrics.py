@@ -17,8 +17,8 @@ state the controller acts on.
 | `healthd_controller_label_to_reset_seconds` | histogram | | from the watch event that made a node EVICT to the reset written |
 | `healthd_controller_cache_synced` | gauge | kind | 1 once the cache of `kind` (`nodes`, `pods`, `appwrappers`, `clusterqueues`, `resourceflavors`) has its first full list; 0 while not leading |
 | `healthd_controller_leader` | gauge | | 1 while this replica holds the Lease |
-| `healthd_network_blamed` | gauge | node | 1 while most of its peers cannot reach the node by ping (healthd.controller.blame); no series otherwise |
-| `healthd_network_partitioned` | gauge | | 1 while pings fail between groups of nodes (nobody is blamed for those) |
+| `healthd_network_blamed` | gauge | node, network | 1 while most of its peers cannot reach the node by ping on that network (`pod` or a secondary network's name; healthd.controller.blame); no series otherwise |
+| `healthd_network_partitioned` | gauge | network | 1 while pings on that network fail between groups of nodes or most nodes reach almost nobody (nobody is blamed for those) |
 
 Quantities are exported as plain numbers (`500m` is 0.5, `2000G` is 2e12).
 """  # noqa: E501 (the table is meant to be copied as it is)
@@ -82,12 +82,15 @@ class ControllerMetrics:
             "healthd_controller_leader", "1 while this replica holds the Lease",
             registry=registry)
         self.network_blamed = Gauge(
-            "healthd_network_blamed", "1 while most of its peers cannot reach the node",
-            ["node"], registry=registry)
+            "healthd_network_blamed",
+            "1 while most of its peers cannot reach the node on the network",
+            ["node", "network"], registry=registry)
         self.network_partitioned = Gauge(
-            "healthd_network_partitioned", "1 while pings fail between groups of nodes",
-            registry=registry)
-        self._blamed: set[str] = set()
+            "healthd_network_partitioned",
+            "1 while pings on the network fail between groups of nodes",
+            ["network"], registry=registry)
+        self._blamed: set[tuple[str, str]] = set()
+        self._partitioned: set[str] = set()
         for result in ("reset", "dry-run", "breaker-open", "error"):
             self.resets.labels(result=result)  # visible at 0 before the first decision
 
@@ -146,18 +149,25 @@ class ControllerMetrics:
 
     # -- network blame ---------------------------------------------------------------
 
-    def set_blamed(self, nodes: Iterable[str]) -> None:
-        """Exactly these nodes are blamed now: their series read 1, the others go."""
-        now = set(nodes)
-        for node in self._blamed - now:
+    def set_blamed(self, blamed: Iterable[tuple[str, str]]) -> None:
+        """Exactly these (node, network) pairs are blamed now: their series read 1,
+        the others go."""
+        now = set(blamed)
+        for node, network in self._blamed - now:
             with contextlib.suppress(KeyError):
-                self.network_blamed.remove(node)
-        for node in now:
-            self.network_blamed.labels(node=node).set(1)
+                self.network_blamed.remove(node, network)
+        for node, network in now:
+            self.network_blamed.labels(node=node, network=network).set(1)
         self._blamed = now
 
-    def set_partitioned(self, partitioned: bool) -> None:
-        self.network_partitioned.set(1 if partitioned else 0)
+    def set_partitioned(self, networks: Mapping[str, bool]) -> None:
+        """Each judged network's partition flag; networks no longer judged go."""
+        for gone in self._partitioned - networks.keys():
+            with contextlib.suppress(KeyError):
+                self.network_partitioned.remove(gone)
+        for network, partitioned in networks.items():
+            self.network_partitioned.labels(network=network).set(1 if partitioned else 0)
+        self._partitioned = set(networks)
 
     # -- caches and leadership ------------------------------------------------------
 

@@ -164,6 +164,9 @@ async def running_cluster(scenario: Scenario, config: Config, *, nodes: int,
         api.seed(*cluster_objects(names, machine.gpus.count, machine.gpus.model))
         client = _Clients(api, stack)
         fleet = stack.enter_context(simulate_nodes({n: machine for n in names}))
+        # The agents' own pods, with the pod network and net1 in their network-status:
+        # what ping's peers and the nic check's interfaces come from.
+        api.seed(*(fleet.network.agent_pod(n) for n in names))
         cluster = DemoCluster(
             api=api, config=config, admin=client(ADMIN), fleet=fleet,
             operator=AppWrapperOperator(client("system:serviceaccount:appwrapper-system:"

@@ -21,6 +21,9 @@ def describe(expect: Expect) -> str:
     if expect.node is not None:
         parts = [f"verdict {expect.verdict.value}" if expect.verdict else "",
                  f"cordoned={expect.cordoned}" if expect.cordoned is not None else "",
+                 f"finding {expect.finding}" if expect.finding else "",
+                 f"blamed on {expect.blamed_on or 'no network'}"
+                 if expect.blamed_on is not None else "",
                  _describe_last_run(expect.last_run) if expect.last_run else ""]
         return f"node {expect.node} " + ", ".join(p for p in parts if p)
     if expect.appwrapper is not None:
@@ -63,10 +66,21 @@ def _node(expect: Expect, state: State) -> Verdict:
         return False, f"no node {expect.node}"
     seen = f"verdict {node['verdict'] or NONE}, cordoned={node['cordoned']}, " \
            f"last-run {node['last_run']}"
+    if expect.finding is not None:
+        seen += f", findings {node['findings'] or NONE}"
+    if expect.blamed_on is not None:
+        seen += f", blamed on {node['blamed_on'] or NONE}"
     ok = (expect.verdict is None or node["verdict"] == expect.verdict.value) and \
         (expect.cordoned is None or node["cordoned"] == expect.cordoned) and \
-        (expect.last_run is None or _last_run_matches(expect.last_run, node["last_run"]))
+        (expect.last_run is None or _last_run_matches(expect.last_run, node["last_run"])) and \
+        (expect.finding is None or _has_finding(expect.finding, node["findings"])) and \
+        (expect.blamed_on is None or node["blamed_on"] == sorted(expect.blamed_on))
     return ok, seen
+
+
+def _has_finding(want: str, findings: Sequence[str]) -> bool:
+    """`CODE` matches any entity; `CODE@entity` that entity only."""
+    return any(f == want or f.partition("@")[0] == want for f in findings)
 
 
 def _last_run_matches(want: LastRunExpect, got: dict[str, Any] | None) -> bool:

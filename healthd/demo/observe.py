@@ -1,9 +1,10 @@
 """What the demo shows and judges: the cluster's observable state, read back.
 
 `observe(cluster)` reads what any user of the cluster could see (the Nodes'
-labels, condition, cordon and `last-run` answer; AppWrapper phases and where their
-pods run; the slack queues' lendingLimits against nominalQuota; the controller's
-breaker gauge) into one plain JSON-able `State`. The view draws it, the player
+labels, condition, cordon, `last-run` answer and the findings their `health`
+annotation lists; AppWrapper phases and where their pods run; the slack queues'
+lendingLimits against nominalQuota; the controller's breaker and network-blame
+gauges) into one plain JSON-able `State`. The view draws it, the player
 judges expectations against it, `--output json` records it. `changes(old, new)`
 says what moved, one line per change; `EventLog` collects Events once each.
 """
@@ -17,10 +18,13 @@ from typing import TYPE_CHECKING, Any
 from healthd.kube.conventions import CONDITION_TYPE, Keys
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from healthd.demo.cluster import DemoCluster
 
 State = dict[str, Any]
 BREAKER_GAUGE = "healthd_controller_breaker_open"
+BLAMED_GAUGE = "healthd_network_blamed"
 NONE = "(none)"
 
 
@@ -45,12 +49,36 @@ def _last_run(annotations: dict[str, str], keys: Keys) -> dict[str, Any] | None:
     return {k: answer.get(k) for k in ("kind", "request", "accepted", "error")}
 
 
-def node_state(node: dict[str, Any], keys: Keys) -> dict[str, Any]:
+def _findings(annotations: dict[str, str], keys: Keys) -> list[str]:
+    """`code@entity` of every finding the agent's health annotation lists."""
+    try:
+        health = json.loads(annotations.get(keys.health) or "{}")
+    except ValueError:
+        return []
+    items = [*(health.get("held") or []), *(health.get("findings") or [])]
+    return sorted({f"{i.get('code')}@{i.get('entity')}" for i in items if isinstance(i, dict)})
+
+
+def node_state(node: dict[str, Any], keys: Keys,
+               blamed: dict[str, list[str]] | None = None) -> dict[str, Any]:
     annotations = _labels(node, "annotations")
     return {"verdict": _labels(node).get(keys.gpuhealth),
             "condition": _condition(node),
             "cordoned": bool((node.get("spec") or {}).get("unschedulable")),
-            "last_run": _last_run(annotations, keys)}
+            "last_run": _last_run(annotations, keys),
+            "findings": _findings(annotations, keys),
+            "blamed_on": (blamed or {}).get(node["metadata"]["name"], [])}
+
+
+def _blamed(registry: CollectorRegistry) -> dict[str, list[str]]:
+    """node -> the networks the controller blames it on (its blame gauge)."""
+    out: dict[str, list[str]] = {}
+    for family in registry.collect():
+        if family.name == BLAMED_GAUGE:
+            for sample in family.samples:
+                if sample.value == 1:
+                    out.setdefault(sample.labels["node"], []).append(sample.labels["network"])
+    return {node: sorted(networks) for node, networks in out.items()}
 
 
 def _queue_state(queue: dict[str, Any]) -> dict[str, Any]:
@@ -85,8 +113,9 @@ def observe(cluster: DemoCluster) -> State:
                             "nodes": sorted(pods_of.get(key, []))}
     slack = cluster.config.controller.slack_queues
     breaker = cluster.controller.metrics.registry.get_sample_value(BREAKER_GAUGE)
+    blamed = _blamed(cluster.controller.metrics.registry)
     return {
-        "nodes": {n["metadata"]["name"]: node_state(n, keys)
+        "nodes": {n["metadata"]["name"]: node_state(n, keys, blamed)
                   for n in sorted(api.list("Node"), key=lambda n: n["metadata"]["name"])},
         "appwrappers": dict(sorted(appwrappers.items())),
         "lending": {q["metadata"]["name"]: _queue_state(q) for q in api.list("ClusterQueue")

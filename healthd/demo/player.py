@@ -52,6 +52,9 @@ def action_text(step: Step) -> str:
         fields = sorted(step.fault.hardware_fields())
         parts = ([f"xid {step.fault.xid}"] if step.fault.xid else []) + fields
         return f"{step.fault.node} GPU {step.fault.gpu}: {', '.join(parts)}"
+    if step.link is not None:
+        state = "back up" if step.link.up else "down"
+        return f"{step.link.node} {step.link.network} link {state}"
     if step.repair is not None:
         gpu = "every GPU" if step.repair.gpu is None else f"GPU {step.repair.gpu}"
         return f"{step.repair.node} {gpu}"
@@ -192,6 +195,9 @@ class Player:
                 nvml.inject(fault)
             if step.fault.xid is not None:
                 nvml.emit_xid(step.fault.gpu, step.fault.xid)
+        elif step.link is not None:
+            self.cluster.fleet.network.set_link(step.link.node, step.link.network,
+                                                step.link.up)
         elif step.repair is not None:
             self.cluster.fleet.nodes[step.repair.node].nvml.clear_faults(step.repair.gpu)
         elif step.annotate is not None:

@@ -114,6 +114,15 @@ class FaultAction(GpuFault):
         return GpuFault.model_validate({**data, "at": now, "until": until})
 
 
+class LinkAction(_Strict):
+    """A node's simulated link on a network goes down (a dead NIC, cable or switch
+    port) or comes back. The demo's nodes have the pod network `pod` and `net1`."""
+
+    node: str
+    network: Literal["pod", "net1"] = "net1"
+    up: bool = False
+
+
 class RepairAction(_Strict):
     """The GPU (or every GPU) of a node is repaired: its faults are cleared."""
 
@@ -175,6 +184,10 @@ class Expect(_Strict):
     node: str | None = None
     verdict: Verdict | None = None
     cordoned: bool | None = None
+    finding: str | None = Field(None, description="a finding the node's health lists: "
+                                "CODE or CODE@entity (NIC_DOWN@nic/net1)")
+    blamed_on: list[str] | None = Field(None, description="exactly the networks the "
+                                        "controller blames the node on ([] = none)")
     last_run: LastRunExpect | None = None
     appwrapper: str | None = Field(None, pattern=r"^[^/]+/[^/]+$", description="ns/name")
     phase: str | None = None
@@ -187,8 +200,10 @@ class Expect(_Strict):
     @model_validator(mode="after")
     def _one_subject(self) -> Expect:
         _exactly_one(self, _SUBJECTS, "wait_for")
-        if self.node is not None and (self.verdict, self.cordoned, self.last_run) == (None,) * 3:
-            raise ValueError("wait_for a node needs verdict, cordoned or last_run")
+        asked = (self.verdict, self.cordoned, self.last_run, self.finding, self.blamed_on)
+        if self.node is not None and asked == (None,) * 5:
+            raise ValueError("wait_for a node needs verdict, cordoned, last_run, finding "
+                             "or blamed_on")
         if self.appwrapper is not None and \
                 (self.phase, self.on_nodes, self.not_on) == (None,) * 3:
             raise ValueError("wait_for an appwrapper needs phase, on_nodes or not_on")
@@ -198,7 +213,7 @@ class Expect(_Strict):
         return [n for n in [self.node, *(self.on_nodes or []), *(self.not_on or [])] if n]
 
 
-_ACTIONS = ("fault", "repair", "annotate", "label", "cordon", "uncordon",
+_ACTIONS = ("fault", "link", "repair", "annotate", "label", "cordon", "uncordon",
             "create_appwrapper", "finish_appwrapper", "wait_for")
 
 
@@ -208,6 +223,7 @@ class Step(_Strict):
     at: float = Field(0.0, ge=0, description="seconds after the story starts")
     note: str | None = None
     fault: FaultAction | None = None
+    link: LinkAction | None = None
     repair: RepairAction | None = None
     annotate: AnnotateAction | None = None
     label: LabelAction | None = None

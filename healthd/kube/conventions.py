@@ -20,6 +20,13 @@ DEFAULT_OWN_PREFIX = "healthd.io/"
 
 GPU_RESOURCE = "nvidia.com/gpu"
 
+# Multus publishes a pod's attachments (pod network and secondary networks) in this
+# annotation; OpenShift's older releases spell it `networks-status`. Read only.
+NETWORK_STATUS_ANNOTATIONS = (
+    "k8s.v1.cni.cncf.io/network-status",
+    "k8s.v1.cni.cncf.io/networks-status",
+)
+
 
 class Verdict(enum.StrEnum):
     """The node's published state (the label value). Precedence, highest first:

@@ -31,6 +31,7 @@ import pynvml
 from healthd.sim.cuda import SimBandwidthProbe
 from healthd.sim.fakenvml import FakeNvml, FakeNvmlLibrary, install, monotonic_clock
 from healthd.sim.machine import MachineSpec
+from healthd.sim.network import SimNetwork
 from healthd.sim.node import SimulatedNode
 from healthd.sim.nvmlsymbols import SYMBOLS
 
@@ -63,6 +64,7 @@ class SimulatedNodes:
     runtime control: `inject`, `emit_xid`, `clear_faults`)."""
 
     nodes: dict[str, SimulatedNode]
+    network: SimNetwork  # every node's pod network and net1 links (healthd.sim.network)
 
     @contextmanager
     def bound(self, node: str) -> Iterator[SimulatedNode]:
@@ -81,9 +83,9 @@ class SimulatedNodes:
             await main()
 
 
-def _simulated(library: FakeNvmlLibrary, fake: FakeNvml) -> SimulatedNode:
+def _simulated(library: FakeNvmlLibrary, fake: FakeNvml, network: SimNetwork) -> SimulatedNode:
     probe = SimBandwidthProbe(library.spec, clock=library.clock, faults=fake.faults_for)
-    return SimulatedNode(library.spec, fake, probe)
+    return SimulatedNode(library.spec, fake, probe, network)
 
 
 @contextmanager
@@ -103,7 +105,8 @@ def simulate_nodes(specs: Mapping[str, MachineSpec]) -> Iterator[SimulatedNodes]
         with pynvml.libLoadLock:
             pynvml.nvmlLib = _Dispatcher(first.library)
             pynvml._nvmlGetFunctionPointer_cache.clear()
-        yield SimulatedNodes({name: _simulated(fake.library, fake)
-                              for name, fake in fakes.items()})
+        network = SimNetwork(list(named))
+        yield SimulatedNodes({name: _simulated(fake.library, fake, network)
+                              for name, fake in fakes.items()}, network)
     finally:
         first.uninstall()

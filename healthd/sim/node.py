@@ -13,11 +13,13 @@ from pathlib import Path
 
 from checks.base import CheckContext
 from checks.dcgm import DcgmCheck
+from checks.ping import PingCheck
 from healthd.once import Planned
 from healthd.sim.cuda import SimBandwidthProbe
 from healthd.sim.dcgm import DcgmSim, fake_dcgmi_command
 from healthd.sim.fakenvml import FakeNvml, install
 from healthd.sim.machine import MachineSpec, MachineSpecError, load_machine_spec
+from healthd.sim.network import SimNetwork
 
 NO_DRIVER_OUTPUT = "v4-runtime-error"  # what DCGM says when it cannot start
 
@@ -31,10 +33,13 @@ class SimulatedNode:
     spec: MachineSpec
     nvml: FakeNvml
     bandwidth: SimBandwidthProbe
+    network: SimNetwork | None = None  # the simulated fleet's links (multinode only)
 
     def prepare(self, ctx: CheckContext, planned: Sequence[Planned]) -> list[Planned]:
         """Point the context and the planned checks at the simulated hardware."""
         ctx.bandwidth_probe = self.bandwidth
+        if self.network is not None:
+            ctx.link_reader = self.network.links(self.spec.node)
         ctx.node_name = ctx.node_name or self.spec.node
         if ctx.expected_gpus is None:
             ctx.expected_gpus = self.spec.gpus.count  # the machine should have them all
@@ -48,6 +53,9 @@ class SimulatedNode:
                 dcgm = DcgmSim(output=NO_DRIVER_OUTPUT)
             params["command"] = fake_dcgmi_command(dcgm)
             return replace(item, check=DcgmCheck(params))
+        if isinstance(item.check, PingCheck) and self.network is not None:
+            prober = self.network.prober(self.spec.node)
+            return replace(item, check=PingCheck(item.check.params, prober=prober))
         return item
 
 

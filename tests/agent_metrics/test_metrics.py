@@ -257,3 +257,26 @@ def test_peer_detail_can_be_left_out(peer_detail: bool) -> None:
               "pci_bus_id": "", "modelName": "", "status": "PASS"}
     shown = registry.get_sample_value("healthd_check_entity_status", status)
     assert (loss, shown) == ((0.0, 1.0) if peer_detail else (None, None))
+
+
+def test_ping_per_network_series_keep_the_pod_networks_apart(
+    metrics: AgentMetrics, registry: CollectorRegistry
+) -> None:
+    ping = builder("ping")
+    for peer in ("n2", "n3"):
+        ping.seen(Entity.peer(peer), loss=0.0, rtt_avg_ms=0.4, rtt_max_ms=0.9)
+    ping.seen(Entity.peer("n2", "net1"), loss=0.0, rtt_avg_ms=0.2, rtt_max_ms=0.3)
+    ping.finding("PEER_UNREACHABLE", Entity.peer("n3", "net1"), "no answer", loss=1.0)
+    metrics.observe_result("ping", stamped(ping.build()))
+    per_network = {n: (registry.get_sample_value("healthd_ping_peers",
+                                                 {"node": NODE, "network": n}),
+                       registry.get_sample_value("healthd_ping_unreachable_peers",
+                                                 {"node": NODE, "network": n}))
+                   for n in ("pod", "net1")}
+    assert per_network == {"pod": (2, 0), "net1": (2, 1)}
+    # The pod network's peer series are as they always were; net1's have their own.
+    assert registry.get_sample_value("healthd_peer_ping_loss_ratio",
+                                     {"node": NODE, "peer": "n3"}) == 0
+    assert registry.get_sample_value("healthd_network_peer_ping_loss_ratio",
+                                     {"node": NODE, "peer": "n3", "network": "net1"}) == 1
+    assert autopilot(registry, "ping", "n3") == 0  # Autopilot's gauge: the pod network

@@ -5,7 +5,7 @@ so the controller reads exactly the agent's format)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from checks.base import Entity, ResultBuilder
 from checks.catalog import Catalog
@@ -19,31 +19,43 @@ BLAMED = "healthd_network_blamed"
 PARTITIONED = "healthd_network_partitioned"
 
 
+# A secondary network's view in a ping round: (peers missed there, isolated there).
+NetView = tuple[Iterable[str], bool]
+
+
 def ping_health(name: str, peers: Iterable[str], *, unreached: Iterable[str] = (),
-                isolated: bool = False) -> tuple[str, str]:
+                isolated: bool = False,
+                networks: Mapping[str, NetView] | None = None) -> tuple[str, str]:
     """(verdict label, health annotation) of an agent whose ping round on `name`
-    missed `unreached` among `peers`, or found itself isolated."""
-    missed = set(unreached)
+    missed `unreached` among `peers` on the pod network, or found itself isolated,
+    and (`networks`) did the same on each secondary network the peers share."""
+    peers = list(peers)
     builder = ResultBuilder("ping", Catalog())
-    for peer in peers:
-        if peer == name:
-            continue
-        entity = Entity("peer", peer)
-        if peer in missed and not isolated:
-            builder.finding("PEER_UNREACHABLE", entity, f"{peer} does not answer")
-        else:
-            builder.seen(entity)
-    if isolated:
-        builder.finding("NETWORK_ISOLATED", Entity.node(name), "cannot reach its peers")
+    views: dict[str, NetView] = {"": (unreached, isolated), **(networks or {})}
+    for network, (missed, alone) in views.items():
+        missed = set(missed)
+        for peer in peers:
+            if peer == name:
+                continue
+            entity = Entity.peer(peer, network)
+            if peer in missed and not alone:
+                builder.finding("PEER_UNREACHABLE", entity, f"{peer} does not answer")
+            else:
+                builder.seen(entity)
+        if alone:
+            where = Entity("network", network) if network else Entity.node(name)
+            builder.finding("NETWORK_ISOLATED", where, "cannot reach its peers")
     state = v.apply(v.initial(), "ping", builder.build(), trigger=v.Trigger.PERIODIC,
                     at=10.0, policy=v.Policy())
     return state.verdict.value, health_json(state)
 
 
 def agent_node(name: str, peers: Iterable[str], *, unreached: Iterable[str] = (),
-               isolated: bool = False, labels: dict[str, str] | None = None) -> Obj:
+               isolated: bool = False, labels: dict[str, str] | None = None,
+               networks: Mapping[str, NetView] | None = None) -> Obj:
     """A GPU node as its agent leaves it after a ping round."""
-    verdict, health = ping_health(name, peers, unreached=unreached, isolated=isolated)
+    verdict, health = ping_health(name, peers, unreached=unreached, isolated=isolated,
+                                  networks=networks)
     obj = node(name, verdict, labels=labels)
     obj["metadata"]["annotations"][KEYS.health] = health
     return obj
@@ -55,9 +67,11 @@ def silent_node(name: str) -> Obj:
 
 
 def publish(server: ApiEmulator, name: str, peers: Iterable[str], *,
-            unreached: Iterable[str] = (), isolated: bool = False) -> None:
+            unreached: Iterable[str] = (), isolated: bool = False,
+            networks: Mapping[str, NetView] | None = None) -> None:
     """What the agent on `name` does after a ping round: relabel and re-annotate."""
-    fresh = agent_node(name, peers, unreached=unreached, isolated=isolated)
+    fresh = agent_node(name, peers, unreached=unreached, isolated=isolated,
+                       networks=networks)
     stored = server.get("Node", name)
     assert stored is not None
     stored["metadata"]["labels"] = fresh["metadata"]["labels"]

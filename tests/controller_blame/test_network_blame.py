@@ -44,6 +44,11 @@ from tests.controller_blame.conftest import (
 pytestmark = pytest.mark.anyio
 
 NODES = [f"n{i}" for i in range(1, 7)]
+POD = {"network": "pod"}  # the blame series name the network; these tests are the pod's
+
+
+def on_pod(node: str) -> dict[str, str]:
+    return {"node": node, **POD}
 LEASE = "healthd-controller"
 
 
@@ -73,8 +78,8 @@ async def test_everything_fine_says_nothing(api: ApiEmulator, kube_for: KubeFact
         found = await judged(ctl)
         assert found.reporters == 6 and not found.blamed and not found.partitioned
         assert blame_events(api) == []
-        assert ctl.sample(PARTITIONED) == 0
-        assert ctl.registry.get_sample_value(BLAMED, {"node": "n1"}) is None
+        assert ctl.sample(PARTITIONED, POD) == 0
+        assert ctl.registry.get_sample_value(BLAMED, on_pod("n1")) is None
     assert_no_node_writes(api)
 
 
@@ -92,8 +97,8 @@ async def test_a_node_down_is_blamed_once_per_episode(api: ApiEmulator,
         assert event["type"] == "Warning"
         assert event["message"].startswith("5 of 5 peers cannot reach n3 by ping: "
                                            "n1, n2, n4, n5, n6")
-        assert ctl.sample(BLAMED, {"node": "n3"}) == 1
-        assert ctl.sample(PARTITIONED) == 0
+        assert ctl.sample(BLAMED, on_pod("n3")) == 1
+        assert ctl.sample(PARTITIONED, POD) == 0
 
         # The next ping rounds move the matrix (n1 also misses n5 once) and n3 stays
         # blamed: the same episode, no second Event.
@@ -108,7 +113,7 @@ async def test_a_node_down_is_blamed_once_per_episode(api: ApiEmulator,
         # Repaired: the series goes; failing again is a new episode.
         for reporter in NODES:
             publish(api, reporter, NODES)
-        await eventually(lambda: ctl.registry.get_sample_value(BLAMED, {"node": "n3"})
+        await eventually(lambda: ctl.registry.get_sample_value(BLAMED, on_pod("n3"))
                          is None)
         assert len(blame_events(api)) == 1
         for reporter in NODES:
@@ -127,7 +132,7 @@ async def test_a_node_without_a_report_is_blamed_from_the_start(
         await eventually(lambda: blame_events(api, "Node", "n3"))
         found = await judged(ctl)
         assert dict(found.blamed) == {"n3": ("n1", "n2", "n4", "n5", "n6")}
-        assert ctl.sample(BLAMED, {"node": "n3"}) == 1
+        assert ctl.sample(BLAMED, on_pod("n3")) == 1
         assert len(blame_events(api)) == 1
     assert_no_node_writes(api)
 
@@ -141,8 +146,8 @@ async def test_an_isolated_node_is_not_blamed_as_a_peer_problem(
         assert found.isolated == ("n3",)  # what judge() says: its own view, confirmed
         assert not found.blamed and not found.partitioned
         assert blame_events(api) == []
-        assert ctl.registry.get_sample_value(BLAMED, {"node": "n3"}) is None
-        assert ctl.sample(PARTITIONED) == 0
+        assert ctl.registry.get_sample_value(BLAMED, on_pod("n3")) is None
+        assert ctl.sample(PARTITIONED, POD) == 0
     assert_no_node_writes(api)
 
 
@@ -169,12 +174,12 @@ async def test_a_split_in_halves_blames_nobody_and_flags_a_partition(
         [event] = blame_events(api)
         assert event["involvedObject"]["namespace"] == "healthd-system"
         assert event["message"].startswith("network partition: ")
-        assert ctl.sample(PARTITIONED) == 1
-        assert all(ctl.registry.get_sample_value(BLAMED, {"node": n}) is None for n in NODES)
+        assert ctl.sample(PARTITIONED, POD) == 1
+        assert all(ctl.registry.get_sample_value(BLAMED, on_pod(n)) is None for n in NODES)
 
         for n in NODES:  # healed
             publish(api, n, NODES)
-        await eventually(lambda: ctl.sample(PARTITIONED) == 0)
+        await eventually(lambda: ctl.sample(PARTITIONED, POD) == 0)
         assert len(blame_events(api)) == 1
     assert_no_node_writes(api)
 
@@ -184,7 +189,7 @@ async def test_a_dry_run_announces_nothing_but_counts(api: ApiEmulator,
     api.seed(silent_node("n3"), *(agent_node(n, NODES, unreached=["n3"])
                                   for n in NODES if n != "n3"))
     async with controllers(kube_for, settings(dry_run=True), "ctl") as (ctl,):
-        await eventually(lambda: ctl.sample(BLAMED, {"node": "n3"}) == 1)
+        await eventually(lambda: ctl.sample(BLAMED, on_pod("n3")) == 1)
         await anyio.sleep(0.2)
         assert blame_events(api) == []
     assert api.writes() == []
@@ -197,7 +202,7 @@ async def test_a_standby_exports_no_blame(api: ApiEmulator, kube_for: KubeFactor
         await eventually(lambda: any(r.controller.leading for r in replicas))
         leader = next(r for r in replicas if r.controller.leading)
         standby = next(r for r in replicas if r is not leader)
-        await eventually(lambda: leader.sample(BLAMED, {"node": "n3"}) == 1)
-        assert standby.registry.get_sample_value(BLAMED, {"node": "n3"}) is None
+        await eventually(lambda: leader.sample(BLAMED, on_pod("n3")) == 1)
+        assert standby.registry.get_sample_value(BLAMED, on_pod("n3")) is None
         await anyio.sleep(0.3)
         assert len(blame_events(api)) == 1

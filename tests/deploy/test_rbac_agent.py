@@ -147,7 +147,7 @@ async def test_the_pvc_probe_needs_its_rules_and_no_more(api: ApiEmulator) -> No
                            "labels": {"healthd.io/probe": "pvc", "healthd.io/node": NODE}},
               "spec": {"storageClassName": "fast"}})
     modes: dict[str, provisioner.Mode] = {"fast": "bind", "local": "bind", "broken": "fail"}
-    check = PvcCheck({"storage_classes": ["fast", "local", "broken"], "bind_timeout_s": 1})
+    check = PvcCheck({"storage_classes": ["fast", "local", "broken"], "bind_timeout_s": 5})
     async with provisioner.running(api, NAMESPACE, modes, wait_for_consumer=frozenset({"local"})), \
             api.async_client(user=AGENT) as client:
         ctx = CheckContext(catalog=Catalog(), node_name=NODE, kube=client, namespace=NAMESPACE)

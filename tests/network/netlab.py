@@ -35,6 +35,17 @@ table inet healthd_fault {
 }
 """
 
+# The same, for echo requests that arrive on one interface only.
+DROP_ECHO_ON = """
+table inet healthd_fault {
+    chain input {
+        type filter hook input priority 0; policy accept;
+        iifname "IFACE" icmp type echo-request drop
+        iifname "IFACE" icmpv6 type echo-request drop
+    }
+}
+"""
+
 
 @dataclass(frozen=True)
 class Host:
@@ -132,3 +143,125 @@ async def _configure(ipr: AsyncIPRoute, ifname: str, v4: str, v6: str) -> None:
     await ipr.addr("add", index=index, address=v4, prefixlen=PREFIX4)
     await ipr.addr("add", index=index, address=v6, prefixlen=PREFIX6, flags=IFA_F_NODAD)
     await ipr.link("set", index=index, state="up")
+
+
+# -- a fabric of hosts with two networks -----------------------------------------------
+#
+# The ping check's per-network view and the nic check need hosts that, like GPU pods
+# under Multus, sit on the pod network (`eth0`) and on a secondary network (`net1`).
+# Each network is a Linux bridge in a "switch" namespace of its own; every host is a
+# namespace with one veth pair per network: `eth0`/`net1` inside the host, the other
+# end enslaved to that network's bridge. Nothing touches the root namespace's links.
+
+NETWORKS = ("pod", "net1")
+INTERFACES = {"pod": "eth0", "net1": "net1"}
+
+
+@dataclass(frozen=True)
+class FabricHost:
+    """One host of the fabric: its namespace and addresses per network."""
+
+    name: str
+    netns: str
+    index: int
+    addresses: dict[str, tuple[str, str]]  # network -> (IPv4, IPv6)
+    switch_ports: dict[str, str]  # network -> the bridge-side end of its veth
+
+    def peer(self, networks: tuple[str, ...] = NETWORKS) -> Peer:
+        """The host as the ping check's peer: pod addresses plus secondary networks."""
+        return Peer(self.name, self.addresses["pod"],
+                    {n: self.addresses[n] for n in networks if n != "pod"})
+
+
+class Fabric:
+    """Hosts on two bridged networks, with faults per (host, network)."""
+
+    def __init__(self) -> None:
+        self.token = secrets.randbelow(0xFFFE) + 1
+        self.switch = f"healthd-test-{self.token:04x}sw"
+        self.hosts: dict[str, FabricHost] = {}
+        self._made_switch = False
+
+    def _bridge(self, network: str) -> str:
+        return f"br-{network}"
+
+    async def start(self, names: tuple[str, ...]) -> list[FabricHost]:
+        netns.create(self.switch)
+        self._made_switch = True
+        async with AsyncIPRoute(netns=self.switch) as sw:
+            for network in NETWORKS:
+                await sw.link("add", ifname=self._bridge(network), kind="bridge")
+                await sw.link("set", index=await _index(sw, self._bridge(network)), state="up")
+        return [await self._add_host(name, i) for i, name in enumerate(names)]
+
+    async def _add_host(self, name: str, i: int) -> FabricHost:
+        octet = 200 + self.token % 50
+        subnets = {"pod": 100, "net1": 101}
+        host = FabricHost(
+            name=name, netns=f"healthd-test-{self.token:04x}h{i}", index=i,
+            addresses={n: (f"10.{octet}.{subnets[n]}.{i + 1}",
+                           f"fd00:{self.token:x}:{subnets[n]}::{i + 1}") for n in NETWORKS},
+            switch_ports={n: f"{n[:3]}{i}" for n in NETWORKS})
+        self.hosts[name] = host
+        netns.create(host.netns)
+        async with AsyncIPRoute(netns=self.switch) as sw:
+            for network in NETWORKS:
+                port = host.switch_ports[network]
+                await sw.link("add", ifname=port, kind="veth",
+                              peer={"ifname": INTERFACES[network], "net_ns_fd": host.netns})
+                index = await _index(sw, port)
+                await sw.link("set", index=index,
+                              master=await _index(sw, self._bridge(network)))
+                await sw.link("set", index=index, state="up")
+        async with AsyncIPRoute(netns=host.netns) as ns:
+            for network in NETWORKS:
+                v4, v6 = host.addresses[network]
+                await _configure(ns, INTERFACES[network], v4, v6)
+            await ns.link("set", index=await _index(ns, "lo"), state="up")
+        return host
+
+    async def unplug(self, name: str, network: str) -> None:
+        """Take the switch side of the host's link down: the host's NIC loses its
+        carrier, as with a dead cable, transceiver or switch port."""
+        port = self.hosts[name].switch_ports[network]
+        async with AsyncIPRoute(netns=self.switch) as sw:
+            await sw.link("set", index=await _index(sw, port), state="down")
+
+    async def replug(self, name: str, network: str) -> None:
+        """Bring the switch side of the host's link back up."""
+        port = self.hosts[name].switch_ports[network]
+        async with AsyncIPRoute(netns=self.switch) as sw:
+            await sw.link("set", index=await _index(sw, port), state="up")
+
+    async def set_mtu(self, name: str, network: str, mtu: int) -> None:
+        host = self.hosts[name]
+        async with AsyncIPRoute(netns=host.netns) as ns:
+            await ns.link("set", index=await _index(ns, INTERFACES[network]), mtu=mtu)
+
+    async def blackhole(self, name: str, network: str) -> None:
+        """Blackhole the host's routes back to every other host's `network` address."""
+        host = self.hosts[name]
+        async with AsyncIPRoute(netns=host.netns) as ns:
+            for other in self.hosts.values():
+                if other.name != name:
+                    v4, v6 = other.addresses[network]
+                    await ns.route("add", dst=f"{v4}/32", type="blackhole")
+                    await ns.route("add", dst=f"{v6}/128", type="blackhole")
+
+    async def drop_echo(self, name: str, network: str, nft: str) -> None:
+        """nftables in the host's namespace drops echo requests arriving on `network`."""
+        ruleset = DROP_ECHO_ON.replace("IFACE", INTERFACES[network])
+        cmd = ["ip", "netns", "exec", self.hosts[name].netns, nft, "-f", "-"]
+        await anyio.run_process(cmd, input=ruleset.encode(), check=True)
+
+    async def close(self) -> None:
+        """Remove every namespace (their veths and bridges go with them); never raises."""
+        existing = set(netns.listnetns())
+        names = [h.netns for h in self.hosts.values()]
+        if self._made_switch:
+            names.append(self.switch)
+        for name in names:
+            if name in existing:
+                with contextlib.suppress(Exception):
+                    netns.remove(name)
+        self.hosts.clear()
