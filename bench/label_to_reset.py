@@ -214,7 +214,8 @@ async def at_once(cluster: Cluster, count: int, profile: Path | None) -> dict[st
 
 
 class GcTime:
-    """Seconds this process spends in the cyclic garbage collector (gc.callbacks)."""
+    """CPU seconds the controller's thread spends in the cyclic garbage collector
+    (gc.callbacks)."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
@@ -229,9 +230,9 @@ class GcTime:
 
     def _note(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
-            self._started = time.perf_counter()
+            self._started = time.thread_time()
         else:
-            self.seconds += time.perf_counter() - self._started
+            self.seconds += time.thread_time() - self._started
 
 
 def _difference(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
