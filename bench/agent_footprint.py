@@ -67,9 +67,11 @@ def _kib(value: str) -> int:
     return int(value.split()[0])
 
 
-def agent_command(kubeconfig: Path, config: str | None) -> list[str]:
+def agent_command(kubeconfig: Path, config: str | None, spec: str | None = SPEC) -> list[str]:
+    """The agent on simulated `spec`, or on this machine's real GPUs when None."""
     extra = ["--config", str(Path(config).resolve())] if config else []
-    return [sys.executable, "-m", "healthd.cli", "agent", "--sim", SPEC,
+    sim = ["--sim", spec] if spec else []
+    return [sys.executable, "-m", "healthd.cli", "agent", *sim,
             "--kubeconfig", str(kubeconfig), "--node", NODE, "--http-port", "0",
             "--log-level", "WARNING", *extra]
 
@@ -108,13 +110,25 @@ def stop(proc: subprocess.Popen[bytes]) -> int | None:
 
 def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Goal], list[str]]:
     minutes = args.minutes if args.minutes is not None else (1.0 if args.quick else 10.0)
+    figures, goals = footprint(minutes, args.config)
+    return figures, goals, [
+        f"{SPEC}, {args.config or 'default config and schedule'}, {minutes:g} min sampled "
+        f"every {SAMPLE_S:g} s after the first verdict",
+        "CPU includes every thread of the agent; children_cpu_s counts reaped subprocesses",
+    ]
+
+
+def footprint(minutes: float, config: str | None, spec: str | None = SPEC,
+              gpus: int = 8) -> tuple[dict[str, Any], dict[str, Goal]]:
+    """Run the agent (on simulated `spec`, or the real GPUs when None) against the API
+    emulator and sample it for `minutes` after its first verdict."""
     env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "NODE_NAME")}
     with tempfile.TemporaryDirectory() as tmp, ApiEmulator.in_thread() as api:
         api.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
-                  "status": {"capacity": {"nvidia.com/gpu": "8"}}})
+                  "status": {"capacity": {"nvidia.com/gpu": str(gpus)}}})
         kubeconfig = api.write_kubeconfig(Path(tmp) / "kubeconfig")
         launched = time.monotonic()
-        proc = subprocess.Popen(agent_command(kubeconfig, args.config), env=env, cwd=tmp,
+        proc = subprocess.Popen(agent_command(kubeconfig, config, spec), env=env, cwd=tmp,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             to_verdict = wait_first_verdict(api, proc)
@@ -122,11 +136,7 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Goal], 
         finally:
             code = stop(proc)
         writes = len(api.writes())
-    return figures_of(samples, launched, to_verdict, code, writes), goals_of(samples), [
-        f"{SPEC}, {args.config or 'default config and schedule'}, {minutes:g} min sampled "
-        f"every {SAMPLE_S:g} s after the first verdict",
-        "CPU includes every thread of the agent; children_cpu_s counts reaped subprocesses",
-    ]
+    return figures_of(samples, launched, to_verdict, code, writes), goals_of(samples)
 
 
 def steady_cpu_pct(samples: list[Sample]) -> float:

@@ -192,14 +192,17 @@ class CheckResult:
     reason: str = ""
     started_at: float = 0.0
     duration_s: float = 0.0
+    # A SKIPPED an admin should act on (a tool or service the check needs is missing),
+    # unlike a check that has nothing to do by configuration: the agent says so once.
+    actionable: bool = False
 
     @classmethod
     def unknown(cls, check: str, reason: str) -> CheckResult:
         return cls(check=check, status=Severity.UNKNOWN, reason=reason)
 
     @classmethod
-    def skipped(cls, check: str, reason: str) -> CheckResult:
-        return cls(check=check, status=Severity.SKIPPED, reason=reason)
+    def skipped(cls, check: str, reason: str, *, actionable: bool = False) -> CheckResult:
+        return cls(check=check, status=Severity.SKIPPED, reason=reason, actionable=actionable)
 
     def timed(self, started_at: float, duration_s: float) -> CheckResult:
         return _replace(self, started_at=started_at, duration_s=duration_s)

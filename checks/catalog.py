@@ -5,6 +5,11 @@ Every code a check can report is listed here (or belongs to a family: `XID_<n>`,
 `Catalog(overrides)`; nothing else decides what a code means.
 
 Sticky codes clear only through `healthd.io/clear` followed by a passing run.
+
+Each code also says how much evidence raises it (`RaiseRule`): a steady signal
+(a counter, a clock reason, a link state) waits for a second sighting so that one
+noisy reading never moves the label; an event or a long diagnostic, which is not
+seen again on the next run, raises on its first sighting.
 """
 
 from __future__ import annotations
@@ -19,11 +24,29 @@ S = Severity
 
 
 @dataclass(frozen=True)
+class RaiseRule:
+    """A non-fatal finding is raised once it was seen in `seen` of the last `runs`
+    completed runs of its check (or in two consecutive ones). `seen` 1: at once."""
+
+    seen: int = 2
+    runs: int = 3
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.seen <= self.runs:
+            raise ValueError(f"raise rule needs 1 <= seen <= runs, got {self.seen} of {self.runs}")
+
+
+STEADY = RaiseRule()  # signals read again on every run
+AT_ONCE = RaiseRule(1, 1)  # events and diagnostics: the next run will not see them again
+
+
+@dataclass(frozen=True)
 class CodeSpec:
     code: str
     severity: Severity
     sticky: bool
     description: str
+    raise_rule: RaiseRule = STEADY
 
 
 def _spec(code: str, severity: Severity, description: str, sticky: bool = False) -> CodeSpec:
@@ -91,16 +114,16 @@ _DCGM_RE = re.compile(r"^DCGM_([A-Z0-9_]+)$")
 def xid_spec(xid: int) -> CodeSpec:
     code = f"XID_{xid}"
     if xid in _XID_INFO:
-        return CodeSpec(code, S.PASS, False, "application-caused XID (informational)")
+        return CodeSpec(code, S.PASS, False, "application-caused XID (informational)", AT_ONCE)
     severity, sticky, meaning = _XID_DEFAULT.get(xid, (S.WARN, False, "unlisted XID"))
-    return CodeSpec(code, severity, sticky, meaning)
+    return CodeSpec(code, severity, sticky, meaning, AT_ONCE)
 
 
 def dcgm_spec(test: str) -> CodeSpec:
     code = f"DCGM_{test}"
     if test in FATAL_DCGM_TESTS:
-        return CodeSpec(code, S.EVICT, True, f"DCGM diagnostic {test} failed (fatal)")
-    return CodeSpec(code, S.ERR, False, f"DCGM diagnostic {test} failed")
+        return CodeSpec(code, S.EVICT, True, f"DCGM diagnostic {test} failed (fatal)", AT_ONCE)
+    return CodeSpec(code, S.ERR, False, f"DCGM diagnostic {test} failed", AT_ONCE)
 
 
 def default_spec(code: str) -> CodeSpec | None:
@@ -122,6 +145,7 @@ def is_known_code(code: str) -> bool:
 class Override:
     severity: Severity | None = None
     sticky: bool | None = None
+    raise_rule: RaiseRule | None = None
 
 
 class Catalog:
@@ -145,4 +169,5 @@ class Catalog:
             spec,
             severity=over.severity or spec.severity,
             sticky=spec.sticky if over.sticky is None else over.sticky,
+            raise_rule=over.raise_rule or spec.raise_rule,
         )

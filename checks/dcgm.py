@@ -11,8 +11,16 @@ Judging (the parsing itself is `checks.dcgm_report.parse_diag_output`):
   DCGM's own `error_id`, `error_category`, `error_severity` and warning text;
 - exit 205: the same findings plus `DCGM_ISOLATE` on every GPU DCGM wants isolated
   (the node when it names none);
-- anything else (runtime error, unreadable output, other exit, dcgmi missing,
-  timeout): UNKNOWN with the reason and an excerpt of what dcgmi printed.
+- DCGM cannot be used on this node at all (no `dcgmi` in the image, or no host
+  engine where it should be): SKIPPED, marked actionable (the agent posts one
+  Warning Event saying what to set up), not an UNKNOWN every hour;
+- anything else (runtime error, unreadable output, other exit, timeout): UNKNOWN
+  with the reason and an excerpt of what dcgmi printed.
+
+`dcgmi` is a client: it asks a host engine (`nv-hostengine`) to run the diagnostic.
+`params.host_engine` (HOST or HOST:PORT, passed as `--host`) names a remote one, e.g.
+the GPU Operator's node-local `nvidia-dcgm` Service or a host engine on the node's IP;
+unset, dcgmi asks `localhost`, i.e. a host engine in the same pod.
 
 Levels 3 and 4 stress the GPUs for minutes to hours, so they need the GPUs to
 themselves (`exclusive`); levels 1 and 2 do not.
@@ -20,9 +28,10 @@ themselves (`exclusive`); levels 1 and 2 do not.
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar, cast
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from checks.base import BaseCheck, CheckContext, CheckResult, Entity, ResultBuilder, Value
 from checks.catalog import Catalog
@@ -50,6 +59,14 @@ LEVEL_TIMEOUTS_S: dict[int, float] = {1: 120.0, 2: 600.0, 3: 1800.0, 4: 7200.0}
 EXCLUSIVE_FROM_LEVEL = 3
 _MESSAGE_CHARS = 300
 _EXCERPT_CHARS = 400
+DEFAULT_HOST_ENGINE = "localhost:5555"
+# dcgmi's words when no host engine answers at the address (any exit status).
+_NO_HOST_ENGINE = re.compile(r"unable to (establish a connection|connect to host engine)",
+                             re.IGNORECASE)
+_HOST_ENGINE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*)(:(\d{1,5}))?$")
+SETUP_HINT = ("install DCGM in the image (Containerfile --build-arg DCGM_IMAGE) and point "
+              "checks.dcgm.params.host_engine (or DCGM_HOST_ENGINE) at an nv-hostengine, "
+              "or disable the check (checks.dcgm.enabled: false)")
 
 
 class DcgmParams(BaseModel):
@@ -69,6 +86,22 @@ class DcgmParams(BaseModel):
     timeout_s: float | None = Field(
         default=None, gt=0, description="overrides the per-level timeout"
     )
+    host_engine: str | None = Field(
+        default=None,
+        description="the DCGM host engine to ask, HOST or HOST:PORT (dcgmi --host); "
+        "unset: localhost",
+    )
+
+    @field_validator("host_engine")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        match = _HOST_ENGINE.match(value.strip())
+        port = match.group(3) if match else None
+        if match is None or (port is not None and not 1 <= int(port) <= 65535):
+            raise ValueError(f"expected HOST or HOST:PORT (e.g. 10.0.0.5:5555), got {value!r}")
+        return value.strip()
 
 
 class DcgmCheck(BaseCheck):
@@ -100,9 +133,10 @@ class DcgmCheck(BaseCheck):
         return self._params.timeout_s or LEVEL_TIMEOUTS_S[self.level]
 
     def argv(self) -> list[str]:
-        """The full command line: `<command> diag -r <level> -j [-i 0,1]`."""
+        """The full command line: `<command> diag [--host H] -r <level> -j [-i 0,1]`."""
         params = self._params
-        argv = [*params.command, "diag", "-r", str(params.level), "-j"]
+        host = ["--host", params.host_engine] if params.host_engine else []
+        argv = [*params.command, "diag", *host, "-r", str(params.level), "-j"]
         if params.gpus:
             argv += ["-i", ",".join(str(g) for g in params.gpus)]
         return argv
@@ -112,7 +146,9 @@ class DcgmCheck(BaseCheck):
         try:
             out = await run_process(argv, timeout_s=self.timeout_s)
         except ProgramNotFound:
-            return CheckResult.unknown(self.NAME, f"dcgmi not found: {argv[0]!r} is not installed")
+            return CheckResult.skipped(
+                self.NAME, f"DCGM cannot be used: {argv[0]!r} is not installed; {SETUP_HINT}",
+                actionable=True)
         except ProgramNotRunnable as exc:
             return CheckResult.unknown(self.NAME, f"dcgmi cannot be started: {exc}")
         except TimeoutError:
@@ -121,6 +157,11 @@ class DcgmCheck(BaseCheck):
             )
         report = parse_diag_output(out.stdout, out.returncode)
         excerpt = excerpt_of(out.stderr) or excerpt_of(out.stdout)
+        if report.outcome == "error" and _NO_HOST_ENGINE.search(out.stderr + out.stdout):
+            where = self._params.host_engine or DEFAULT_HOST_ENGINE
+            return CheckResult.skipped(
+                self.NAME, f"DCGM cannot be used: no host engine answers at {where} "
+                f"({excerpt}); {SETUP_HINT}", actionable=True)
         return judge_report(
             report, ctx.catalog, level=level, node_name=ctx.node_name, excerpt=excerpt
         )

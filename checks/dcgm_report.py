@@ -10,8 +10,10 @@ read becomes a report with `outcome == "error"` and a reason. It accepts
 - DCGM 3.x: `{"DCGM GPU Diagnostic": {...}, "version": ...}` with `gpu_id` strings and
   display names ("PCIe", "GPU Memory", "Targeted Stress", ...);
 - the `--iterations N` wrapper `{"iterations": [<report>, ...]}`;
-- banner or warning lines around the JSON (trimmed to the outermost braces, as
-  NVIDIA's own test harness does).
+- log lines around the JSON, even ones with braces or partial JSON of their own:
+  every JSON object in the output is a candidate, and the report is the first one
+  with a report's top-level keys that reads as a report (a log line never hides a
+  failure).
 
 Test names are normalised onto the 4.x plugin names in upper snake case, so the same
 fault gives the same finding code on both versions (`GPU Memory` and `memory` are both
@@ -167,8 +169,7 @@ class _Unreadable(ValueError):
 def parse_diag_output(stdout: str, exit_code: int) -> DiagReport:
     """Parse `dcgmi diag -j` output and exit status into a report. Never raises."""
     try:
-        doc = _load_json(stdout)
-        version, driver, results, runtime_error = _read_document(doc)
+        version, driver, results, runtime_error = _read_report(stdout)
     except _Unreadable as exc:
         return _unreadable(exit_code, str(exc))
     if runtime_error:
@@ -210,14 +211,68 @@ def _exit_reason(code: int, detail: str) -> str:
     return f"{what}; {detail}" if detail else what
 
 
-def _load_json(stdout: str) -> Any:
+def _read_report(stdout: str) -> tuple[str, str, list[DiagResult], str]:
+    """The first candidate in `stdout` that reads as a report (see `_candidates`);
+    none does: why the most likely one did not."""
+    first: _Unreadable | None = None
+    for doc in _candidates(stdout):
+        try:
+            return _read_document(doc)
+        except _Unreadable as exc:
+            first = first or exc
+    if first is not None:
+        raise first
     start, end = stdout.find("{"), stdout.rfind("}")
     if start < 0 or end < start:
         return _raise("no JSON in the output" if stdout.strip() else "empty output")
     try:
-        return json.loads(stdout[start : end + 1])
+        json.loads(stdout[start : end + 1])
     except (ValueError, RecursionError) as exc:
         return _raise(f"output is not valid JSON ({exc})")
+    return _raise("output is not a JSON object")
+
+
+def _candidates(stdout: str) -> list[dict[str, Any]]:
+    """Every JSON object in `stdout` (or nested in one, for a log line that wraps the
+    report) with a report's top-level keys, then one with a runtime error alone, then
+    the first object at all (whose missing keys `_section` names)."""
+    objects = list(_json_objects(stdout))
+    out: list[dict[str, Any]] = []
+    for keys in (_REPORT_KEYS, ("runtime_error",)):
+        out.extend(found for doc in objects if (found := _with_keys(doc, keys)) is not None)
+    return out + objects[:1]
+
+
+_REPORT_KEYS = (_V4_KEY, _V3_KEY, "iterations")
+_DECODER = json.JSONDecoder()
+_MAX_NESTING = 4  # how deep inside a log line's JSON a report is looked for
+
+
+def _json_objects(text: str) -> Iterable[dict[str, Any]]:
+    """Every JSON object in `text` that parses, left to right; one that parses is not
+    searched again for smaller ones (its nested objects are, by `_with_keys`)."""
+    at = text.find("{")
+    while at >= 0:
+        try:
+            value, end = _DECODER.raw_decode(text, at)
+        except (ValueError, RecursionError):
+            at = text.find("{", at + 1)
+            continue
+        if isinstance(value, dict):
+            yield value
+        at = text.find("{", end)
+
+
+def _with_keys(doc: Any, keys: Iterable[str], depth: int = 0) -> dict[str, Any] | None:
+    """`doc`, or the first object nested in it, that has one of `keys` at its top."""
+    if not isinstance(doc, dict) or depth > _MAX_NESTING:
+        return None
+    if any(key in doc for key in keys):
+        return doc
+    for value in doc.values():
+        if (found := _with_keys(value, keys, depth + 1)) is not None:
+            return found
+    return None
 
 
 def _raise(why: str) -> NoReturn:

@@ -40,16 +40,25 @@ DRIVER_NOT_FOUND = "NVIDIA driver not found"
 
 @dataclass(frozen=True)
 class Unsupported:
-    """NVML says this GPU does not support the property: SKIPPED, not a failure."""
+    """NVML says this GPU does not support the property: SKIPPED, not a failure.
+    `function` and `error` name the NVML call and its error (`NOT_SUPPORTED`) when
+    one said so, so a recording can replay the very same answer."""
 
     reason: str = "not supported"
+    function: str = ""
+    error: str = ""
 
 
 @dataclass(frozen=True)
 class Failed:
-    """NVML failed to read the property: the check cannot tell (UNKNOWN)."""
+    """NVML failed to read the property: the check cannot tell (UNKNOWN). `function`
+    and `error` name the NVML call and its `NVML_ERROR_*` name without the prefix
+    (`UNKNOWN`, `NO_PERMISSION`); `error` is empty for a failure that is not an NVML
+    error code (a binding surprise)."""
 
     reason: str
+    function: str = ""
+    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -108,6 +117,7 @@ class GpuSnapshot:
     lost: bool = False
     lost_reason: str = ""
     mig_enabled: bool = False
+    mig_mode: Reading[bool] = Unsupported()  # what mig_enabled was derived from
     remapped: Reading[RemappedRows] = Unsupported()
     clock_event_reasons: Reading[int] = Unsupported()
     power: Reading[Power] = Unsupported()
@@ -125,6 +135,7 @@ class NodeSnapshot:
     driver_error: str = ""
     driver_version: str = ""
     nvml_version: str = ""
+    cuda_driver_version: int = 0  # major*1000 + minor*10; 0 when NVML could not say
     gpus: tuple[GpuSnapshot, ...] = ()
     taken_at: float = 0.0
     duration_s: float = 0.0

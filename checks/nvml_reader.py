@@ -52,6 +52,18 @@ _DRIVER_MISSING = frozenset({
     pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
 })
 _LOST = "GPU is lost"
+ECC_DISABLED = "ECC is disabled"
+# NVML error code -> its NVML_ERROR_* name without the prefix (999 -> "UNKNOWN").
+_ERROR_NAMES: dict[int, str] = {
+    value: name.removeprefix("NVML_ERROR_")
+    for name, value in vars(pynvml).items()
+    if name.startswith("NVML_ERROR_") and isinstance(value, int)
+}
+
+
+def error_name(nvml_code: int) -> str:
+    """`NVML_ERROR_<name>` of an NVML return code, without the prefix."""
+    return _ERROR_NAMES.get(nvml_code, str(nvml_code))
 
 
 class _Lost(Exception):
@@ -80,11 +92,13 @@ def _call(fn: Callable[..., T], *args: Any) -> T:
     except pynvml.NVMLError as exc:
         if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
             raise _Lost(f"{name}: {exc}") from exc
+        error = error_name(exc.value)
         if exc.value == pynvml.NVML_ERROR_NOT_SUPPORTED:
-            raise _Unreadable(Unsupported(f"{name}: not supported"), exc.value) from exc
-        raise _Unreadable(Failed(f"{name}: {exc}"), exc.value) from exc
+            raise _Unreadable(Unsupported(f"{name}: not supported", name, error),
+                              exc.value) from exc
+        raise _Unreadable(Failed(f"{name}: {exc}", name, error), exc.value) from exc
     except Exception as exc:  # a binding or ctypes surprise must not end the pass
-        raise _Unreadable(Failed(f"{name}: {type(exc).__name__}: {exc}"), None) from exc
+        raise _Unreadable(Failed(f"{name}: {type(exc).__name__}: {exc}", name), None) from exc
 
 
 def _reading(read: Callable[[Handle], T], handle: Handle) -> Reading[T]:
@@ -133,7 +147,7 @@ def _pcie_replays(h: Handle) -> int:
 def _ecc(h: Handle) -> Ecc:
     current, _pending = _call(pynvml.nvmlDeviceGetEccMode, h)
     if not current:
-        raise _Unreadable(Unsupported("ECC is disabled"), None)
+        raise _Unreadable(Unsupported(ECC_DISABLED, "nvmlDeviceGetEccMode"), None)
 
     def total(kind: int) -> int:
         return int(_call(pynvml.nvmlDeviceGetTotalEccErrors, h, kind, pynvml.NVML_VOLATILE_ECC))
@@ -165,15 +179,13 @@ def _nvlinks(h: Handle) -> tuple[NvLink, ...]:
     return tuple(links)
 
 
-def _mig_enabled(h: Handle) -> bool:
-    try:
-        current, _pending = _call(pynvml.nvmlDeviceGetMigMode, h)
-    except _Unreadable:  # not MIG-capable (or unreadable): treat as off
-        return False
+def _mig_mode(h: Handle) -> bool:
+    current, _pending = _call(pynvml.nvmlDeviceGetMigMode, h)
     return bool(current == pynvml.NVML_DEVICE_MIG_ENABLE)
 
 
 _PROPERTIES: dict[str, Callable[[Handle], Any]] = {
+    "mig_mode": _mig_mode,
     "remapped": _remapped,
     "clock_event_reasons": _clock_reasons,
     "power": _power,
@@ -191,6 +203,14 @@ def _optional(fn: Callable[..., Any], *args: Any) -> str:
         return str(_call(fn, *args))
     except _Unreadable:
         return ""
+
+
+def _cuda_driver_version() -> int:
+    """nvmlSystemGetCudaDriverVersion (13000 = CUDA 13.0); 0 when unreadable."""
+    try:
+        return int(_call(pynvml.nvmlSystemGetCudaDriverVersion))
+    except (_Unreadable, _Lost):
+        return 0
 
 
 def _handle_address(handle: Handle) -> int:
@@ -227,6 +247,7 @@ class NvmlReader:
         return NodeSnapshot(
             driver_version=_optional(pynvml.nvmlSystemGetDriverVersion),
             nvml_version=_optional(pynvml.nvmlSystemGetNVMLVersion),
+            cuda_driver_version=_cuda_driver_version(),
             gpus=tuple(self._read_gpu(index) for index in range(count)),
         )
 
@@ -285,8 +306,9 @@ class NvmlReader:
         try:
             uuid, bus_id, model = self._identify(index, handle)
             values: dict[str, Any] = {n: _reading(read, handle) for n, read in _PROPERTIES.items()}
-            return GpuSnapshot(index, uuid, bus_id, model, mig_enabled=_mig_enabled(handle),
-                               **values)
+            mig = values["mig_mode"]  # not MIG-capable (or unreadable): treat as off
+            return GpuSnapshot(index, uuid, bus_id, model,
+                               mig_enabled=isinstance(mig, Ok) and mig.value, **values)
         except _Lost as lost:
             return self._lost(index, str(lost))
 

@@ -8,6 +8,7 @@
                     [--batch N] [--wait] [--timeout D] [--force-queue] [--output table|json]
     healthd status [--selector S] [--verdict V] [--watch] [--output table|json]
     healthd demo [--scenario FILE|NAME] [--nodes N] [--output table|json] [--serve PORT]
+    healthd record [--output FILE] [--include xid-window=D|pciebw|dcgm] [--redact] [--sim SPEC]
     healthd config validate FILE
     healthd version
 
@@ -129,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("file")
 
     add_fleet_parsers(sub)
+    from healthd.record_command import add_arguments as add_record_arguments
+
+    add_record_arguments(sub.add_parser(
+        "record", help="write this machine's GPU state as a machine spec (replay with --sim)"))
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -238,6 +243,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from healthd.demo.command import run_demo
 
         return run_demo(args)
+    if args.command == "record":
+        from healthd.record_command import run_record
+
+        return run_record(args)
     if args.command == "agent":
         from healthd.agent.command import run_agent
 

@@ -28,7 +28,7 @@ from pydantic import (
 
 import checks
 from checks.base import Check, Severity
-from checks.catalog import Catalog, Override, is_known_code
+from checks.catalog import Catalog, Override, RaiseRule, is_known_code
 from healthd.agent.settings import AgentSettings
 from healthd.controller.settings import ControllerSettings
 from healthd.validation import explain
@@ -38,6 +38,10 @@ ENV_OVERRIDES = {
     "POD_NAME": "pod_name",
     "POD_NAMESPACE": "namespace",
 }
+
+# The DCGM host engine from the pod: Kubernetes expands `$(HOST_IP):5555` in the
+# manifest, which a config file cannot (see deploy/daemonset/overlays/gpu-operator).
+DCGM_HOST_ENGINE_ENV = "DCGM_HOST_ENGINE"
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -64,6 +68,26 @@ class _Frozen(BaseModel):
 class CodeOverride(_Frozen):
     severity: Severity | None = None
     sticky: bool | None = None
+    raise_seen: int | None = Field(
+        None, ge=1, le=100, description="raise after this many sightings in raise_runs runs")
+    raise_runs: int | None = Field(
+        None, ge=1, le=100, description="the window of runs raise_seen counts in")
+
+    @model_validator(mode="after")
+    def _whole_rule(self) -> CodeOverride:
+        if (self.raise_seen is None) != (self.raise_runs is None):
+            raise ValueError("give both raise_seen and raise_runs, or neither")
+        if self.raise_seen is not None and self.raise_runs is not None \
+                and self.raise_seen > self.raise_runs:
+            raise ValueError(f"raise_seen ({self.raise_seen}) cannot exceed raise_runs "
+                             f"({self.raise_runs})")
+        return self
+
+    def override(self) -> Override:
+        rule = None
+        if self.raise_seen is not None and self.raise_runs is not None:
+            rule = RaiseRule(self.raise_seen, self.raise_runs)
+        return Override(self.severity, self.sticky, rule)
 
     @field_validator("severity")
     @classmethod
@@ -127,7 +151,7 @@ class Config(_Frozen):
         return self
 
     def catalog(self) -> Catalog:
-        return Catalog({code: Override(o.severity, o.sticky) for code, o in self.codes.items()})
+        return Catalog({code: o.override() for code, o in self.codes.items()})
 
     def check_section(self, name: str) -> CheckConfig:
         return self.checks.get(name, CheckConfig())
@@ -167,8 +191,20 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     for var, field_name in ENV_OVERRIDES.items():
         if env.get(var):
             raw[field_name] = env[var]
+    if env.get(DCGM_HOST_ENGINE_ENV):
+        _set_dcgm_host_engine(raw, env[DCGM_HOST_ENGINE_ENV])
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
         origin = path or "defaults"
         raise ConfigError(f"config {origin}: {explain(exc)}") from exc
+
+
+def _set_dcgm_host_engine(raw: dict[str, Any], address: str) -> None:
+    """`checks.dcgm.params.host_engine = address` in a raw config; a section of the
+    wrong shape is left for validation to name."""
+    sections = raw.setdefault("checks", {})
+    dcgm = sections.setdefault("dcgm", {}) if isinstance(sections, dict) else None
+    params = dcgm.setdefault("params", {}) if isinstance(dcgm, dict) else None
+    if isinstance(params, dict):
+        params["host_engine"] = address

@@ -81,7 +81,8 @@ def compact_summary(node: str, results: Sequence[CheckResult], *,
         "exit_code": status.exit_code,
         "checks": [{"check": r.check, "status": r.status.value,
                     "reason": _clip(r.reason, _REASON_CHARS),
-                    "duration_s": round(r.duration_s, 3)} for r in results],
+                    "duration_s": round(r.duration_s, 3),
+                    **({"actionable": True} if r.actionable else {})} for r in results],
         "findings": [],
         "truncated": 0,
     }
@@ -153,4 +154,5 @@ def parse_summary(text: str, check: str, catalog: Catalog) -> CheckResult:
         reason = f"{reason} ({doc['truncated']} more findings not reported)".strip()
     duration = entry.get("duration_s")
     return CheckResult(check=check, status=status, findings=findings, reason=reason,
-                       duration_s=float(duration) if isinstance(duration, int | float) else 0.0)
+                       duration_s=float(duration) if isinstance(duration, int | float) else 0.0,
+                       actionable=status is Severity.SKIPPED and entry.get("actionable") is True)

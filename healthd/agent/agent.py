@@ -45,11 +45,11 @@ from healthd.agent.runner import Planned, Runner
 from healthd.agent.schedule import Job, Schedule, plan_jobs, planned_check
 from healthd.agent.verdict import HealthState, Policy, Trigger, apply, end_testing, initial
 from healthd.agent.verdict import start_testing as testing_started
-from healthd.config import Config
+from healthd.config import DCGM_HOST_ENGINE_ENV, Config
 from healthd.kube.client import Kube
-from healthd.kube.conventions import COMPONENT, GPU_RESOURCE, Keys, dcgm_label_value
+from healthd.kube.conventions import COMPONENT, GPU_RESOURCE, Keys, Reason, dcgm_label_value
 from healthd.kube.errors import KubeError
-from healthd.kube.events import EventRecorder
+from healthd.kube.events import WARNING, EventRecorder
 from healthd.kube.objects import NODES
 from healthd.kube.watching import watch_forever
 from healthd.once import Planned as OncePlanned
@@ -61,6 +61,10 @@ log = logging.getLogger(__name__)
 
 PUBLISHER_REPORT_S = 1.0  # how often the publisher's health reaches the metrics
 LABEL_WAIT_S = 60.0  # fault-to-label: give up measuring after this long
+# /readyz fails once a periodic job has not ended a turn for this many intervals plus
+# its longest deadline: the scheduler or a round is stuck (e.g. NVML hung in the
+# driver), though the last published state still looks fresh.
+STALE_TURNS = 3
 
 
 class DeepCheck:
@@ -118,7 +122,10 @@ class Agent:
         self.clock = clock
         self.registry = registry or CollectorRegistry()
         self.http_port = self.settings.http_port if http_port is None else http_port
-        self.policy = Policy(recover_after=self.settings.recover_after)
+        self.policy = Policy(recover_after=self.settings.recover_after,
+                             catalog=self.config.catalog(),
+                             max_doublings=self.settings.flap_max_doublings,
+                             flap_window=self.settings.flap_window)
         self.state: HealthState = initial(clock())
         self.port: int | None = None  # the bound HTTP port, once serving
         self.last_run: str | None = None  # the answer to the latest on-demand request
@@ -128,6 +135,9 @@ class Agent:
         self._deep_levels: dict[str, int | None] = {}  # exclusive key -> DCGM level
         self._first_round: set[str] = set()  # jobs whose first turn is still to come
         self._first_round_done = anyio.Event()
+        self._turn_ended: dict[str, float] = {}  # periodic job -> when its last turn ended
+        self._stale_after_s: dict[str, float] = {}  # periodic job -> /readyz allowance
+        self._told_unavailable: set[str] = set()  # checks whose setup problem was told
         self._node_seen = anyio.Event()
         self._node_changed = anyio.Event()
         self._stopping = False
@@ -148,6 +158,12 @@ class Agent:
     def ready(self) -> tuple[bool, str]:
         if not self._first_round_done.is_set():
             return False, "the first round of checks has not finished"
+        now = self.clock()
+        for name, allowance in self._stale_after_s.items():
+            ended = self._turn_ended.get(name)
+            if ended is not None and now - ended > allowance:
+                return False, (f"periodic checks stopped: {name} last ended a turn "
+                               f"{now - ended:.0f} s ago (allowed {allowance:.0f} s)")
         return True, "ok"
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -179,7 +195,8 @@ class Agent:
         self.publisher = NodePublisher(kube, self.node, self.keys, self.events,
                                        clock=self.clock)
         self.diag = DeepDiagnostic(kube, self.node, self.settings.deep_diagnostics,
-                                   self.events, catalog=self.ctx.catalog)
+                                   self.events, catalog=self.ctx.catalog,
+                                   job_env=self._deep_job_env())
         peers = PeerWatcher(kube, self.node, namespace=self.settings.peers.namespace,
                             label_selector=self.settings.peers.label_selector,
                             on_change=self._peers_changed,
@@ -216,6 +233,12 @@ class Agent:
         self._first_round = {job.name for job in jobs if job.at_start}
         if not self._first_round:
             self._first_round_done.set()
+        started = self.clock()
+        for job in jobs:
+            if job.at_start and job.interval_s is not None:
+                deadline = max(p.timeout_s for p in job.planned)
+                self._stale_after_s[job.name] = STALE_TURNS * job.interval_s + deadline
+                self._turn_ended[job.name] = started
         await Schedule(jobs).run(self._fire)
 
     # -- plans -------------------------------------------------------------------------
@@ -246,6 +269,7 @@ class Agent:
                 return
             await self.run_planned(job.planned, Trigger.PERIODIC)
         finally:
+            self._turn_ended[job.name] = self.clock()  # a skipped turn counts: it was due
             self._first_round.discard(job.name)
             if not self._first_round:
                 self._first_round_done.set()
@@ -289,6 +313,11 @@ class Agent:
             self._deep_levels.pop(item.key, None)
             self.set_state(end_testing(self.state, item.key, at=self.clock()))
 
+    def _deep_job_env(self) -> dict[str, str]:
+        """What the diagnostic Jobs need from the agent's config: its DCGM host engine."""
+        host_engine = self.config.check_section("dcgm").params.get("host_engine")
+        return {DCGM_HOST_ENGINE_ENV: str(host_engine)} if host_engine else {}
+
     def _gpu_count(self) -> int:
         capacity = _node_gpus(self.node_obj)
         return capacity or self.ctx.expected_gpus or 1
@@ -305,12 +334,33 @@ class Agent:
                 self.dcgm_levels[level] = dcgm_label_value(passed, at)
             state = end_testing(state, key, at=at)  # one write: result and end of TESTING
         self.metrics.observe_result(key, result)
+        self._tell_unavailable(key, result)
         before = self.state.checks.get(key)
         changed = before is None or before.status is not result.status
         log.log(logging.INFO if changed else logging.DEBUG, "%s: %s%s", key,
                 result.status.value, f" ({result.reason})" if result.reason else "",
                 extra={"trigger": trigger.value, "duration_s": round(result.duration_s, 3)})
         self.set_state(state)
+
+    def _tell_unavailable(self, key: str, result: CheckResult) -> None:
+        """One Warning Event when a check cannot be used on this node (its tool or
+        service is missing), not one per run; told again only after it worked."""
+        if result.status.ordered:  # it worked: a later relapse is news again
+            self._told_unavailable.discard(key)
+        if not (result.status is Severity.SKIPPED and result.actionable):
+            return
+        if key in self._told_unavailable or self._tasks is None:
+            return
+        self._told_unavailable.add(key)
+        self._tasks.start_soon(self.node_event, WARNING, Reason.CHECK_UNAVAILABLE,
+                               f"check {key} cannot run on this node: {result.reason}")
+
+    async def node_event(self, type_: str, reason: str, message: str) -> None:
+        """Post an Event about this agent's Node (never raises)."""
+        node: dict[str, Any] = self.node_obj or {
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": self.node}}
+        involved = {"apiVersion": "v1", "kind": "Node", "metadata": node.get("metadata", {})}
+        await self.events.record(involved, type=type_, reason=reason, message=message)
 
     def set_state(self, state: HealthState) -> None:
         """Adopt a new state: metrics, and the desired Node to the publisher."""

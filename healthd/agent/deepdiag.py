@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -79,8 +80,10 @@ def diagnostic_command(key: str) -> list[str]:
             "--termination-log", TERMINATION_LOG]
 
 
-def job_manifest(node: str, key: str, gpu_count: int, settings: DeepDiagSettings) -> Obj:
-    """The Job that runs check `key` on `node` with all `gpu_count` GPUs reserved."""
+def job_manifest(node: str, key: str, gpu_count: int, settings: DeepDiagSettings,
+                 env: Mapping[str, str] | None = None) -> Obj:
+    """The Job that runs check `key` on `node` with all `gpu_count` GPUs reserved;
+    `env` reaches its container (e.g. the agent's DCGM host engine)."""
     labels = {DIAGNOSTIC_LABEL: "true", NODE_LABEL: _label_value(node)}
     gpus = {GPU_RESOURCE: str(gpu_count)}
     pod_spec: dict[str, Any] = {
@@ -94,7 +97,8 @@ def job_manifest(node: str, key: str, gpu_count: int, settings: DeepDiagSettings
             "image": settings.image,
             "command": diagnostic_command(key),
             "env": [{"name": "NODE_NAME",
-                     "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+                     "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                    *({"name": k, "value": v} for k, v in sorted((env or {}).items()))],
             "resources": {"requests": dict(gpus), "limits": dict(gpus)},
             "terminationMessagePath": TERMINATION_LOG,
             "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -177,10 +181,12 @@ class DeepDiagnostic:
     """Runs exclusive checks on `node` as Jobs (see the module docstring)."""
 
     def __init__(self, kube: Kube, node: str, settings: DeepDiagSettings,
-                 events: EventRecorder, *, catalog: Catalog | None = None) -> None:
+                 events: EventRecorder, *, catalog: Catalog | None = None,
+                 job_env: Mapping[str, str] | None = None) -> None:
         self.kube = kube
         self.node = node
         self.settings = settings
+        self.job_env = dict(job_env or {})
         self.events = events
         self.catalog = catalog or Catalog()
 
@@ -194,7 +200,7 @@ class DeepDiagnostic:
             return outcome
         try:
             job = await self.kube.create(JOBS, job_manifest(self.node, key, gpu_count,
-                                                            self.settings))
+                                                            self.settings, self.job_env))
             result = await self._follow(job, key.partition(":")[0])
             outcome = DiagOutcome(result.timed(started, result.duration_s), "")
         except KubeError as exc:

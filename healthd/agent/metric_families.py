@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from checks.base import POD_NETWORK, CheckResult, Entity, EntityKind, Finding, Severity, Value
 from healthd.kube.conventions import Verdict
@@ -199,6 +199,15 @@ class SnapshotCollector:
         if snap.state is not None:
             self._verdict(out, snap.state)
         yield from out.metrics()
+        if snap.state is not None:
+            yield self._flaps(snap.state)
+
+    def _flaps(self, state: HealthState) -> Metric:
+        flaps = CounterMetricFamily(
+            "healthd_node_flaps", "Findings raised again soon after their release (each "
+            "doubles how long the finding is held).", labels=("node",))
+        flaps.add_metric((self._node,), float(state.flaps_total))
+        return flaps
 
     def _check(self, out: _Families, key: str, entry: Latest) -> None:
         base = {"node": self._node, "check": key}

@@ -14,6 +14,10 @@ rules of the published state hold in one place:
   annotation are kept while a check's status is unchanged, for the same reason.
 - Every verdict transition becomes one Event (a bounded backlog while the API is
   away), sent after the writes that show it succeed.
+- A conflict (409) is transient: the node is read again and the write retried at
+  once against it, up to `CONFLICT_RETRIES` times, with no Event; only when every
+  retry met a conflict does a Warning Event (`NodeWriteConflict`) say so, once per
+  streak, before the backoff below.
 - Any API failure keeps the desired state and retries with backoff and jitter; the
   first success writes the latest state. The loop never dies; `in_sync` and
   `last_error` tell /readyz and the metrics where it stands.
@@ -38,8 +42,8 @@ from healthd.agent.node_view import Announcement, DesiredNode, announcement, des
 from healthd.agent.verdict import HealthState
 from healthd.kube.backoff import Backoff
 from healthd.kube.client import Kube
-from healthd.kube.conventions import CONDITION_TYPE, Keys, Verdict
-from healthd.kube.errors import KubeError, Unavailable
+from healthd.kube.conventions import CONDITION_TYPE, Keys, Reason, Verdict
+from healthd.kube.errors import Conflict, KubeError, Unavailable
 from healthd.kube.events import EventRecorder
 from healthd.kube.objects import NODES, meta
 
@@ -49,6 +53,7 @@ log = logging.getLogger(__name__)
 
 BACKLOG = 16  # verdict transitions kept while the API is away (oldest dropped)
 MAX_RETRY_AFTER_S = 60.0  # a server's Retry-After is honoured up to this
+CONFLICT_RETRIES = 3  # immediate re-read-and-retry rounds after a 409
 
 
 @dataclass(frozen=True)
@@ -111,12 +116,14 @@ class NodePublisher:
         self._desired: DesiredNode | None = None
         self._observed: _Observed | None = None
         self._first_label: str | None = None  # the verdict label as first seen
+        self._took = False  # whether the node was ever seen
         self._state: HealthState | None = None  # the last wanted judged state
         self._backlog: deque[tuple[Verdict | None, HealthState, HealthState | None]] = deque(
             maxlen=BACKLOG)
         self._gen = 0  # bumped by every change that may need a write
         self._done = 0  # the generation last written successfully
         self._last_error = ""
+        self._conflict_reported = False  # a NodeWriteConflict Event went out this streak
         self._wake: anyio.Event | None = None
         self._progress: anyio.Event | None = None
 
@@ -209,6 +216,29 @@ class NodePublisher:
     # -- one synchronisation -------------------------------------------------------------
 
     async def _sync(self) -> None:
+        """Write what differs; a conflict re-reads the node and tries again at once."""
+        for attempt in range(CONFLICT_RETRIES + 1):
+            try:
+                await self._sync_once()
+            except Conflict as exc:
+                self._observed = None  # diff against the node as it is now
+                if attempt == CONFLICT_RETRIES:
+                    await self._report_conflict(exc)
+                    raise
+                continue
+            self._conflict_reported = False
+            return
+
+    async def _report_conflict(self, exc: Conflict) -> None:
+        if self._conflict_reported:
+            return
+        self._conflict_reported = True
+        await self._record(Announcement(
+            "Warning", Reason.NODE_WRITE_CONFLICT.value,
+            f"every one of {CONFLICT_RETRIES + 1} writes of the node's health state met a "
+            f"conflict ({exc.message or exc}); retrying with backoff"))
+
+    async def _sync_once(self) -> None:
         if self._observed is None:
             self._take(_Observed.of(await self._kube.get(NODES, self._node)))
         desired = self._desired
@@ -301,7 +331,8 @@ class NodePublisher:
     # -- bookkeeping -------------------------------------------------------------------
 
     def _take(self, seen: _Observed) -> None:
-        if self._observed is None:
+        if not self._took:  # the label before any write of ours (a re-read is not)
+            self._took = True
             self._first_label = seen.labels.get(self._keys.gpuhealth)
         self._observed = seen
 

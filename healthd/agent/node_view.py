@@ -5,7 +5,12 @@ published state is a plain function of a `HealthState`:
 
 - the verdict label, only once something has been judged (UNKNOWN never changes it);
 - the `health` annotation: compact JSON, bounded to `HEALTH_LIMIT` bytes by dropping
-  the least severe findings first and saying how many went (`"truncated": N`);
+  the least severe findings first and saying how many went (`"truncated": N`). It
+  says what the verdict means, not what the last run measured, so it changes only
+  when that meaning does: holdings keep the message they were raised with, a check's
+  status is what it holds (or that it could not tell), and pending findings (seen,
+  not yet raised) stay out; live values are in the metrics, `healthd check` and
+  `last-run`;
 - the `GPUUnhealthy` condition without its times (the writer owns
   `lastTransitionTime`, which moves only when the status changes);
 - the Event that announces a verdict transition, readable by a person.
@@ -19,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from checks.base import Entity, Finding
+from checks.base import Entity, Finding, Severity, worst
 from healthd.agent.verdict import CheckState, HealthState, Held
 from healthd.kube.conventions import CONDITION_TYPE, Keys, Reason, Verdict
 
@@ -145,7 +150,8 @@ def health_json(state: HealthState, limit: int = HEALTH_LIMIT) -> str:
     }
     if state.testing:
         head["testing"] = sorted(state.testing)
-    checks = {key: _check_json(cs) for key, cs in sorted(state.checks.items())}
+    checks = {key: _check_json(cs, _held_status(state, key))
+              for key, cs in sorted(state.checks.items())}
     if (ping := ping_json(state)) is not None:
         head["ping"] = ping
     items = _ranked_items(state)
@@ -203,9 +209,18 @@ def _dumps(body: Mapping[str, Any]) -> str:
     return json.dumps(body, separators=(",", ":"), sort_keys=False)
 
 
-def _check_json(cs: CheckState) -> dict[str, Any]:
-    out: dict[str, Any] = {"status": cs.status.value, "at": rfc3339(cs.at)}
-    if cs.reason:
+def _held_status(state: HealthState, key: str) -> Severity:
+    """The worst severity check `key` holds the node at (PASS when nothing)."""
+    return worst(h.severity for h in state.held if h.check == key) if any(
+        h.check == key for h in state.held) else Severity.PASS
+
+
+def _check_json(cs: CheckState, held: Severity) -> dict[str, Any]:
+    """A check's published status: UNKNOWN/SKIPPED with the reason when its last run
+    could not tell, else the severity it holds (a pending finding is no status yet)."""
+    status = held if cs.status.ordered else cs.status
+    out: dict[str, Any] = {"status": status.value, "at": rfc3339(cs.at)}
+    if cs.reason and not cs.status.ordered:
         out["reason"] = _clip(cs.reason, MESSAGE_CHARS)
     return out
 
@@ -217,10 +232,9 @@ def _ranked_items(state: HealthState) -> list[Item]:
     """Holdings and the other latest findings, most severe first (holdings before
     plain findings of the same severity)."""
     items: list[Item] = [(True, _held_json(state, h), h.severity.rank) for h in state.held]
-    held_slots = {(h.check, h.code, h.entity) for h in state.held}
     for key, findings in sorted(state.check_findings.items()):
-        for f in findings:
-            if (key, f.code, f.entity.label) not in held_slots:
+        for f in findings:  # recorded-only ones: held ones are above, pending ones wait
+            if f.severity.rank < Severity.WARN.rank:
                 items.append((False, _finding_json(key, f), f.severity.rank))
     items.sort(key=lambda item: (-item[2], not item[0]))
     return items
@@ -241,6 +255,8 @@ def _held_json(state: HealthState, h: Held) -> dict[str, Any]:
         out["uuid"] = entity.uuid
     if h.clear_requested:
         out["clear_requested"] = True
+    if h.flaps:
+        out["flaps"] = h.flaps
     return out
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import checks
 from checks.base import CheckResult
@@ -142,10 +142,7 @@ class RequestHandler:
                               f"verdict {agent.state.verdict.value}")
 
     async def _event(self, type_: str, reason: str, message: str) -> None:
-        node: dict[str, Any] = self.agent.node_obj or {
-            "apiVersion": "v1", "kind": "Node", "metadata": {"name": self.agent.node}}
-        involved = {"apiVersion": "v1", "kind": "Node", "metadata": node.get("metadata", {})}
-        await self.agent.events.record(involved, type=type_, reason=reason, message=message)
+        await self.agent.node_event(type_, reason, message)
 
 
 def _statuses(results: Mapping[str, CheckResult | str]) -> dict[str, str]:

@@ -117,6 +117,13 @@ class AgentSettings(_Frozen):
     recover_after: int = Field(
         2, ge=1, le=100, description="consecutive passing runs that release a held finding"
     )
+    flap_window: int = Field(
+        100, ge=1, le=10000,
+        description="runs without a sighting after which a finding's flaps are forgotten",
+    )
+    flap_max_doublings: int = Field(
+        5, ge=0, le=10, description="each flap doubles recover_after, at most this many times"
+    )
     http_port: int = Field(9400, ge=0, le=65535, description="port of /metrics, /healthz, /readyz")
     jitter: float = Field(
         0.1, ge=0, le=0.5, description="random delay of each run, as a fraction of its interval"

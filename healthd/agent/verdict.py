@@ -9,18 +9,32 @@ a `HealthState` and returns a new one:
 - `request_clear`: an admin asked to clear what holds the node bad.
 
 Rules:
-- A finding of severity WARN, ERR or EVICT is *held* at once, per (check key, code,
-  entity): the same code on gpu1 and gpu3 are two holdings. PASS-severity findings
-  (application XIDs) are recorded, never held.
-- A holding of check K is released after `Policy.recover_after` consecutive runs of K
-  that completed (status neither UNKNOWN nor SKIPPED) without it. A run that reports
-  it again resets the count. A run that could not tell (UNKNOWN/SKIPPED, for the
-  whole check or for the holding's entity) neither counts nor resets. Runs of other
-  checks never touch it.
+- Findings are tracked per (check key, code, entity): the same code on gpu1 and gpu3
+  are two tracks. PASS-severity findings (application XIDs) are recorded, never held.
+- Raising. A fatal finding (EVICT severity or sticky, GPU lost among them) is held
+  at once. Any other WARN/ERR finding is held once its check reported it in
+  `rule.seen` of the last `rule.runs` completed runs that could see its entity
+  (`checks.catalog.RaiseRule`, per code; default 2 of 3), or in two consecutive such
+  runs; codes with rule 1 of 1 (XIDs, DCGM tests) are held at once. Until then it is
+  *pending*: in the latest findings, not in the verdict.
+- Releasing. A holding of check K is released after `Policy.hold_runs(flaps)`
+  consecutive runs of K that completed (status neither UNKNOWN nor SKIPPED) without
+  it: `recover_after` x 2^flaps, at most `recover_after` x 2^`max_doublings`. A run
+  that reports it again resets the count. A run that could not tell (UNKNOWN/SKIPPED,
+  for the whole check or for the holding's entity) neither counts nor resets. Runs of
+  other checks never touch it.
+- Flaps. A finding reported again after one or more completed runs without it has
+  flapped (whether or not it was held meanwhile): its track's `flaps` grows by one
+  and `HealthState.flaps_total` counts it. A holding's `flaps` is its track's, up to
+  `max_doublings`, so an oscillating signal is held longer with every swing and
+  settles on the worse state. A track without a sighting for `flap_window`
+  completed runs is forgotten; a clear starts its count over.
 - Sticky codes and every EVICT holding are released only by a clear request followed
   by one such clean run of K; no number of runs alone releases them, so a periodic
   run never downgrades EVICT. A clear marks every holding; a marked holding goes on
   its next clean run. A run that reports the code again spends the clear.
+- A holding keeps the message it was raised with: the published state changes when
+  its meaning does, not when a measured value moves.
 - Verdict, by precedence: EVICT if any EVICT is held, ERR if any ERR is held, TESTING
   while an exclusive check runs, WARN if any WARN is held, else PASS. `since` moves
   only when the verdict changes. Before any judgement (`judged` False) the verdict is
@@ -36,6 +50,7 @@ from types import MappingProxyType
 from typing import Any
 
 from checks.base import CheckResult, Finding, Severity
+from checks.catalog import Catalog
 from healthd.kube.conventions import Verdict
 
 # Severities that raise the verdict: WARN and above.
@@ -64,6 +79,7 @@ class Held:
     since: float  # when it was first held
     passes: int = 0  # consecutive clean runs of `check` since it was last reported
     clear_requested: bool = False
+    flaps: int = 0  # times it came back, up to Policy.max_doublings (each doubles the hold)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -74,6 +90,19 @@ class Held:
     def needs_clear(self) -> bool:
         """Sticky codes and EVICT holdings leave only through a clear request."""
         return self.sticky or self.severity is Severity.EVICT
+
+
+TrackKey = tuple[str, str, str]  # (check key, code, entity), like Held.key
+
+
+@dataclass(frozen=True)
+class Track:
+    """The recent history of one (check key, code, entity), held or not: what damping
+    decides from."""
+
+    recent: tuple[bool, ...] = ()  # reported in the latest completed runs, newest last
+    flaps: int = 0  # times it came back after a clean run (a clear starts over)
+    clean: int = 0  # completed runs without it since it was last reported
 
 
 @dataclass(frozen=True)
@@ -91,7 +120,7 @@ class CheckState:
     networks: tuple[str, ...] = ()
 
 
-def _frozen_map(items: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
+def _frozen_map(items: Mapping[Any, Any] | None = None) -> Mapping[Any, Any]:
     return MappingProxyType(dict(items or {}))
 
 
@@ -107,6 +136,8 @@ class HealthState:
     findings: tuple[Finding, ...] = ()  # every check's latest findings, by check key
     testing: frozenset[str] = frozenset()  # exclusive checks in progress
     check_findings: Mapping[str, tuple[Finding, ...]] = field(default_factory=_frozen_map)
+    tracks: Mapping[TrackKey, Track] = field(default_factory=_frozen_map)
+    flaps_total: int = 0  # flaps since start (a counter for the metrics)
 
     @property
     def top(self) -> Held | None:
@@ -120,13 +151,35 @@ class HealthState:
 
 @dataclass(frozen=True)
 class Policy:
-    """How fast a node recovers: `recover_after` consecutive clean runs (>= 1)."""
+    """How fast a node raises and recovers: each code's raise rule (the catalog),
+    `recover_after` consecutive clean runs (>= 1) doubled per flap up to
+    `max_doublings` times, and how long a finding's flaps are remembered."""
 
     recover_after: int = 2
+    catalog: Catalog = field(default_factory=Catalog, compare=False)
+    max_doublings: int = 5
+    flap_window: int = 100  # completed runs without a sighting that forget a track
 
     def __post_init__(self) -> None:
         if self.recover_after < 1:
             raise ValueError(f"recover_after must be at least 1, got {self.recover_after}")
+        if self.max_doublings < 0 or self.flap_window < 1:
+            raise ValueError("max_doublings must be >= 0 and flap_window >= 1")
+
+    def hold_runs(self, flaps: int) -> int:
+        """Clean runs that release a holding that has flapped `flaps` times."""
+        return self.recover_after * (1 << min(flaps, self.max_doublings))  # x 2^flaps
+
+    def raises(self, f: Finding, recent: tuple[bool, ...]) -> bool:
+        """Whether finding `f`, reported in the latest of the `recent` runs, is held."""
+        rule = self.catalog.lookup(f.code).raise_rule
+        if f.severity is Severity.EVICT or f.sticky or rule.seen <= 1:
+            return True
+        return sum(recent[-rule.runs:]) >= rule.seen or recent[-2:] == (True, True)
+
+    def memory(self, code: str) -> int:
+        """How many recent runs a track keeps."""
+        return max(self.catalog.lookup(code).raise_rule.runs, 2)
 
 
 def initial(at: float = 0.0) -> HealthState:
@@ -163,8 +216,9 @@ def apply(
     if not result.status.ordered:
         # Could not tell (or does not apply): recorded, but no judgement either way.
         return _settle(state, at, checks=checks, check_findings=per_check)
-    held = _judge(state.held, key, result, at, policy)
-    return _settle(state, at, held=held, judged=True, checks=checks, check_findings=per_check)
+    held, tracks, flaps = _judge(state, key, result, at, policy)
+    return _settle(state, at, held=held, judged=True, checks=checks, check_findings=per_check,
+                   tracks=tracks, flaps_total=state.flaps_total + flaps)
 
 
 def start_testing(state: HealthState, key: str, *, at: float) -> HealthState:
@@ -196,24 +250,65 @@ def _check_state(result: CheckResult, trigger: Trigger, at: float) -> CheckState
 
 
 def _judge(
-    held: tuple[Held, ...], key: str, result: CheckResult, at: float, policy: Policy
-) -> list[Held]:
-    """The holdings after one completed run of `key`: renew what it reports again,
-    count a clean run for the rest of its holdings, hold what is new."""
+    state: HealthState, key: str, result: CheckResult, at: float, policy: Policy
+) -> tuple[list[Held], dict[TrackKey, Track], int]:
+    """The holdings and tracks after one completed run of `key`, and how many of its
+    findings came back (flapped): renew what it reports again, count a clean run for
+    the rest of its holdings, hold what now has enough evidence."""
     reported = _raising(result.findings)
     blind = {e.entity.label for e in result.entities if not e.status.ordered}
+    tracks, flaps = _tracked(state.tracks, key, reported, blind, policy)
     out: list[Held] = []
-    for h in held:
+    for h in state.held:
         if h.check != key:
             out.append(h)
         elif (found := reported.pop((h.code, h.entity), None)) is not None:
-            out.append(_renew(h, found))
+            out.append(_renew(h, found, flaps=_flaps(tracks, h.key, policy)))
         elif h.entity in blind:
             out.append(h)  # the run could not see this entity: no evidence either way
         elif (kept := _clean_run(h, policy)) is not None:
             out.append(kept)
-    out.extend(_hold(key, f, at) for f in reported.values())
-    return out
+        elif h.clear_requested and h.key in tracks:
+            tracks[h.key] = replace(tracks[h.key], flaps=0)  # cleared: a fresh start
+    for (code, entity), f in reported.items():
+        slot = (key, code, entity)
+        if policy.raises(f, tracks[slot].recent):
+            out.append(_hold(key, f, at, flaps=_flaps(tracks, slot, policy)))
+    return out, tracks, flaps
+
+
+def _tracked(
+    tracks: Mapping[TrackKey, Track],
+    key: str,
+    reported: Mapping[tuple[str, str], Finding],
+    blind: set[str],
+    policy: Policy,
+) -> tuple[dict[TrackKey, Track], int]:
+    """Every track with this run of `key` recorded (reported or not, for each entity
+    the run could see), and how many came back after a clean run. A track clean for
+    the flap window is forgotten."""
+    out: dict[TrackKey, Track] = {}
+    returns = 0
+    for slot in {*tracks, *((key, code, entity) for code, entity in reported)}:
+        track = tracks.get(slot, Track())
+        check, code, entity = slot
+        seen = (code, entity) in reported
+        if check != key or (entity in blind and not seen):
+            out[slot] = track
+            continue
+        recent = (*track.recent, seen)[-policy.memory(code):]
+        came_back = seen and slot in tracks and track.clean > 0
+        returns += came_back
+        track = Track(recent, track.flaps + came_back, 0 if seen else track.clean + 1)
+        if track.clean < policy.flap_window:
+            out[slot] = track
+    return out, returns
+
+
+def _flaps(tracks: Mapping[TrackKey, Track], slot: TrackKey, policy: Policy) -> int:
+    """A holding's flaps: its track's, counted up to where the hold stops growing."""
+    track = tracks.get(slot)
+    return min(track.flaps, policy.max_doublings) if track else 0
 
 
 def _raising(findings: Iterable[Finding]) -> dict[tuple[str, str], Finding]:
@@ -228,20 +323,23 @@ def _raising(findings: Iterable[Finding]) -> dict[tuple[str, str], Finding]:
     return out
 
 
-def _hold(key: str, f: Finding, at: float) -> Held:
-    return Held(f.code, key, f.entity.label, f.severity, f.sticky, f.message, since=at)
+def _hold(key: str, f: Finding, at: float, *, flaps: int) -> Held:
+    return Held(f.code, key, f.entity.label, f.severity, f.sticky, f.message, since=at,
+                flaps=flaps)
 
 
-def _renew(h: Held, f: Finding) -> Held:
-    """Reported again: the count starts over and a pending clear is spent."""
-    severity = f.severity if f.severity.rank > h.severity.rank else h.severity
+def _renew(h: Held, f: Finding, *, flaps: int) -> Held:
+    """Reported again: the count starts over and a pending clear is spent. The
+    message changes only with the severity (a moving value is no news)."""
+    worse = f.severity.rank > h.severity.rank
     return replace(
         h,
-        severity=severity,
+        severity=f.severity if worse else h.severity,
         sticky=h.sticky or f.sticky,
-        message=f.message,
+        message=f.message if worse else h.message,
         passes=0,
         clear_requested=False,
+        flaps=flaps,
     )
 
 
@@ -250,7 +348,7 @@ def _clean_run(h: Held, policy: Policy) -> Held | None:
     if h.clear_requested:
         return None
     passes = h.passes + 1
-    if not h.needs_clear and passes >= policy.recover_after:
+    if not h.needs_clear and passes >= policy.hold_runs(h.flaps):
         return None
     return replace(h, passes=passes)
 
@@ -266,6 +364,7 @@ def _settle(state: HealthState, at: float, **changes: Any) -> HealthState:
     per_check = _frozen_map(new.check_findings)
     findings = tuple(f for k in sorted(per_check) for f in per_check[k])
     checks = _frozen_map(new.checks)
+    tracks = _frozen_map(new.tracks)
     verdict = verdict_of(held, new.testing)
     since = state.since if verdict is state.verdict else at
     return replace(
@@ -274,6 +373,7 @@ def _settle(state: HealthState, at: float, **changes: Any) -> HealthState:
         since=since,
         held=held,
         checks=checks,
+        tracks=tracks,
         findings=findings,
         check_findings=per_check,
     )

@@ -163,7 +163,8 @@ class Resetter:
         pace, trip = settings.resets, settings.breaker
         self.bucket = TokenBucket(pace.rate_per_minute / 60, pace.burst, clock)
         self.spacing = Spacing(pace.min_spacing, clock)
-        self.breaker = Breaker(trip.max_unhealthy, trip.window, trip.hold, clock)
+        self.breaker = Breaker(trip.max_unhealthy, trip.window, trip.hold, clock,
+                               min_allowed=trip.min_allowed)
         self._announced = BreakerState.CLOSED
         self._event_tasks: anyio.abc.TaskGroup | None = None
         self._event_slots = anyio.Semaphore(EVENT_BACKLOG)

@@ -11,8 +11,11 @@ flavor and resource names at the indexes used, the nominalQuota, and the old
 lendingLimit (or, when there was none, the object's resourceVersion, since a patch
 cannot test for absence). A concurrent writer therefore makes it fail (422) instead
 of being overwritten; the writer re-reads from the server (not the cache) and
-recomputes. A 422 on an object that did not change is the server (Kueue's webhook)
-rejecting the value: a Warning Event, then backoff. A queue without a cohort cannot
+recomputes. A 409 is a transient conflict, never a rejection: the writer re-reads
+and retries the same way, and only when every one of `MAX_ATTEMPTS` attempts met a
+conflict does it post a Warning Event (`LendingLimitConflict`) and back off. A 422 on
+an object that did not change is the server (Kueue's webhook) rejecting the value: a
+Warning Event (`LendingLimitRejected`), then backoff. A queue without a cohort cannot
 carry a lendingLimit at all, so none is sent: a Warning Event, and the queue waits
 for its next change. A missing queue is waited for quietly. `dry_run` logs and counts
 each decision once and writes nothing, Events included.
@@ -252,10 +255,10 @@ class QueueWriter:
                 fresh = await self._attempt(name, queue)
                 if fresh is None:
                     self._backoff.pop(name, None)
+                    self._said.pop((name, "conflict"), None)
                     return
                 queue = fresh
-            log.warning("queue %s changed under every one of %d attempts; backing off",
-                        name, MAX_ATTEMPTS)
+            await self._conflicts_exhausted(queue)
         except _Rejected:
             pass
         except KubeError as exc:
@@ -318,7 +321,7 @@ class QueueWriter:
             fresh = await self._kube.get(self._kueue.queues, name)
         except NotFound:
             return None
-        if resource_version_of(fresh) != resource_version_of(queue):
+        if isinstance(exc, Conflict) or resource_version_of(fresh) != resource_version_of(queue):
             self._metrics.count_lending_write(name, "conflict")
             log.info("queue %s changed before our write landed; recomputing", name)
             self._latest[name] = fresh
@@ -329,6 +332,13 @@ class QueueWriter:
         await self._event(queue, WARNING, Reason.LENDING_LIMIT_REJECTED, message,
                           topic="rejected")
         raise _Rejected(message)
+
+    async def _conflicts_exhausted(self, queue: Obj) -> None:
+        message = (f"every one of {MAX_ATTEMPTS} attempts to update the lendingLimit met a "
+                   "conflict (409, or the queue changed before the write landed); backing off")
+        log.warning("queue %s: %s", name_of(queue), message)
+        await self._event(queue, WARNING, Reason.LENDING_LIMIT_CONFLICT, message,
+                          topic="conflict")
 
     async def _writable(self, queue: Obj, changes: list[LimitChange]) -> list[LimitChange]:
         """`changes` less what the queue cannot hold: without a cohort Kueue accepts

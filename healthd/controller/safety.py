@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from healthd.controller.settings import parse_threshold
+from healthd.controller.settings import parse_threshold, tolerated_bad_nodes
 
 Clock = Callable[[], float]
 
@@ -124,7 +124,9 @@ class Breaker:
     `hold_s`.
 
     `max_unhealthy` is a share of the GPU nodes (`"30%"`) or a count (`"5"`);
-    "more than" is strict. "Turned bad within the window" is the rise of the bad
+    "more than" is strict. `min_allowed` is a floor under it in nodes, the larger
+    wins: 30% of 3 nodes is 0.9, so without the floor one bad node of three would
+    stop every reset on a small cluster. "Turned bad within the window" is the rise of the bad
     count over the lowest count seen in the window; before any history (a fresh
     start) the baseline is 0, so a controller started in the middle of a mass
     failure does not reset everything the previous one held back. A slow rise
@@ -136,11 +138,14 @@ class Breaker:
     """
 
     def __init__(self, max_unhealthy: str, window_s: float, hold_s: float,
-                 clock: Clock = time.time) -> None:
-        self._number, self._percent = parse_threshold(max_unhealthy)
+                 clock: Clock = time.time, *, min_allowed: int = 0) -> None:
+        parse_threshold(max_unhealthy)  # a bad threshold fails here, not at the first update
         if window_s <= 0 or hold_s < 0:
             raise ValueError("breaker window must be > 0 and hold >= 0")
+        if min_allowed < 0:
+            raise ValueError("breaker min_allowed must be >= 0")
         self.max_unhealthy = max_unhealthy
+        self.min_allowed = min_allowed
         self.window_s = window_s
         self.hold_s = hold_s
         self._clock = clock
@@ -151,8 +156,9 @@ class Breaker:
         self.gpu_nodes = 0
 
     def limit(self, gpu_nodes: int) -> float:
-        """The most bad nodes tolerated among `gpu_nodes`."""
-        return gpu_nodes * self._number / 100 if self._percent else self._number
+        """The most bad nodes tolerated among `gpu_nodes`: the threshold or the floor,
+        whichever is larger."""
+        return tolerated_bad_nodes(self.max_unhealthy, self.min_allowed, gpu_nodes)
 
     def update(self, bad_nodes: int, gpu_nodes: int) -> BreakerState:
         """Record the fleet now; returns the state after it."""
@@ -198,4 +204,5 @@ class Breaker:
     def describe(self) -> str:
         """One line for logs and Events."""
         return (f"{self.bad_nodes} of {self.gpu_nodes} GPU nodes bad "
-                f"(threshold: more than {self.max_unhealthy} within {self.window_s:g} s)")
+                f"(threshold: more than {self.max_unhealthy}, at least {self.min_allowed} "
+                f"tolerated, within {self.window_s:g} s)")

@@ -12,7 +12,7 @@ the field). Durations accept `30s`, `5m`, `1h` and are stored as seconds::
       gpu_resource: nvidia.com/gpu
       http_port: 9401
       resets: {rate_per_minute: 60, burst: 10, min_spacing: 5m}
-      breaker: {max_unhealthy: 30%, window: 5m, hold: 5m}
+      breaker: {max_unhealthy: 30%, min_allowed: 1, window: 5m, hold: 5m}
       election: {lease_name: healthd-controller, namespace: healthd-system,
                  lease_duration: 15s, renew_deadline: 10s, retry_period: 2s}
 """
@@ -63,6 +63,14 @@ def parse_threshold(value: object) -> tuple[float, bool]:
     return number, percent
 
 
+def tolerated_bad_nodes(max_unhealthy: str, min_allowed: int, gpu_nodes: int) -> float:
+    """The most bad nodes tolerated among `gpu_nodes`: the threshold (a share or a
+    count) or the floor `min_allowed`, whichever is larger."""
+    number, percent = parse_threshold(max_unhealthy)
+    threshold = gpu_nodes * number / 100 if percent else number
+    return max(threshold, min_allowed)
+
+
 class ResetSettings(_Frozen):
     """How fast AppWrappers may be reset: a token bucket, and a minimum spacing per
     AppWrapper so a flapping node label cannot reset the same work over and over."""
@@ -81,6 +89,10 @@ class BreakerSettings(_Frozen):
     max_unhealthy: str = Field(
         "30%", description="bad GPU nodes tolerated in a window: a count (5) or a share (30%)"
     )
+    min_allowed: int = Field(
+        1, ge=0, description="bad GPU nodes always tolerated, whatever the share says "
+        "(the larger of the two wins): one bad node is handled even on a small cluster"
+    )
     window: Duration = Field(300.0, description="how far back bad nodes are counted")
     hold: Duration = Field(
         300.0, description="the fleet must stay under the threshold this long to close again"
@@ -94,8 +106,7 @@ class BreakerSettings(_Frozen):
 
     def limit(self, gpu_nodes: int) -> float:
         """The most bad nodes tolerated among `gpu_nodes` (more opens the breaker)."""
-        number, percent = parse_threshold(self.max_unhealthy)
-        return gpu_nodes * number / 100 if percent else number
+        return tolerated_bad_nodes(self.max_unhealthy, self.min_allowed, gpu_nodes)
 
 
 class ElectionSettings(_Frozen):

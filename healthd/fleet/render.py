@@ -25,8 +25,8 @@ from healthd.fleet.trigger import (
 from healthd.report import render_table
 
 TRIGGER_HEADERS = ("NODE", "BEFORE", "AFTER", "CHECKS", "DURATION", "ERROR")
-STATUS_HEADERS = ("NODE", "VERDICT", "SINCE", "TOP CODES", "LAST ROUND", "AGENT", "BLAMED",
-                  "NOTES")
+STATUS_HEADERS = ("NODE", "VERDICT", "SINCE", "TOP CODES", "FLAPS", "LAST ROUND", "AGENT",
+                  "BLAMED", "NOTES")
 LENDING_HEADERS = ("QUEUE", "FLAVOR", "RESOURCE", "NOMINAL", "LIMIT", "DUE", "UNAVAILABLE",
                    "BAD NODES")
 ERROR_CHARS = 120
@@ -154,7 +154,8 @@ def _status_row(row: Mapping[str, Any]) -> tuple[str, ...]:
     notes = [n for n, on in (("cordoned", row["cordoned"]), ("NotReady", row["ready"] is False))
              if on]
     return (row["name"], row["verdict"], age(row["since_age_s"]),
-            ",".join(row["top_codes"]) or "-", age(row["last_round_age_s"]),
+            ",".join(row["top_codes"]) or "-", str(row.get("flaps") or "-"),
+            age(row["last_round_age_s"]),
             "yes" if row["agent"] else "NO", "yes" if row.get("blamed") else "-",
             ",".join(notes) or "-")
 

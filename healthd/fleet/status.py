@@ -16,6 +16,8 @@ schema (`SCHEMA_VERSION` 1) only grows, and a change of meaning bumps the versio
       since             when the verdict last changed (RFC 3339) or null
       since_age_s       seconds since then, or null
       top_codes         finding codes holding the verdict, most severe first
+      flaps             how often the findings holding the verdict came back soon after
+                        a release (the agent holds each one longer every time)
       last_round        latest check run in the health annotation (RFC 3339) or null
       last_round_age_s  seconds since then, or null
       agent             a running agent pod is on the node
@@ -139,6 +141,7 @@ def node_row(node: Obj, keys: Keys, agents: set[str], now: float, *,
         "since": rfc3339(since) if since is not None else None,
         "since_age_s": _age(since, now),
         "top_codes": top_codes(health),
+        "flaps": held_flaps(health),
         "last_round": rfc3339(last) if last is not None else None,
         "last_round_age_s": _age(last, now),
         "agent": name_of(node) in agents,
@@ -157,6 +160,13 @@ def top_codes(health: Mapping[str, Any]) -> list[str]:
     if not codes and isinstance(health.get("top"), str):
         codes = [health["top"]]
     return list(dict.fromkeys(codes))[:TOP_CODES]
+
+
+def held_flaps(health: Mapping[str, Any]) -> int:
+    """Flaps of the findings holding the verdict, summed (0 for an older agent)."""
+    held = health.get("held")
+    counts = [h.get("flaps") for h in held if isinstance(h, dict)] if isinstance(held, list) else []
+    return sum(c for c in counts if isinstance(c, int) and not isinstance(c, bool) and c > 0)
 
 
 def _last_round(health: Mapping[str, Any]) -> float | None:

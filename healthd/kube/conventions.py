@@ -73,9 +73,12 @@ class Reason(enum.StrEnum):
     RESET_BREAKER_OPEN = "ResetBreakerOpen"
     RESET_BREAKER_CLOSED = "ResetBreakerClosed"
     LENDING_LIMIT_UPDATED = "LendingLimitUpdated"
-    LENDING_LIMIT_REJECTED = "LendingLimitRejected"
+    LENDING_LIMIT_REJECTED = "LendingLimitRejected"  # the server refused the value (422)
+    LENDING_LIMIT_CONFLICT = "LendingLimitConflict"  # 409 or a moving queue on every retry
+    NODE_WRITE_CONFLICT = "NodeWriteConflict"  # the agent's Node write met 409 on every retry
     LENDING_SHORTFALL = "LendingShortfall"
     PEER_UNREACHABLE = "PeerUnreachable"
+    CHECK_UNAVAILABLE = "CheckUnavailable"
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,8 @@ class FakeNvmlLibrary:
         self._error_budget: dict[tuple[int, int], int] = {}
         self._set_numbers = itertools.count(1)
         self._healthy: dict[int, GpuState] = {}
+        self.responding = threading.Event()  # cleared: device queries hang, as on a wedged driver
+        self.responding.set()
 
     # -- pynvml's view: symbols looked up by name --------------------------------
 
@@ -100,6 +102,8 @@ class FakeNvmlLibrary:
         return c_function
 
     def _invoke(self, name: str, kind: str, impl: Impl, args: tuple[Any, ...]) -> Any:
+        if kind == "device":
+            self.responding.wait()
         with self._cond:
             self.calls[name] = self.calls.get(name, 0) + 1
             try:
@@ -127,6 +131,8 @@ class FakeNvmlLibrary:
             raise Fail(code("INVALID_ARGUMENT"))
         if state.lost:
             raise Fail(code("GPU_IS_LOST"))
+        if _VERSION_SUFFIX.sub("", name) in self.spec.gpus.unsupported:
+            raise Fail(code("NOT_SUPPORTED"))
         return state
 
     def raise_injected(self, name: str, gpu: int | None) -> None:
@@ -311,8 +317,18 @@ class FakeNvml:
         """Load or unload the simulated driver (unloading ends every NVML session)."""
         self.library.set_driver_present(present)
 
+    def hang(self) -> None:
+        """Device queries block until `respond()`, as NVML does on a wedged driver: the
+        calling thread cannot be interrupted, so the round it belongs to never ends."""
+        self.library.responding.clear()
+
+    def respond(self) -> None:
+        """End `hang()`: blocked queries go on."""
+        self.library.responding.set()
+
     def uninstall(self) -> None:
         """Shut NVML down and put back whatever library pynvml had before."""
+        self.respond()
         if not self._installed:
             return
         self._installed = False

@@ -126,6 +126,9 @@ def _merge(state: GpuState, active: Sequence[GpuFault]) -> GpuState:
     reasons = [r for f in active for r in f.clock_event_reasons]
     if reasons:
         changes["clock_reasons"] = _reason_mask(reasons)
+    masks = [f.clock_event_mask for f in active if f.clock_event_mask is not None]
+    if masks:  # an exact mask (a recording) replaces named reasons
+        changes["clock_reasons"] = masks[-1]
     for fault in active:  # the last fault listed wins for structured fields
         if fault.remapped_rows is not None:
             changes["remapped"] = fault.remapped_rows
@@ -136,6 +139,8 @@ def _merge(state: GpuState, active: Sequence[GpuFault]) -> GpuState:
         if fault.pcie is not None:
             changes["pcie_gen"] = fault.pcie.gen or state.pcie_gen
             changes["pcie_width"] = fault.pcie.width or state.pcie_width
+            changes["pcie_max_gen"] = fault.pcie.max_gen or state.pcie_max_gen
+            changes["pcie_max_width"] = fault.pcie.max_width or state.pcie_max_width
     return replace(state, **changes)  # type: ignore[arg-type]
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import os
 import random
 import string
 import subprocess
@@ -86,11 +87,18 @@ async def succeed(pod: Obj) -> Termination:
 @dataclass
 class HealthdRunner:
     """Plays a `healthd check ...` container here, on a simulated machine: runs the
-    pod's command with `python -m healthd.cli`, `--sim <spec>` added, and the
-    termination log redirected to a temporary file."""
+    pod's command with `python -m healthd.cli`, `--sim <spec>` added, the container's
+    literal `env` values set, and the termination log redirected to a temporary file."""
 
     spec: str | Path
     timeout_s: float = 120.0
+
+    def env(self, pod: Obj) -> dict[str, str]:
+        """This process's environment plus the container's literal `env` values."""
+        container = pod["spec"]["containers"][0]
+        given = {e["name"]: str(e["value"]) for e in container.get("env") or []
+                 if isinstance(e, dict) and "value" in e}
+        return {**os.environ, **given}
 
     def argv(self, pod: Obj, termination_log: Path) -> list[str]:
         container = pod["spec"]["containers"][0]
@@ -106,7 +114,8 @@ class HealthdRunner:
             log.touch()
             with anyio.fail_after(self.timeout_s):
                 proc = await anyio.run_process(
-                    self.argv(pod, log), check=False, stderr=subprocess.STDOUT
+                    self.argv(pod, log), check=False, stderr=subprocess.STDOUT,
+                    env=self.env(pod),
                 )
             return Termination(proc.returncode, log.read_text(errors="replace"),
                                proc.stdout.decode(errors="replace"))

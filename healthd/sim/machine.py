@@ -10,10 +10,18 @@ pynvml. Every fault may start `at` seconds after the machine starts and end at
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from healthd import bundled
 from healthd.sim.dcgm import DcgmSim
@@ -51,6 +59,20 @@ NvmlErrorName = Literal[
     "LIB_RM_VERSION_MISMATCH",
     "MEMORY",
     "UNKNOWN",
+    # newer codes, so a recording can replay whatever a driver answered
+    "ALREADY_INITIALIZED",
+    "INSUFFICIENT_SIZE",
+    "IN_USE",
+    "NO_DATA",
+    "VGPU_ECC_NOT_SUPPORTED",
+    "INSUFFICIENT_RESOURCES",
+    "FREQ_NOT_SUPPORTED",
+    "ARGUMENT_VERSION_MISMATCH",
+    "DEPRECATED",
+    "NOT_READY",
+    "GPU_NOT_FOUND",
+    "INVALID_STATE",
+    "RESET_TYPE_NOT_SUPPORTED",
 ]
 
 
@@ -66,10 +88,12 @@ class PcieSpec(_Strict):
 
 
 class PcieLinkFault(_Strict):
-    """Current link state; unset fields keep the GPU's values."""
+    """Link state of one GPU; unset fields keep the GPU's values."""
 
     gen: int | None = Field(None, ge=1, le=7)
     width: int | None = Field(None, ge=1, le=32)
+    max_gen: int | None = Field(None, ge=1, le=7)
+    max_width: int | None = Field(None, ge=1, le=32)
 
 
 class PowerSpec(_Strict):
@@ -89,6 +113,8 @@ class GpuDefaults(_Strict):
     count: int = Field(8, ge=0, le=64)
     model: str = "NVIDIA H100 80GB HBM3"
     uuids: list[str] | None = Field(None, description="one per GPU; generated when unset")
+    pci_bus_ids: list[str] | None = Field(
+        None, description="one per GPU; 00000000:18:00.0, 00000000:28:00.0, ... when unset")
     pcie: PcieSpec = PcieSpec()
     power: PowerSpec = PowerSpec()
     nvlinks: int = Field(18, ge=0, le=18, description="NVLinks per GPU; 0 = no NVLink")
@@ -101,6 +127,19 @@ class GpuDefaults(_Strict):
         "instead, and retired-page queries return NOT_SUPPORTED",
     )
     pcie_bandwidth_gbps: BandwidthSpec = BandwidthSpec()
+    unsupported: list[str] = Field(
+        [],
+        description="NVML device functions every GPU answers NOT_SUPPORTED (as some "
+        "virtual machines do for clock event reasons or NVLink)",
+    )
+
+    @field_validator("unsupported")
+    @classmethod
+    def _nvml_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not re.fullmatch(r"nvml[A-Za-z0-9_]+", name):
+                raise ValueError(f"{name!r} is not an NVML function name (nvmlDeviceGet...)")
+        return names
 
 
 class RemappedRowsFault(_Strict):
@@ -135,6 +174,9 @@ class GpuFault(_Strict):
     until: float | None = Field(None, gt=0)
     remapped_rows: RemappedRowsFault | None = None
     clock_event_reasons: list[ClockReason] = []
+    clock_event_mask: int | None = Field(
+        None, ge=0, le=2**64 - 1,
+        description="the exact reason bit mask (recordings); replaces the named reasons")
     power: PowerSpec | None = None
     pcie: PcieLinkFault | None = None
     pcie_replays: int | None = Field(None, ge=0, description="replay counter value")
@@ -182,9 +224,11 @@ class MachineSpec(_Strict):
                         f"gpu {fault.gpu}: nvlink_down names link {link} but GPUs have "
                         f"{self.gpus.nvlinks} links"
                     )
-        if self.gpus.uuids is not None and len(self.gpus.uuids) != self.gpus.count:
-            raise ValueError(f"gpus.uuids has {len(self.gpus.uuids)} entries, count is "
-                             f"{self.gpus.count}")
+        for field in ("uuids", "pci_bus_ids"):
+            given = getattr(self.gpus, field)
+            if given is not None and len(given) != self.gpus.count:
+                raise ValueError(f"gpus.{field} has {len(given)} entries, count is "
+                                 f"{self.gpus.count}")
         return self
 
     def uuid(self, index: int) -> str:
@@ -195,6 +239,8 @@ class MachineSpec(_Strict):
         return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
     def pci_bus_id(self, index: int) -> str:
+        if self.gpus.pci_bus_ids is not None:
+            return self.gpus.pci_bus_ids[index]
         # Real H100 boxes spread GPUs over buses like this; only uniqueness matters.
         return f"00000000:{0x18 + 0x10 * index:02X}:00.0"
 

@@ -99,6 +99,28 @@ async def test_free_gpus_run_the_diagnostic_as_a_job_and_publish_its_result(
         await eventually(lambda: h.events("DiagnosticRunning"), what="TESTING Event")
 
 
+async def test_the_job_asks_the_host_engine_the_agent_is_configured_with(
+        api: ApiEmulator, tmp_path: Path) -> None:
+    """The machine's host engine answers only at one address; the Job's pod reaches it
+    because the agent hands its own `host_engine` down."""
+    base = spec_with_dcgm("v4-pass-r3")
+    spec = base.model_copy(update={"dcgm": base.dcgm.model_copy(
+        update={"host_engine": "10.0.0.9:5555"})})
+    config = fast_config(deep_diagnostics={"namespace": DIAG_NS, "image": "healthd:test"})
+    checks = {**config.checks, "dcgm": config.checks["dcgm"].model_copy(
+        update={"params": {"host_engine": "10.0.0.9:5555"}})}
+    config = config.model_copy(update={"checks": checks})
+    async with kubelet(api, spec, tmp_path), running_agent(
+            api, tmp_path, spec=spec, config=config) as h:
+        h.request("dcgm:3", run_id="deep-remote")
+        answer = await eventually(lambda: (a := h.last_run()) and a["id"] == "deep-remote"
+                                  and a, 60, "answer")
+        assert answer["checks"] == {"dcgm:3": "PASS"}, answer
+        (job,) = [w.body for w in api.writes("POST", r".*/jobs")]
+        env = job["spec"]["template"]["spec"]["containers"][0]["env"]
+        assert {"name": "DCGM_HOST_ENGINE", "value": "10.0.0.9:5555"} in env
+
+
 async def test_a_job_that_is_never_scheduled_ends_testing_with_an_event(
         api: ApiEmulator, tmp_path: Path) -> None:
     spec = spec_with_dcgm("v4-pass-r3")

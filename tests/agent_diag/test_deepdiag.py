@@ -30,11 +30,12 @@ pytestmark = pytest.mark.anyio
 JOBS_PATH = f"/apis/batch/v1/namespaces/{DIAG_NS}/jobs"
 
 
-def diagnostic(kube: Kube, **settings: Any) -> DeepDiagnostic:
+def diagnostic(kube: Kube, job_env: dict[str, str] | None = None,
+               **settings: Any) -> DeepDiagnostic:
     values = {"namespace": DIAG_NS, "image": "healthd:test", "schedule_deadline_s": 20.0,
               "run_deadline_s": 60.0, **settings}
     return DeepDiagnostic(kube, NODE, DeepDiagSettings(**values),
-                          EventRecorder(kube, component=COMPONENT, host=NODE))
+                          EventRecorder(kube, component=COMPONENT, host=NODE), job_env=job_env)
 
 
 @asynccontextmanager
@@ -81,7 +82,8 @@ async def test_job_reserves_every_gpu_through_the_scheduler(api: ApiEmulator,
                                                             kube: Kube) -> None:
     api.seed(node())
     async with kubelet(api):
-        await diagnostic(kube, priority_class="system-node-critical").run("dcgm:3", 8)
+        await diagnostic(kube, {"DCGM_HOST_ENGINE": "10.0.0.9:5555"},
+                         priority_class="healthd-diagnostic").run("dcgm:3", 8)
     job = api.writes("POST", JOBS_PATH)[0].body
     assert job["metadata"]["generateName"].startswith(f"healthd-diag-{NODE}-")
     assert job["metadata"]["labels"]["healthd.io/diagnostic"] == "true"
@@ -93,8 +95,9 @@ async def test_job_reserves_every_gpu_through_the_scheduler(api: ApiEmulator,
         {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]
     assert {"operator": "Exists"} in spec["tolerations"]
     assert spec["restartPolicy"] == "Never" and spec["priorityClassName"] == \
-        "system-node-critical"
+        "healthd-diagnostic"
     (main,) = spec["containers"]
+    assert {"name": "DCGM_HOST_ENGINE", "value": "10.0.0.9:5555"} in main["env"]
     assert main["resources"] == {"requests": {GPU_RESOURCE: "8"}, "limits": {GPU_RESOURCE: "8"}}
     assert main["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert main["command"][:4] == ["healthd", "check", "--checks", "dcgm:3"]

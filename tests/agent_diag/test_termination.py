@@ -6,6 +6,7 @@ through the agent's parser with the agent's own catalog."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -81,3 +82,22 @@ def test_round_trip_uses_the_readers_catalog() -> None:
 def test_garbage_is_a_summary_error(text: str) -> None:
     with pytest.raises(SummaryError):
         parse_summary(text, "dcgm", Catalog())
+
+
+@pytest.mark.parametrize(("env", "status"), [({"DCGM_HOST_ENGINE": "10.0.0.9:5555"}, "PASS"),
+                                             ({}, "SKIPPED")])
+def test_the_diagnostic_pod_reaches_the_host_engine_the_agent_names(
+        tmp_path: Path, env: dict[str, str], status: str) -> None:
+    """The agent hands its host engine to the Job as DCGM_HOST_ENGINE; without one a
+    node with no local host engine comes back SKIPPED, marked for the agent to tell."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("node: sim-remote\ndcgm:\n  output: v4-pass-r3\n"
+                    "  host_engine: 10.0.0.9:5555\n")
+    log = tmp_path / "termination-log"
+    clean = {k: v for k, v in os.environ.items() if k != "DCGM_HOST_ENGINE"}
+    subprocess.run([sys.executable, "-m", "healthd.cli", "check", "--sim", str(spec),
+                    "--checks", "dcgm:3", "--output", "json", "--termination-log", str(log)],
+                   capture_output=True, text=True, timeout=60, env={**clean, **env})
+    result = parse_summary(log.read_text(), "dcgm", Catalog())
+    assert result.status.value == status, result.reason
+    assert result.actionable is (status == "SKIPPED")

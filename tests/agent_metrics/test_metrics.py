@@ -182,8 +182,9 @@ def test_verdict_state_set(metrics: AgentMetrics, registry: CollectorRegistry) -
     before = registry.get_sample_value("healthd_node_verdict", {"node": NODE, "verdict": "PASS"})
     assert before is None  # no state yet: no claim about the verdict
     state = verdict.initial(at=10.0)
-    state = verdict.apply(state, "remapped", remapped(range(4), pending=(3,)),
-                          trigger=Trigger.PERIODIC, at=20.0, policy=Policy())
+    for at in (15.0, 20.0):  # a pending row raises on its second sighting
+        state = verdict.apply(state, "remapped", remapped(range(4), pending=(3,)),
+                              trigger=Trigger.PERIODIC, at=at, policy=Policy())
     metrics.observe_state(state)
     for value in Verdict:
         sample = registry.get_sample_value("healthd_node_verdict", {"node": NODE, "verdict": value})
@@ -193,6 +194,19 @@ def test_verdict_state_set(metrics: AgentMetrics, registry: CollectorRegistry) -
     assert registry.get_sample_value("healthd_node_judged", node) == 1
     held = {**node, "severity": "ERR"}
     assert registry.get_sample_value("healthd_node_held_findings", held) == 1
+
+
+def test_flaps_count_findings_that_come_back_soon_after_release(
+        metrics: AgentMetrics, registry: CollectorRegistry) -> None:
+    state, at = verdict.initial(at=0.0), 0.0
+    faulty, clean = remapped(range(4), pending=(3,)), remapped(range(4))
+    for rounds in ([faulty] * 2, [clean] * 2, [faulty] * 2, [clean] * 4, [faulty] * 2):
+        for result in rounds:
+            at += 1.0
+            state = verdict.apply(state, "remapped", result, trigger=Trigger.PERIODIC, at=at,
+                                  policy=Policy())
+        metrics.observe_state(state)
+    assert registry.get_sample_value("healthd_node_flaps_total", {"node": NODE}) == 2
 
 
 def test_fault_to_label_and_publisher(metrics: AgentMetrics, registry: CollectorRegistry) -> None:

@@ -62,10 +62,13 @@ def result(check: str, *findings: Finding) -> CheckResult:
 
 
 def judged(*runs: tuple[str, CheckResult], at: float = 1000.0) -> HealthState:
-    """The state after `runs` (key, result), all at time `at`."""
+    """The state after each of `runs` (key, result) was reported by two consecutive
+    runs (enough to hold any finding), all at time `at`."""
     state = verdict.initial(at)
     for key, res in runs:
-        state = verdict.apply(state, key, res, trigger=Trigger.PERIODIC, at=at, policy=Policy())
+        for _ in range(2):
+            state = verdict.apply(state, key, res, trigger=Trigger.PERIODIC, at=at,
+                                  policy=Policy())
     return state
 
 

@@ -115,21 +115,26 @@ async def test_evict_names_the_gpu_and_code_in_condition_and_event(api) -> None:
         assert h.node()["metadata"]["labels"][KEYS.gpuhealth] == "EVICT"
 
 
-async def test_transition_time_stays_when_only_the_message_changes(api) -> None:
+async def test_a_moving_value_rewrites_nothing_and_the_transition_time_stays(api) -> None:
     async with running(api) as h:
-        await h.published(remap_pending("2 rows pending"))
-        first = condition(h.node())
+        first = remap_pending("2 rows pending")
+        await h.published(first)
+        before = condition(h.node())
+        h.api.clear_log()
         h.clock.now += 120
-        await h.published(remap_pending("5 rows pending"))
-        second = condition(h.node())
-        assert "5 rows pending" in second["message"]
-        assert second["lastTransitionTime"] == first["lastTransitionTime"]
-        assert len(h.events()) == 1  # same verdict: no second Event
+        later = apply(first, "remapped",
+                      result("remapped", finding("REMAP_PENDING", 3, "5 rows pending")),
+                      trigger=Trigger.PERIODIC, at=first.since + 120, policy=Policy())
+        await h.published(later)
+        assert h.api.writes() == []  # same meaning: the held message is the one raised
+        assert condition(h.node())["message"] == before["message"]
+        assert "2 rows pending" in before["message"]
         h.clock.now += 120
         await h.published(healthy())
         third = condition(h.node())
         assert third["status"] == "False"
-        assert third["lastTransitionTime"] != first["lastTransitionTime"]
+        assert third["lastTransitionTime"] != before["lastTransitionTime"]
+        assert len(h.events()) == 2  # the raise and the recovery, nothing between
 
 
 async def test_recovery_is_a_normal_event_and_foreign_keys_survive(api) -> None:
@@ -244,3 +249,38 @@ async def test_diagnostic_start_and_end_are_normal_events(api) -> None:
             ("Normal", Reason.TESTING), ("Normal", Reason.HEALTHY)]
         assert "dcgm:3" in h.events()[0]["message"]
         h.assert_foreign_untouched()
+
+
+CONFLICT = {"kind": "Status", "code": 409, "reason": "Conflict",
+            "message": "the object has been modified; please apply your changes to the "
+                       "latest version and try again"}
+
+
+async def test_a_409_is_retried_against_the_fresh_node_without_an_event(api) -> None:
+    async with running(api) as h:
+        await h.published(healthy())
+        api.fail("PATCH", f"/api/v1/nodes/{NODE}", 409, times=2, body=CONFLICT)
+        h.api.clear_log()
+        await h.published(remap_pending())
+        assert h.node()["metadata"]["labels"][KEYS.gpuhealth] == "ERR"
+        assert [w.status for w in h.node_writes() if w.path == f"/api/v1/nodes/{NODE}"] == [
+            409, 409, 200]
+        assert len(api.requests_to("GET", f"/api/v1/nodes/{NODE}")) == 2  # a fresh read each
+        assert [e["reason"] for e in h.events()] == ["REMAP_PENDING"]  # the raise, no warning
+
+
+async def test_409_on_every_retry_is_one_conflict_warning_then_backoff(api) -> None:
+    async with running(api) as h:
+        await h.published(healthy())
+        api.fail("PATCH", f"/api/v1/nodes/{NODE}", 409, times=1000, body=CONFLICT)
+        h.publish(remap_pending())
+        with anyio.move_on_after(1.0):
+            while not any(e["reason"] == Reason.NODE_WRITE_CONFLICT for e in h.events()):
+                await anyio.sleep(0.02)
+        await anyio.sleep(0.5)  # more backoff rounds: still one Event
+        (warning,) = [e for e in h.events() if e["reason"] == Reason.NODE_WRITE_CONFLICT]
+        assert warning["type"] == "Warning" and "conflict" in warning["message"]
+        api.clear_faults()
+        assert await h.publisher.flush(5)
+        assert h.node()["metadata"]["labels"][KEYS.gpuhealth] == "ERR"
+        assert [e["reason"] for e in h.events()] == [Reason.NODE_WRITE_CONFLICT, "REMAP_PENDING"]

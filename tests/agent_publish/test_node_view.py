@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from healthd.agent.node_view import HEALTH_LIMIT, desired_from, health_json
-from healthd.agent.verdict import initial, start_testing
+from healthd.agent.verdict import Policy, Trigger, apply, initial, start_testing
 from healthd.kube.conventions import Reason, dcgm_label_value
 from tests.agent_publish.conftest import KEYS, NODE, finding, judged, result
 
@@ -109,3 +109,17 @@ def test_ping_view_for_fleet_blame() -> None:
                                                               "unreached": ["n3"]}
     assert json.loads(health_json(ping([])))["ping"] == {"isolated": False, "unreached": []}
     assert json.loads(health_json(ping([], isolated=True)))["ping"]["isolated"] is True
+
+
+def test_a_pending_finding_is_not_published_until_it_is_raised() -> None:
+    slowdown = ("power", result("power", finding("HW_SLOWDOWN", 1, "clocks at 1410 MHz")))
+    once = apply(initial(1000.0), *slowdown, trigger=Trigger.PERIODIC, at=1000.0,
+                 policy=Policy())
+    assert [f.code for f in once.findings] == ["HW_SLOWDOWN"]  # seen by `healthd check`
+    body = json.loads(health_json(once))
+    assert (body["verdict"], body["held"], body["findings"]) == ("PASS", [], [])
+    assert body["checks"]["power"]["status"] == "PASS"  # what it holds: nothing yet
+    twice = apply(once, *slowdown, trigger=Trigger.PERIODIC, at=1030.0, policy=Policy())
+    body = json.loads(health_json(twice))
+    assert body["verdict"] == "WARN" and body["checks"]["power"]["status"] == "WARN"
+    assert [h["code"] for h in body["held"]] == ["HW_SLOWDOWN"]

@@ -47,8 +47,10 @@ def skipped(check: str) -> CheckResult:
 class Node:
     """Drives the machine like the agent does: a clock that ticks once per step."""
 
-    def __init__(self, recover_after: int = 2) -> None:
-        self.policy = v.Policy(recover_after=recover_after)
+    def __init__(self, recover_after: int = 2, *, catalog: Catalog = CATALOG,
+                 max_doublings: int = 5, flap_window: int = 100) -> None:
+        self.policy = v.Policy(recover_after=recover_after, catalog=catalog,
+                               max_doublings=max_doublings, flap_window=flap_window)
         self.now = 100.0
         self.state = v.initial(self.now)
 
@@ -63,6 +65,11 @@ class Node:
             self.state, key, result, trigger=trigger, at=self._tick(), policy=self.policy
         )
         return self.state.verdict
+
+    def hold(self, key: str, result: CheckResult) -> Verdict:
+        """Report `result` in two consecutive runs: enough to raise any finding."""
+        self.run(key, result)
+        return self.run(key, result)
 
     def runs(self, key: str, result: CheckResult, times: int) -> list[Verdict]:
         return [self.run(key, result) for _ in range(times)]

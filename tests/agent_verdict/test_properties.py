@@ -4,26 +4,35 @@ GPUs, UNKNOWN and SKIPPED results, every trigger, clear requests and diagnostics
 starting and ending. After every step:
 
 - the verdict is the precedence of what is held and what is testing;
-- every raising finding of a judged run is held, PASS findings never are;
+- a fatal finding (EVICT or sticky) or an event (XID) of a judged run is held at
+  once; any other raising finding is held exactly when it is already held or its
+  check's runs that saw its GPU reported it twice running or in 2 of the last 3;
+  PASS findings never are;
 - an UNKNOWN/SKIPPED result changes neither the verdict nor the holdings;
 - a holding leaves only on a clean run of its own check: an EVICT or sticky one only
   after a clear since it was last reported, any other only after `recover_after`
   consecutive clean runs since then (or a clear), so the verdict never drops faster;
 - `since` moves exactly when the verdict changes; replaying gives the same states.
+
+And over one noisy signal (one finding on or off in each run): the label changes no
+more often than the signal does, a persistent fault is raised within two runs
+whatever came before, and a persistent recovery is released within
+`recover_after` x 2^`max_doublings` runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from checks.base import CheckResult, Severity
+from checks.base import CheckResult, Finding, Severity
 from healthd.agent import verdict as v
 from healthd.kube.conventions import Verdict
 
-from .results import GPUS, run_of, skipped, unknown
+from .results import GPUS, clean, run_of, skipped, unknown
 
 KEYS = ("remapped", "power", "xid", "dcgm:3")
 CODES = ("HW_SLOWDOWN", "REMAP_PENDING", "REMAP_FAILURE", "XID_79", "XID_95", "XID_13")
@@ -94,6 +103,7 @@ class History:
 
     policy: v.Policy
     seen: dict[tuple[str, str, str], Since] = field(default_factory=dict)
+    sightings: dict[tuple[str, str, str], list[bool]] = field(default_factory=dict)
 
     def observe(self, step: object, before: v.HealthState) -> None:
         if isinstance(step, Clear):
@@ -109,6 +119,9 @@ class History:
             if f.severity.rank >= Severity.WARN.rank
         }
         blind = {e.entity.label for e in step.result.entities if not e.status.ordered}
+        for key in {*reported, *self.sightings}:
+            if key[0] == step.key and (key in reported or key[2] not in blind):
+                self.sightings.setdefault(key, []).append(key in reported)
         for key in reported:
             self.seen[key] = Since()
         for key, since in self.seen.items():
@@ -149,13 +162,22 @@ def expected_verdict(state: v.HealthState) -> Verdict:
     return Verdict.WARN if "WARN" in severities else Verdict.PASS
 
 
-def check_raising(item: object, after: v.HealthState) -> None:
+def check_raising(item: object, before: v.HealthState, after: v.HealthState,
+                  history: History) -> None:
     assert all(h.severity.rank >= Severity.WARN.rank for h in after.held)
     if judged(item):
+        was_held = {h.key for h in before.held}
         held = {h.key for h in after.held}
         for f in item.result.findings:
+            key = (item.key, f.code, f.entity.label)
             if f.severity.rank >= Severity.WARN.rank:
-                assert (item.key, f.code, f.entity.label) in held
+                assert (key in held) is (key in was_held or evidence(f, history.sightings[key]))
+
+
+def evidence(f: Finding, sightings: list[bool]) -> bool:
+    """Enough to raise a finding just reported (the last of `sightings`)."""
+    at_once = f.sticky or f.severity is Severity.EVICT or f.code.startswith(("XID_", "DCGM_"))
+    return at_once or sightings[-2:] == [True, True] or sum(sightings[-3:]) >= 2
 
 
 def judged(item: object) -> bool:
@@ -170,7 +192,7 @@ def check_step(
     if after.verdict.precedence < before.verdict.precedence:
         # Only a judged run or the end of a diagnostic lets a verdict down.
         assert judged(item) or (isinstance(item, Diagnostic) and not item.start)
-    check_raising(item, after)
+    check_raising(item, before, after, history)
     if isinstance(item, Run) and not item.result.status.ordered:
         assert (after.verdict, after.held, after.judged) == (
             before.verdict,
@@ -224,3 +246,60 @@ def test_unknown_results_never_change_the_verdict(items: list[object]) -> None:
             after = v.apply(state, key, result, trigger=v.Trigger.PERIODIC, at=1e6, policy=policy)
             assert (after.verdict, after.since) == (state.verdict, state.since)
             assert after.held == state.held
+
+
+# -- one noisy signal ------------------------------------------------------------------
+
+SIGNAL = "power"
+FAULT = run_of(SIGNAL, ("HW_SLOWDOWN", 0))
+OK = clean(SIGNAL)
+signals = st.lists(st.booleans(), max_size=120)
+policies = st.builds(v.Policy, recover_after=st.integers(1, 3),
+                     max_doublings=st.integers(0, 4), flap_window=st.integers(1, 60))
+
+
+def verdicts(signal: list[bool], policy: v.Policy, state: v.HealthState | None = None
+             ) -> list[Verdict]:
+    state = state or v.initial(0.0)
+    out = [state.verdict]
+    for at, faulty in enumerate(signal, start=1):
+        state = v.apply(state, SIGNAL, FAULT if faulty else OK, trigger=v.Trigger.PERIODIC,
+                        at=float(at), policy=policy)
+        out.append(state.verdict)
+    return out
+
+
+def changes(sequence: list[bool] | list[Verdict]) -> int:
+    return sum(a != b for a, b in pairwise(sequence))
+
+
+@settings(max_examples=300, deadline=None)
+@given(signal=signals, policy=policies)
+def test_the_label_changes_no_more_often_than_the_signal(signal: list[bool],
+                                                         policy: v.Policy) -> None:
+    assert changes(verdicts(signal, policy)) <= changes([False, *signal])
+
+
+def settled(signal: list[bool], policy: v.Policy) -> v.HealthState:
+    state = v.initial(0.0)
+    for at, faulty in enumerate(signal, start=1):
+        state = v.apply(state, SIGNAL, FAULT if faulty else OK, trigger=v.Trigger.PERIODIC,
+                        at=float(at), policy=policy)
+    return state
+
+
+@settings(max_examples=300, deadline=None)
+@given(signal=signals, policy=policies)
+def test_a_persistent_fault_is_raised_within_two_runs(signal: list[bool],
+                                                      policy: v.Policy) -> None:
+    after = verdicts([True] * 2, policy, settled(signal, policy))
+    assert after[-1] is Verdict.WARN
+
+
+@settings(max_examples=300, deadline=None)
+@given(signal=signals, policy=policies)
+def test_a_persistent_recovery_is_released_within_the_capped_hold(
+        signal: list[bool], policy: v.Policy) -> None:
+    bound = policy.recover_after * 2 ** policy.max_doublings
+    after = verdicts([False] * bound, policy, settled(signal, policy))
+    assert after[-1] is Verdict.PASS

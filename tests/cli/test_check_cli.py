@@ -32,6 +32,7 @@ EXPECTED: dict[str, tuple[set[tuple[str, str]], int]] = {
     "mig-enabled": (set(), 0),
     "no-driver": (set(), 3),
     "dcgm-pcie-fail": ({("DCGM_PCIE", "gpu1")}, 2),
+    "h100-vm-notsupported": (set(), 0),
 }
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from checks.base import Severity
+from checks.catalog import RaiseRule
 from healthd.cli import main
 from healthd.config import ConfigError, load_config, parse_duration
 
@@ -43,6 +44,14 @@ def test_code_override_reaches_the_catalog(tmp_path: Path) -> None:
     assert (spec.severity, spec.sticky) == (Severity.EVICT, True)
 
 
+def test_raise_rule_override_reaches_the_catalog(tmp_path: Path) -> None:
+    path = write(tmp_path, "codes:\n  HW_SLOWDOWN: {raise_seen: 3, raise_runs: 5}\n")
+    catalog = load_config(path, env={}).catalog()
+    rule = catalog.lookup("HW_SLOWDOWN").raise_rule
+    assert (rule.seen, rule.runs) == (3, 5)
+    assert catalog.lookup("PCIE_REPLAYS").raise_rule == RaiseRule(2, 3)  # the default
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -55,6 +64,9 @@ def test_code_override_reaches_the_catalog(tmp_path: Path) -> None:
             "codes:\n  XID_79: {severity: UNKNOWN}\n",
             "severity must be one of PASS, WARN, ERR, EVICT",
         ),
+        ("codes:\n  HW_SLOWDOWN: {raise_seen: 4, raise_runs: 3}\n",
+         "raise_seen (4) cannot exceed raise_runs (3)"),
+        ("codes:\n  HW_SLOWDOWN: {raise_seen: 2}\n", "give both raise_seen and raise_runs"),
         ("expected_gpus: -1\n", "expected_gpus"),
         ("label_prefix: Not A Prefix\n", "label_prefix: Value error"),
         ("- a\n- list\n", "expected a mapping at the top level"),

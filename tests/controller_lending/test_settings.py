@@ -35,6 +35,7 @@ def test_parsed_from_yaml_shapes() -> None:
     assert (s.breaker.max_unhealthy, s.breaker.window, s.breaker.hold) == ("5", 600, 3600)
     assert s.breaker.limit(100) == 5
     assert ControllerSettings().breaker.limit(10) == 3
+    assert ControllerSettings().breaker.limit(3) == 1  # the floor, min_allowed
 
 
 @pytest.mark.parametrize(("raw", "message"), [

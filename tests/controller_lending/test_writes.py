@@ -155,6 +155,45 @@ async def test_refused_value_backs_off(api: ApiEmulator, kube: Kube) -> None:
         await until(lambda: limit_of(api) == "2", timeout=10)
 
 
+CONFLICT = {"kind": "Status", "code": 409, "reason": "Conflict",
+            "message": "the object has been modified; please apply your changes to the "
+                       "latest version and try again"}
+
+
+def queue_answering_409(api: ApiEmulator, times: int) -> None:
+    """A queue whose next `times` PATCHes meet a conflict."""
+    api.seed(node("n1"), flavor("default-flavor"), simple_queue("6"))
+    api.fail("PATCH", QUEUE_PATH, 409, times=times, body=CONFLICT)
+
+
+async def test_a_409_is_retried_against_the_fresh_queue_without_a_warning(
+        api: ApiEmulator, kube: Kube) -> None:
+    queue_answering_409(api, 2)
+    async with lending(kube):
+        set_verdict(api, "n1", "EVICT")
+        await until(lambda: limit_of(api) == "2")
+        await until(lambda: events(api, Reason.LENDING_LIMIT_UPDATED))
+        await settle(api)
+    assert [w.status for w in queue_writes(api)] == [409, 409, 200]
+    assert events(api, Reason.LENDING_LIMIT_REJECTED) == []
+    assert events(api, Reason.LENDING_LIMIT_CONFLICT) == []
+
+
+async def test_409_on_every_retry_is_one_conflict_warning_then_backoff(
+        api: ApiEmulator, kube: Kube) -> None:
+    queue_answering_409(api, 1000)
+    async with lending(kube):
+        set_verdict(api, "n1", "EVICT")
+        await until(lambda: events(api, Reason.LENDING_LIMIT_CONFLICT))
+        await anyio.sleep(1.5)
+        (event,) = events(api, Reason.LENDING_LIMIT_CONFLICT)
+        assert event["type"] == "Warning" and "conflict" in event["message"]
+        assert events(api, Reason.LENDING_LIMIT_REJECTED) == []
+        assert len(api.requests_to("PATCH", QUEUE_PATH)) <= 8  # backs off, no hot loop
+        api.clear_faults()
+        await until(lambda: limit_of(api) == "2", timeout=10)
+
+
 async def test_concurrent_nominal_change_wins(api: ApiEmulator, kube: Kube) -> None:
     """The queue changes between our read and our write: the write fails its test,
     we re-read, recompute and converge; no stale value is ever stored."""

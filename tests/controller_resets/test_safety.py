@@ -11,6 +11,7 @@ import pytest
 
 from healthd.controller.metrics import ControllerMetrics
 from healthd.controller.safety import Breaker, BreakerState, Spacing, TokenBucket
+from healthd.controller.settings import ControllerSettings
 from healthd.kube.client import Kube
 from healthd.kube.conventions import Verdict
 from healthd.kube.objects import LEASES
@@ -103,6 +104,29 @@ def test_breaker_starting_in_a_mass_failure_is_open(clock: FakeClock) -> None:
     assert breaker.update(40, 100) is BreakerState.OPEN
 
 
+# (GPU nodes, bad nodes at once the default breaker tolerates): 30% or 1, the larger.
+DEFAULT_TOLERANCE = [(1, 1), (2, 1), (3, 1), (10, 3), (100, 30)]
+
+
+@pytest.mark.parametrize(("gpu_nodes", "tolerated"), DEFAULT_TOLERANCE)
+def test_default_breaker_tolerates_the_larger_of_the_share_and_the_floor(
+        clock: FakeClock, gpu_nodes: int, tolerated: int) -> None:
+    def default_breaker() -> Breaker:
+        trip = ControllerSettings().breaker
+        return Breaker(trip.max_unhealthy, trip.window, trip.hold, clock,
+                       min_allowed=trip.min_allowed)
+
+    assert default_breaker().update(tolerated, gpu_nodes) is BreakerState.CLOSED
+    if tolerated < gpu_nodes:  # one more node going bad at once opens it
+        assert default_breaker().update(tolerated + 1, gpu_nodes) is BreakerState.OPEN
+
+
+def test_without_the_floor_one_bad_node_of_three_opens_the_breaker(clock: FakeClock) -> None:
+    assert Breaker("30%", 300, 300, clock, min_allowed=0).update(1, 3) is BreakerState.OPEN
+    assert Breaker("30%", 300, 300, clock, min_allowed=1).update(1, 3) is BreakerState.CLOSED
+    assert Breaker("2", 300, 300, clock, min_allowed=5).update(5, 100) is BreakerState.CLOSED
+
+
 def test_breaker_rejects_a_bad_threshold(clock: FakeClock) -> None:
     with pytest.raises(ValueError, match="percentage"):
         Breaker("lots", window_s=60, hold_s=60, clock=clock)
@@ -192,6 +216,18 @@ async def test_breaker_stops_resets_and_resumes_after_recovery(
     assert await reconcile(kube, resetter) == {f"{NS}/job0": "reset"}  # what is still due
     assert [stored_aw(api, f"job{i}")["status"]["phase"] for i in range(4)] == \
         ["Resetting", "Running", "Running", "Running"]
+
+
+async def test_one_evict_node_of_three_is_reset_with_the_default_breaker(
+        api: ApiEmulator, kube: Kube, make_resetter: MakeResetter) -> None:
+    """The MLBatch tutorial's cluster size: one bad node of three is 33%, over 30%."""
+    api.seed(node("n0", Verdict.EVICT, "XID_79"), node("n1"), node("n2"),
+             appwrapper("job"), pod("job-0", "job", "n0"))
+    resetter = make_resetter()
+
+    assert await resetter.observe_fleet(bad_nodes=1, gpu_nodes=3) is BreakerState.CLOSED
+    assert await reconcile(kube, resetter) == {f"{NS}/job": "reset"}
+    assert stored_aw(api, "job")["status"]["phase"] == "Resetting"
 
 
 async def test_dry_run_decides_logs_counts_and_writes_nothing(

@@ -3,7 +3,8 @@ fake dcgmi, which replays recorded DCGM 3.x / 4.x outputs with their exit status
 
 Covers: pass (warnings kept as values), failures (fatal -> sticky EVICT, others ERR,
 DCGM's error ids kept), isolate (205), runtime errors, garbage and other exits ->
-UNKNOWN with the reason, banner noise, 3.x and 4.x agreeing, dcgmi missing, and the
+UNKNOWN with the reason, banner noise, 3.x and 4.x agreeing, dcgmi or its host engine
+missing (SKIPPED, actionable), `--host`, and the
 whole process group dying on timeout and on cancellation."""
 
 from __future__ import annotations
@@ -129,11 +130,38 @@ async def test_dcgm_3_pass(fake_check: FakeCheck, ctx: CheckContext) -> None:
     assert result.entities[0].values["dcgm_version"] == "3.3.9"
 
 
-async def test_dcgmi_not_installed(ctx: CheckContext) -> None:
+async def test_dcgmi_not_installed_is_skipped_with_what_to_set_up(ctx: CheckContext) -> None:
     check = DcgmCheck({"command": ["dcgmi-not-installed-here"]})
     result = await run_check(check, ctx)
-    assert result.status is Severity.UNKNOWN
-    assert "dcgmi not found" in result.reason
+    assert (result.status, result.actionable) == (Severity.SKIPPED, True)
+    assert "'dcgmi-not-installed-here' is not installed" in result.reason
+    assert "host_engine" in result.reason and "enabled: false" in result.reason
+
+
+async def test_the_host_engine_is_passed_to_dcgmi(
+        fake_check: FakeCheck, ctx: CheckContext) -> None:
+    remote = fake_check("v4-pass-r1", "--host-engine", "10.0.0.5:5555", level=1,
+                        host_engine="10.0.0.5:5555")
+    assert remote.argv()[-6:] == ["diag", "--host", "10.0.0.5:5555", "-r", "1", "-j"]
+    assert (await run_check(remote, ctx)).status is Severity.PASS
+
+
+@pytest.mark.parametrize("host_engine", [None, "10.0.0.6:5555"])
+async def test_no_host_engine_is_skipped_with_the_address_tried(
+        fake_check: FakeCheck, ctx: CheckContext, host_engine: str | None) -> None:
+    check = fake_check("v4-pass-r1", "--host-engine", "none", level=1,
+                       host_engine=host_engine)
+    result = await run_check(check, ctx)
+    assert (result.status, result.actionable) == (Severity.SKIPPED, True)
+    assert f"no host engine answers at {host_engine or 'localhost:5555'}" in result.reason
+    assert "unable to establish a connection" in result.reason  # dcgmi's own words
+
+
+async def test_a_runtime_error_with_a_host_engine_stays_unknown(
+        fake_check: FakeCheck, ctx: CheckContext) -> None:
+    """Only 'DCGM cannot be used here' is SKIPPED; a failing diagnostic is not."""
+    result = await run_check(fake_check("v4-runtime-error", level=1), ctx)
+    assert (result.status, result.actionable) == (Severity.UNKNOWN, False)
 
 
 def _pids(pid_file: Path) -> list[int]:

@@ -282,3 +282,60 @@ def test_no_json_shape_crashes_the_parser_or_the_judge(doc: Any, exit_code: int)
 @given(text=st.text(max_size=200))
 def test_no_text_crashes_the_parser(text: str) -> None:
     assert parse_diag_output(text, 0).outcome in ("pass", "fail", "error")
+
+
+# -- noise around a recorded report ------------------------------------------------------
+
+_NOISE_LINES = st.sampled_from([
+    "",
+    "Successfully ran diagnostic for group.",
+    '{"level": "info", "msg": "diagnostic started"}',
+    '{"level": "warn", "msg": "plugin {pcie} slow"',  # partial JSON
+    "config: {gpus: [0, 1], level: 3}",
+    "}{",
+    "{{{",
+    '{"DCGM Diagnostic": "truncated',  # the start of a report that never ends
+    '[{"a": 1}]',
+    '{"DCGM Diagnostic": {"test_categories": []}',  # an unclosed, empty report
+    "Error: a previous run left {stale} state",
+])
+_noise = st.lists(st.one_of(_NOISE_LINES, st.text(max_size=20)), max_size=4).map("\n".join)
+
+
+def _recorded() -> list[tuple[str, str, int]]:
+    out = []
+    for name, entry in sorted(recorded_names().items()):
+        if name == "garbage":
+            continue
+        text = (FAKE_DCGMI.parent / "outputs" / str(entry["file"])).read_text()
+        out.append((name, text, int(str(entry["exit"]))))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(recording=st.sampled_from(_recorded()), before=_noise, after=_noise)
+def test_noise_around_a_report_changes_nothing(recording: tuple[str, str, int], before: str,
+                                               after: str) -> None:
+    _name, text, exit_code = recording
+    clean = parse_diag_output(text, exit_code)
+    noisy = parse_diag_output(f"{before}\n{text}\n{after}", exit_code)
+    assert noisy == clean
+
+
+def test_a_failure_after_a_log_line_with_braces_is_still_a_failure() -> None:
+    text = (FAKE_DCGMI.parent / "outputs" / "v4-fail-pcie.json").read_text()
+    noisy = '{"ts": 1, "msg": "starting"}\nplugin {pcie} done }\n' + text + '\n{"done": true}'
+    report = parse_diag_output(noisy, 0)  # exit 0: only the report says it failed
+    assert report.outcome == "fail" and [f.test for f in report.failures] == ["PCIE"]
+
+
+def test_a_report_wrapped_in_a_log_record_is_found() -> None:
+    text = (FAKE_DCGMI.parent / "outputs" / "v4-fail-pcie.json").read_text()
+    wrapped = '{"level": "info", "payload": ' + text + "}"
+    assert parse_diag_output(wrapped, 226).outcome == "fail"
+
+
+def test_an_empty_report_in_the_noise_does_not_hide_the_real_one() -> None:
+    text = (FAKE_DCGMI.parent / "outputs" / "v4-fail-pcie.json").read_text()
+    noisy = '{"DCGM Diagnostic": {"test_categories": []}\n}\n' + text
+    assert parse_diag_output(noisy, 226).outcome == "fail"

@@ -4,6 +4,7 @@ installed, and read straight from a kustomization's plain resource files otherwi
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,9 +16,14 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "daemonset"
 BASE = DEPLOY / "base"
-OVERLAYS = {"kube": DEPLOY / "overlays" / "kube", "openshift": DEPLOY / "overlays" / "openshift"}
+OVERLAYS = {name: DEPLOY / "overlays" / name
+            for name in ("gpu-operator", "device-plugin", "openshift")}
 MONITORING = DEPLOY / "monitoring"
-KUSTOMIZATIONS = {"base": BASE, **OVERLAYS, "monitoring": MONITORING, "default": DEPLOY}
+STACKS = {"kube-prometheus-stack": MONITORING / "kube-prometheus-stack",
+          "kube-prometheus": MONITORING / "kube-prometheus"}
+COMPONENTS = DEPLOY / "components"
+KUSTOMIZATIONS = {"base": BASE, **OVERLAYS, "monitoring": MONITORING, **STACKS,
+                  "default": DEPLOY}
 ALERTS = ROOT / "dashboards" / "alerts.yaml"
 
 NAMESPACE = "healthd-system"
@@ -41,11 +47,23 @@ def kubectl() -> str:
 
 
 def render(directory: Path) -> list[Obj]:
-    """`kubectl kustomize DIR`, parsed; a failure fails the test with kustomize's words."""
+    """`kubectl kustomize DIR`, parsed; a failure or any warning (kustomize warns about
+    deprecated fields on stderr) fails the test with kustomize's words."""
     proc = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True,
                           text=True, timeout=60, check=False)
     assert proc.returncode == 0, f"kubectl kustomize {directory} failed:\n{proc.stderr}"
+    assert proc.stderr.strip() == "", f"kubectl kustomize {directory} warns:\n{proc.stderr}"
     return documents(proc.stdout)
+
+
+def render_text(directory: Path, kustomization: str, **paths: Path) -> list[Obj]:
+    """Render a kustomization written on the fly in `directory` (e.g. a user's own
+    overlay over ours); `{name}` in it becomes `paths[name]` relative to `directory`
+    (kustomize refuses absolute paths)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    relative = {name: os.path.relpath(path, directory) for name, path in paths.items()}
+    (directory / "kustomization.yaml").write_text(kustomization.format(**relative))
+    return render(directory)
 
 
 def plain_resources(directory: Path) -> list[Obj]:

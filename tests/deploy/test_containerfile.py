@@ -1,6 +1,7 @@
-"""The image recipe: lint-clean under hadolint, two stages with nothing but the
-virtualenv carried into the final one, the same Python in both (the virtualenv
-points at it), and the non-root user the manifests run as."""
+"""The image recipe: lint-clean under hadolint, a build stage whose virtualenv is all
+the slim runtime stage gets (same Python: the virtualenv points at it), a default
+image that adds only DCGM's client from NVIDIA's image, and the non-root user the
+manifests run as."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from checks.dcgm import DcgmCheck
 from tests.deploy.manifests import BASE, ROOT
 
 CONTAINERFILE = ROOT / "Containerfile"
@@ -52,16 +54,37 @@ def test_hadolint_finds_nothing() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_the_final_stage_gets_only_the_virtualenv_from_the_build() -> None:
-    build, final = stages()
-    assert build[0].split()[1] == final[0].split()[1], "both stages need the same Python"
-    copies = [i for i in final if i.upper().startswith("COPY")]
+def named(name: str) -> list[str]:
+    """The instructions of the stage `FROM ... AS name`."""
+    (stage,) = [s for s in stages() if s[0].upper().split()[-2:-1] == ["AS"]
+                and s[0].split()[-1] == name]
+    return stage
+
+
+def test_the_runtime_stages_get_only_the_virtualenv_and_dcgmi() -> None:
+    build, slim, final = named("build"), named("slim"), stages()[-1]
+    assert build[0].split()[1] == slim[0].split()[1], "both stages need the same Python"
+    copies = [i for i in slim if i.upper().startswith("COPY")]
     assert copies == ["COPY --from=build /opt/healthd /opt/healthd"]
-    assert not any(BUILD_TOOLS.search(i) for i in final if i.upper().startswith("RUN"))
+    assert not any(BUILD_TOOLS.search(i) for i in slim + final if i.upper().startswith("RUN"))
+    assert final[0] == "FROM slim"  # the default image is slim plus DCGM's client
+    added = [i for i in final[1:] if not i.startswith("#")]
+    assert all(i.startswith("COPY --from=dcgm ") for i in added), added
+
+
+def test_the_default_image_has_dcgmi_where_the_dcgm_check_looks() -> None:
+    """`dcgmi` (the dcgm check's default command) on the PATH, from NVIDIA's image."""
+    args = dict(line.split()[1].split("=", 1) for line in CONTAINERFILE.read_text().splitlines()
+                if line.startswith("ARG ") and "=" in line)
+    assert args["DCGM_IMAGE"].startswith("nvcr.io/nvidia/cloud-native/dcgm:")
+    assert named("dcgm")[0] == "FROM ${DCGM_IMAGE} AS dcgm"
+    assert DcgmCheck().argv()[0] == "dcgmi"
+    destinations = [i.split()[-1] for i in stages()[-1] if i.startswith("COPY --from=dcgm")]
+    assert "/usr/bin/dcgmi" in destinations  # /usr/bin is on the image's PATH
 
 
 def test_the_image_runs_as_the_manifests_user() -> None:
-    final = stages()[-1]
+    final = named("slim")  # the default image inherits it
     (user,) = [i.split()[1] for i in final if i.upper().startswith("USER ")]
     uid, _, gid = user.partition(":")
     daemonset = next(d for d in yaml.safe_load_all((BASE / "agent-daemonset.yaml").read_text())

@@ -44,7 +44,7 @@ def rendered() -> dict[str, list[Obj]]:
 
 @pytest.fixture(scope="module")
 def kube(rendered: dict[str, list[Obj]]) -> list[Obj]:
-    return rendered["kube"]
+    return rendered["gpu-operator"]
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,7 @@ def test_the_agent_runs_on_gpu_nodes_without_taking_a_gpu(kube: list[Obj]) -> No
         assert "nvidia.com/gpu" not in agent["resources"][part]
     env = {e["name"]: e for e in agent["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
-    assert spec["runtimeClassName"] == "nvidia"  # the kube overlay's NVIDIA runtime
+    assert spec["runtimeClassName"] == "nvidia"  # the GPU Operator's NVIDIA runtime
     downward = {name: env[name]["valueFrom"]["fieldRef"]["fieldPath"]
                 for name in ("NODE_NAME", "POD_NAME", "POD_NAMESPACE")}
     assert downward == {"NODE_NAME": "spec.nodeName", "POD_NAME": "metadata.name",

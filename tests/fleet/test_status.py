@@ -32,11 +32,12 @@ def stamp(ago_s: float) -> str:
 
 
 def health(verdict: str, *, since_ago: float, round_ago: float,
-           held: tuple[tuple[str, str], ...] = ()) -> str:
+           held: tuple[tuple[str, str], ...] = (), flaps: int = 0) -> str:
     return json.dumps({
         "verdict": verdict, "since": stamp(since_ago), "top": held[0][0] if held else None,
         "held": [{"code": c, "check": "x", "entity": "gpu3", "severity": s, "sticky": False,
-                  "message": "m", "since": stamp(since_ago)} for c, s in held],
+                  "message": "m", "since": stamp(since_ago), **({"flaps": flaps} if flaps else {})}
+                 for c, s in held],
         "findings": [],
         "checks": {"remapped": {"status": "PASS", "at": stamp(round_ago + 30)},
                    "power": {"status": "PASS", "at": stamp(round_ago)}},
@@ -61,7 +62,7 @@ def seed_cluster(api: ApiEmulator) -> None:
             held=(("XID_79", "EVICT"), ("REMAP_PENDING", "ERR")))}),
         gpu_node("n-err", verdict="ERR", unschedulable=True, labels={"pool": "b"},
                  annotations={KEYS.health: health("ERR", since_ago=90, round_ago=5,
-                                                  held=(("REMAP_PENDING", "ERR"),))}),
+                                                  held=(("REMAP_PENDING", "ERR"),), flaps=3)}),
         gpu_node("n-unknown", annotations={KEYS.health: health("UNKNOWN", since_ago=10,
                                                                   round_ago=10)}),
         gpu_node("n-new"),
@@ -113,6 +114,8 @@ async def test_one_row_per_gpu_node_with_verdict_ages_codes_and_agent(
         "n-err": "ERR", "n-evict": "EVICT", "n-new": "NONE", "n-pass": "PASS",
         "n-unknown": "UNKNOWN"}
     assert rows["n-evict"]["top_codes"] == ["XID_79", "REMAP_PENDING"]
+    assert {n: r["flaps"] for n, r in rows.items()} == {
+        "n-err": 3, "n-evict": 0, "n-new": 0, "n-pass": 0, "n-unknown": 0}
     assert (rows["n-evict"]["since_age_s"], rows["n-evict"]["last_round_age_s"]) == (300, 45)
     assert (rows["n-pass"]["since_age_s"], rows["n-pass"]["last_round_age_s"]) == (7200, 20)
     assert rows["n-new"]["since"] is None and rows["n-new"]["last_round_age_s"] is None
@@ -158,8 +161,8 @@ async def test_a_bad_verdict_filter_is_a_usage_error(api: ApiEmulator, tmp_path:
 
 
 GOLDEN_TOP = ["controller", "filters", "generated_at", "nodes", "schema_version", "summary"]
-GOLDEN_NODE = ["agent", "blamed", "cordoned", "gpus", "last_round", "last_round_age_s", "name",
-               "ready", "since", "since_age_s", "top_codes", "verdict"]
+GOLDEN_NODE = ["agent", "blamed", "cordoned", "flaps", "gpus", "last_round", "last_round_age_s",
+               "name", "ready", "since", "since_age_s", "top_codes", "verdict"]
 GOLDEN_CONTROLLER = ["breaker", "kueue", "leader", "lending", "network", "problems", "resets",
                      "resets_last_hour"]
 GOLDEN_NETWORK = ["blamed", "isolated", "partitioned", "reporters", "why"]
@@ -185,11 +188,11 @@ async def test_the_table(api: ApiEmulator, tmp_path: Path) -> None:
     seed_cluster(api)
     run = await healthd(api, tmp_path, "status", clock=lambda: NOW)
     lines = run.out.splitlines()
-    assert lines[0].split() == ["NODE", "VERDICT", "SINCE", "TOP", "CODES", "LAST", "ROUND",
-                                "AGENT", "BLAMED", "NOTES"]
-    assert lines[2].split() == ["n-evict", "EVICT", "5m", "XID_79,REMAP_PENDING", "45s", "yes",
-                                "-", "-"]
-    assert lines[1].split() == ["n-err", "ERR", "1m30s", "REMAP_PENDING", "5s", "yes", "-",
+    assert lines[0].split() == ["NODE", "VERDICT", "SINCE", "TOP", "CODES", "FLAPS", "LAST",
+                                "ROUND", "AGENT", "BLAMED", "NOTES"]
+    assert lines[2].split() == ["n-evict", "EVICT", "5m", "XID_79,REMAP_PENDING", "-", "45s",
+                                "yes", "-", "-"]
+    assert lines[1].split() == ["n-err", "ERR", "1m30s", "REMAP_PENDING", "3", "5s", "yes", "-",
                                 "cordoned"]
     assert "reset breaker open" in run.out and "1 AppWrapper reset(s)" in run.out
     assert "8 (short 4)" in run.out

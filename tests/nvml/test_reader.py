@@ -52,8 +52,8 @@ def test_healthy_machine_reads_ok_everywhere(reader: NvmlReader) -> None:
     spec = load_machine_spec("healthy-8xh100")
     with install(spec):
         snap = reader.read()
-    assert (snap.driver_error, snap.driver_version, snap.nvml_version) == (
-        "", "580.65.06", "13.580.65.06")
+    assert (snap.driver_error, snap.driver_version, snap.nvml_version,
+            snap.cuda_driver_version) == ("", "580.65.06", "13.580.65.06", 13000)
     assert [g.index for g in snap.gpus] == list(range(8))
     for gpu in snap.gpus:
         assert (gpu.uuid, gpu.pci_bus_id, gpu.model) == (
@@ -68,7 +68,9 @@ def test_healthy_machine_reads_ok_everywhere(reader: NvmlReader) -> None:
         assert value(gpu, "nvlinks") == tuple(NvLink(n, True) for n in range(18))
         # H100 remaps rows instead of retiring pages: NVML does not support the query.
         assert gpu.retired_pages_pending == Unsupported(
-            "nvmlDeviceGetRetiredPagesPendingStatus: not supported")
+            "nvmlDeviceGetRetiredPagesPendingStatus: not supported",
+            "nvmlDeviceGetRetiredPagesPendingStatus", "NOT_SUPPORTED")
+        assert gpu.mig_mode == Ok(False)
     assert snap.duration_s < 1.0 and snap.taken_at > 0
 
 
@@ -119,9 +121,11 @@ def test_not_supported_becomes_unsupported(machine: Machine, reader: NvmlReader)
             faults=[{"gpu": 0, "nvml_errors": [
                 {"function": "nvmlDeviceGetPcieReplayCounter", "error": "NOT_SUPPORTED"}]}])
     gpu = reader.read().gpus[0]
-    assert gpu.ecc == Unsupported("ECC is disabled")
-    assert gpu.nvlinks == Unsupported("nvmlDeviceGetNvLinkState: not supported")
-    assert gpu.pcie_replays == Unsupported("nvmlDeviceGetPcieReplayCounter: not supported")
+    assert gpu.ecc == Unsupported("ECC is disabled", "nvmlDeviceGetEccMode")
+    assert gpu.nvlinks == Unsupported("nvmlDeviceGetNvLinkState: not supported",
+                                      "nvmlDeviceGetNvLinkState", "NOT_SUPPORTED")
+    assert gpu.pcie_replays == Unsupported("nvmlDeviceGetPcieReplayCounter: not supported",
+                                           "nvmlDeviceGetPcieReplayCounter", "NOT_SUPPORTED")
     assert value(gpu, "power") == Power(95.0, 700.0)
 
 
@@ -132,8 +136,10 @@ def test_error_fails_one_reading_and_names_the_function(machine: Machine,
         {"function": "nvmlDeviceGetNvLinkState", "error": "TIMEOUT"},
     ]}])
     good, bad = reader.read().gpus
-    assert bad.power == Failed("nvmlDeviceGetEnforcedPowerLimit: Unknown Error")
-    assert bad.nvlinks == Failed("nvmlDeviceGetNvLinkState: Timeout")
+    assert bad.power == Failed("nvmlDeviceGetEnforcedPowerLimit: Unknown Error",
+                               "nvmlDeviceGetEnforcedPowerLimit", "UNKNOWN")
+    assert bad.nvlinks == Failed("nvmlDeviceGetNvLinkState: Timeout",
+                                 "nvmlDeviceGetNvLinkState", "TIMEOUT")
     assert value(bad, "remapped") == RemappedRows(0, 0, False, False)  # others unhidden
     assert not bad.lost and bad.uuid
     assert value(good, "power") == Power(95.0, 700.0)
@@ -143,7 +149,8 @@ def test_handle_failure_fails_every_reading(machine: Machine, reader: NvmlReader
     machine(init=False, gpus={"count": 2}, faults=[{"gpu": 0, "nvml_errors": [
         {"function": "nvmlDeviceGetHandleByIndex", "error": "NO_PERMISSION"}]}])
     gpu = reader.read().gpus[0]
-    failed = Failed("nvmlDeviceGetHandleByIndex: Insufficient Permissions")
+    failed = Failed("nvmlDeviceGetHandleByIndex: Insufficient Permissions",
+                    "nvmlDeviceGetHandleByIndex", "NO_PERMISSION")
     assert all(getattr(gpu, name) == failed for name in READINGS)
 
 

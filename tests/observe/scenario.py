@@ -5,11 +5,13 @@ query and alert expression is evaluated in.
   running AppWrappers on gpu-node-b;
 - `healthd agent` runs (as processes, over a kubeconfig) on gpu-node-a, a simulated
   machine with a row remap pending, a slow PCIe link and a power brake (ERR), and on
-  gpu-node-b, where GPU 5 reports XID 79 (EVICT); a third agent target answers
-  nothing (an agent that is down);
-- `healthd controller` resets one AppWrapper and fails to reset the other (the API
-  refuses its status write), lends 0 of 12 GPUs with 16 unavailable (a shortfall),
-  and, once two more nodes turn bad, opens its circuit breaker;
+  gpu-node-b, where GPU 5 reports XID 79 (EVICT), and on gpu-node-h, healthy, whose
+  Node writes the API refuses; a fourth agent target answers nothing (an agent that
+  is down);
+- `healthd controller` (beside a replica target that answers nothing) resets one
+  AppWrapper and fails to reset the other (the API refuses its status write), lends
+  0 of 12 GPUs with 16 unavailable (a shortfall), and, once two more nodes turn bad,
+  opens its circuit breaker;
 - the agents' pvc check probes a storage class that never binds and one that does
   not exist (UNKNOWN) and runs slower than its interval.
 
@@ -48,8 +50,10 @@ KEYS = Keys()
 GPU = "nvidia.com/gpu"
 NS = "team-a"
 QUEUE = "slack-cluster-queue"
-AGENTS = {"gpu-node-a": str(HERE / "machines" / "gpu-node-a.yaml"), "gpu-node-b": "xid79"}
-IDLE_NODES = tuple(f"gpu-node-{c}" for c in "cdefgh")
+REFUSED = "gpu-node-h"  # healthy, but the API refuses its agent's Node writes
+AGENTS = {"gpu-node-a": str(HERE / "machines" / "gpu-node-a.yaml"), "gpu-node-b": "xid79",
+          REFUSED: "healthy-8xh100"}
+IDLE_NODES = tuple(f"gpu-node-{c}" for c in "cdefg")
 DOOMED = "train-doomed"  # the AppWrapper whose reset the API refuses
 DOOMED_STATUS = (rf"/apis/workload\.codeflare\.dev/v1beta2/namespaces/{NS}"
                  rf"/appwrappers/{DOOMED}/status")
@@ -179,7 +183,7 @@ class Prometheus:
             return False
 
 
-def prometheus_config(agents: list[int], controller: int) -> dict[str, Any]:
+def prometheus_config(agents: list[int], controllers: list[int]) -> dict[str, Any]:
     def job(name: str, ports: list[int]) -> dict[str, Any]:
         return {"job_name": name,
                 "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in ports]}]}
@@ -187,7 +191,7 @@ def prometheus_config(agents: list[int], controller: int) -> dict[str, Any]:
     return {"global": {"scrape_interval": "1s", "scrape_timeout": "900ms",
                        "evaluation_interval": "1s"},
             "rule_files": [str(ALERTS)],
-            "scrape_configs": [job(AGENT_JOB, agents), job(CONTROLLER_JOB, [controller])]}
+            "scrape_configs": [job(AGENT_JOB, agents), job(CONTROLLER_JOB, controllers)]}
 
 
 # -- processes -------------------------------------------------------------------------
@@ -259,6 +263,8 @@ BEFORE_BREAKER = (
     "healthd_controller_label_to_reset_seconds_count > 0",
     "healthd_controller_shortfall > 0",
     f'up{{job="{AGENT_JOB}"}} == 0',
+    f'up{{job="{CONTROLLER_JOB}"}} == 0',
+    f'healthd_agent_api_failing{{node="{REFUSED}"}} == 1',
 )
 AFTER_BREAKER = ("healthd_controller_breaker_open == 1",)
 
@@ -292,6 +298,7 @@ def running_scenario(workdir: Path, prometheus_bin: str) -> Iterator[Live]:
         api = stack.enter_context(ApiEmulator.in_thread())
         api.seed(*cluster())
         api.fail("PATCH", DOOMED_STATUS, 403, times=1_000_000)
+        api.fail("PATCH", rf"/api/v1/nodes/{REFUSED}(/status)?", 403, times=1_000_000)
         kubeconfig = str(api.write_kubeconfig(workdir / "kubeconfig"))
         config = workdir / "healthd.yaml"
         config.write_text(yaml.safe_dump(CONFIG))
@@ -300,7 +307,8 @@ def running_scenario(workdir: Path, prometheus_bin: str) -> Iterator[Live]:
         agent_ports = {node: free_port() for node in AGENTS}
         controller_port, prom_port = free_port(), free_port()
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(prometheus_config(
-            [*agent_ports.values(), free_port()], controller_port)))  # the last: agent down
+            [*agent_ports.values(), free_port()],  # the last: an agent down
+            [controller_port, free_port()])))  # and a controller replica down
         procs.start("prometheus", [
             prometheus_bin, f"--config.file={workdir / 'prometheus.yml'}",
             f"--storage.tsdb.path={workdir / 'tsdb'}",

@@ -4,6 +4,7 @@ carries a summary, a description and a runbook link to a section that exists."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -47,3 +48,21 @@ def test_every_alert_explains_itself_and_links_its_runbook_section() -> None:
         if alert.labels.get("severity") not in ("critical", "warning"):
             problems.append(f"{alert.name}: severity must be critical or warning")
     assert not problems, problems
+
+
+AGGREGATION = re.compile(
+    r"\b(sum|max|min|avg|count|group|stddev|stdvar|topk|bottomk|quantile|count_values)"
+    r"\s*(?:(by|without)\s*\(([^)]*)\))?\s*\(")
+
+
+def test_every_aggregation_keeps_the_cluster_label() -> None:
+    """One Prometheus (or Thanos) over several clusters must alert per cluster."""
+    dropped = []
+    for alert in alerts():
+        for match in AGGREGATION.finditer(alert.expr):
+            kind, labels = match.group(2), {s.strip() for s in (match.group(3) or "").split(",")}
+            keeps = (kind == "by" and "cluster" in labels) or \
+                (kind == "without" and "cluster" not in labels)
+            if not keeps:
+                dropped.append(f"{alert.name}: {match.group(0)}")
+    assert not dropped, f"aggregations that drop `cluster`: {dropped}"

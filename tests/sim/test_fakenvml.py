@@ -389,9 +389,22 @@ def test_bundled_example_has_one_fault_on_the_gpu_its_comment_names(name: str) -
     spec = load_machine_spec(name)
     comment = (BUNDLED_DIR / f"{name}.yaml").read_text().splitlines()[0]
     if not spec.faults:
-        # Only the healthy machine, the driverless one and faults NVML cannot see
-        # (a failing DCGM diagnostic) have no NVML fault.
-        assert name in ("healthy-8xh100", "no-driver") or spec.dcgm.output != "v4-pass-r1"
+        # Only the healthy machine, the driverless one, faults NVML cannot see (a
+        # failing DCGM diagnostic) and a machine whose NVML refuses some calls on
+        # every GPU have no NVML fault.
+        assert name in ("healthy-8xh100", "no-driver") or spec.dcgm.output != "v4-pass-r1" \
+            or spec.gpus.unsupported
         return
     assert len(spec.faults) == 1, name
     assert f"GPU {spec.faults[0].gpu}" in comment, comment
+
+
+def test_machine_wide_unsupported_call_is_not_supported_on_every_gpu() -> None:
+    spec = load_machine_spec("h100-vm-notsupported")
+    with install(spec):
+        N.nvmlInit()
+        for index in range(spec.gpus.count):
+            handle = N.nvmlDeviceGetHandleByIndex(index)
+            with pytest.raises(N.NVMLError_NotSupported):
+                N.nvmlDeviceGetCurrentClocksEventReasons(handle)
+            assert N.nvmlDeviceGetPowerUsage(handle) == 95000  # the rest still answers

@@ -1,4 +1,4 @@
-"""Copy the alert groups of dashboards/alerts.yaml into prometheusrule.yaml.
+"""Copy the alert groups of dashboards/alerts.yaml into operator/prometheusrule.yaml.
 
 The Prometheus Operator reads alert rules from a PrometheusRule object; a plain
 Prometheus reads dashboards/alerts.yaml. One source of truth, two shapes: edit the
@@ -14,10 +14,10 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 ALERTS = HERE.parents[2] / "dashboards" / "alerts.yaml"
-RULE = HERE / "prometheusrule.yaml"
+RULE = HERE / "operator" / "prometheusrule.yaml"
 HEADER = """\
 # healthd's alert rules for the Prometheus Operator: spec.groups is a copy of
-# dashboards/alerts.yaml, made by sync_rules.py beside this file (edit the rules file,
+# dashboards/alerts.yaml, made by ../sync_rules.py (edit the rules file,
 # then run it; the deploy tests fail while the two differ).
 """
 

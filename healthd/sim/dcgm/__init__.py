@@ -48,6 +48,17 @@ class DcgmSim(BaseModel):
         default=None, ge=0, le=255, description="exit status; unset: the recording's own"
     )
     sleep_s: float = Field(default=0.0, ge=0, description="seconds the diagnostic takes")
+    version: str = Field(default="4.2.3", description="what `dcgmi --version` reports")
+    stdout: str | None = Field(
+        default=None,
+        description="a recorded `dcgmi diag -j` output, inline (healthd record writes it); "
+        "replaces `output`",
+    )
+    host_engine: str | None = Field(
+        default=None,
+        description="where the host engine listens (`none`: nowhere, so dcgmi cannot "
+        "connect); unset: wherever the check asks",
+    )
 
     @field_validator("output")
     @classmethod
@@ -60,10 +71,16 @@ class DcgmSim(BaseModel):
 
 def fake_dcgmi_command(sim: DcgmSim) -> list[str]:
     """The command (executable and leading args) that stands in for `dcgmi`."""
-    output = sim.output if sim.output in recorded_names() else str(Path(sim.output).resolve())
-    argv = [sys.executable, str(FAKE_DCGMI), "--output", output]
+    argv = [sys.executable, str(FAKE_DCGMI)]
+    if sim.stdout is not None:
+        argv += ["--text", sim.stdout]
+    else:
+        output = sim.output if sim.output in recorded_names() else str(Path(sim.output).resolve())
+        argv += ["--output", output]
     if sim.exit is not None:
         argv += ["--exit", str(sim.exit)]
     if sim.sleep_s:
         argv += ["--sleep", repr(sim.sleep_s)]
-    return argv
+    if sim.host_engine is not None:
+        argv += ["--host-engine", sim.host_engine]
+    return [*argv, "--dcgm-version", sim.version]

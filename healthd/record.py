@@ -1,0 +1,352 @@
+"""`healthd record`: write what this machine's GPUs show as a machine spec.
+
+The recording is read by the same code the checks use (one `NvmlReader` pass through
+`NvmlGpuSource`, its XID events, the `pciebw` bandwidth probe, `dcgmi`), and written
+in the machine-spec format (docs/machine-spec.md), so `healthd check --sim FILE`
+replays it: the same readings, hence the same statuses, codes and values.
+
+How readings map to the spec:
+- machine-wide values (`gpus`) come from the first readable GPU; every GPU's own
+  values that differ (power, PCIe link, remapped rows, ECC counts, clock event
+  reasons, NVLinks down, MIG, lost) are an entry under `faults` active from 0;
+- a reading NVML refused (`NOT_SUPPORTED`, or any other NVML error) becomes an
+  `nvml_errors` entry naming the function and the error, unless the machine-wide
+  capability already says so (`page_retirement: false`, `mig_capable: false`,
+  `nvlinks: 0`, `ecc_enabled: false`);
+- XIDs seen during the window are `xid` entries at 0; fewer GPUs than expected are
+  `missing` GPUs at the end.
+
+`--redact` replaces GPU UUIDs, serials and the node name with placeholders, the same
+original always by the same placeholder.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio.to_thread
+
+from checks.nvml import (
+    Failed,
+    GpuSnapshot,
+    NodeSnapshot,
+    NvmlGpuSource,
+    Ok,
+    Reading,
+    Unsupported,
+    XidEvent,
+)
+from checks.nvml_reader import ECC_DISABLED
+from checks.pciebw import Bandwidth, BandwidthProbe, ProbeError
+from checks.power import CLOCK_EVENT_BITS, GPU_IDLE
+from checks.processes import ProgramNotFound, ProgramNotRunnable, run_process
+
+REDACTED_NODE = "recorded-node"
+_VERSION = re.compile(r"version\s*:?\s*([0-9][\w.\-]*)", re.IGNORECASE)
+_SERIAL = re.compile(r'("serial(?:_num(?:ber)?)?"\s*:\s*")([^"]*)(")', re.IGNORECASE)
+
+
+class NothingToRecord(Exception):
+    """NVML cannot read this machine (no driver): there is no machine to record."""
+
+
+@dataclass(frozen=True)
+class DcgmRecording:
+    """What `dcgmi` said: its version and, when asked, a level-1 diagnostic."""
+
+    version: str = ""
+    stdout: str | None = None
+    exit: int | None = None
+
+
+@dataclass
+class Recording:
+    """Everything read, before it is written as a spec."""
+
+    node: str
+    snapshot: NodeSnapshot
+    xids: list[XidEvent] = field(default_factory=list)
+    bandwidth: dict[int, Bandwidth] = field(default_factory=dict)
+    dcgm: DcgmRecording | None = None
+    expected_gpus: int | None = None
+
+
+async def read_machine(
+    node: str,
+    *,
+    xid_window_s: float,
+    expected_gpus: int | None = None,
+    bandwidth_probe: BandwidthProbe | None = None,
+    bandwidth_size_bytes: int = 256 * 2**20,
+    bandwidth_iterations: int = 5,
+    dcgm_command: Sequence[str] | None = None,
+) -> Recording:
+    """One NVML pass, the XIDs of the window, and what was asked for besides."""
+    gpus = NvmlGpuSource()
+    try:
+        snapshot = await gpus.snapshot()
+        if snapshot.driver_error:
+            raise NothingToRecord(snapshot.driver_error)
+        xids = await gpus.xid_events(xid_window_s)
+    finally:
+        await gpus.aclose()
+    recording = Recording(node, snapshot, xids, expected_gpus=expected_gpus)
+    if bandwidth_probe is not None:
+        recording.bandwidth = await _measure_all(snapshot, bandwidth_probe,
+                                                 bandwidth_size_bytes, bandwidth_iterations)
+    if dcgm_command is not None:
+        recording.dcgm = await read_dcgm(dcgm_command)
+    return recording
+
+
+async def _measure_all(snapshot: NodeSnapshot, probe: BandwidthProbe, size_bytes: int,
+                       iterations: int) -> dict[int, Bandwidth]:
+    """What the pciebw probe measures per GPU; GPUs it cannot measure are left out
+    (a lost or MIG GPU fails the same way again on replay)."""
+    measured: dict[int, Bandwidth] = {}
+    for gpu in snapshot.gpus:
+        if gpu.lost or gpu.mig_enabled:
+            continue
+        try:
+            measured[gpu.index] = await anyio.to_thread.run_sync(
+                probe.measure, gpu.pci_bus_id, size_bytes, iterations)
+        except ProbeError:
+            continue
+    return measured
+
+
+async def read_dcgm(command: Sequence[str], level: int = 1) -> DcgmRecording:
+    """`dcgmi --version` and `dcgmi diag -r <level> -j` (its stdout and exit status)."""
+    version = ""
+    try:
+        out = await run_process([*command, "--version"], timeout_s=30)
+        match = _VERSION.search(out.stdout)
+        version = match.group(1) if match else ""
+        diag = await run_process([*command, "diag", "-r", str(level), "-j"], timeout_s=300)
+    except (ProgramNotFound, ProgramNotRunnable, OSError, TimeoutError):
+        # no usable dcgmi here: the recording keeps the NVML part alone
+        return DcgmRecording(version)
+    return DcgmRecording(version, diag.stdout, diag.returncode)
+
+
+# -- the spec ----------------------------------------------------------------------
+
+def machine_spec(recording: Recording, *, redact: bool = False) -> dict[str, Any]:
+    """The recording as a machine-spec mapping (validate it before writing)."""
+    snap = recording.snapshot
+    gpus = list(snap.gpus)
+    base = _machine_gpus(gpus)
+    refusals = {gpu.index: _refusals(gpu, base) for gpu in gpus}
+    unsupported = _unsupported_everywhere([refusals[g.index] for g in gpus if not g.lost])
+    if unsupported:
+        base["unsupported"] = unsupported
+    faults = []
+    for gpu in gpus:
+        errors = [e for e in refusals[gpu.index]
+                  if e["error"] != "NOT_SUPPORTED" or e["function"] not in unsupported]
+        entry = _gpu_entry(gpu, base, errors, recording)
+        if entry:
+            faults.append(entry)
+    count = len(gpus)
+    if recording.expected_gpus is not None and recording.expected_gpus > count:
+        faults += [{"gpu": i, "missing": True} for i in range(count, recording.expected_gpus)]
+        count = recording.expected_gpus
+    uuids = [gpu.uuid for gpu in gpus] + [f"GPU-missing-{i}" for i in range(len(gpus), count)]
+    bus_ids = [gpu.pci_bus_id for gpu in gpus] + [""] * (count - len(gpus))
+    spec: dict[str, Any] = {"node": recording.node, "driver_version": snap.driver_version}
+    if snap.cuda_driver_version:
+        spec["cuda_driver_version"] = snap.cuda_driver_version
+    spec["gpus"] = {"count": count, **base, "uuids": uuids, "pci_bus_ids": bus_ids}
+    spec["faults"] = faults
+    if recording.dcgm is not None:
+        spec["dcgm"] = _dcgm_entry(recording.dcgm)
+    return redacted(spec) if redact else spec
+
+
+def _machine_gpus(gpus: Sequence[GpuSnapshot]) -> dict[str, Any]:
+    """The `gpus` defaults: the first readable GPU's values and what any GPU supports."""
+    readable = [gpu for gpu in gpus if not gpu.lost]
+    base: dict[str, Any] = {"model": next((g.model for g in readable if g.model), "")}
+    power = next((g.power.value for g in readable if isinstance(g.power, Ok)), None)
+    if power is not None:
+        base["power"] = {"usage_w": power.usage_w, "limit_w": power.limit_w}
+    link = next((g.pcie.value for g in readable if isinstance(g.pcie, Ok)), None)
+    if link is not None:
+        base["pcie"] = {"gen": link.gen, "width": link.width, "max_gen": link.max_gen,
+                        "max_width": link.max_width}
+    base["nvlinks"] = max((len(g.nvlinks.value) for g in readable
+                           if isinstance(g.nvlinks, Ok)), default=0)
+    base["ecc_enabled"] = any(not _ecc_disabled(g.ecc) for g in readable) or not readable
+    base["mig_capable"] = any(not _not_supported(g.mig_mode) for g in readable)
+    base["page_retirement"] = any(isinstance(g.retired_pages_pending, Ok) for g in readable)
+    return base
+
+
+def _refusals(gpu: GpuSnapshot, base: dict[str, Any]) -> list[dict[str, str]]:
+    """The GPU's readings NVML refused that the machine's capabilities do not explain."""
+    if gpu.lost:
+        return []
+    refusals: list[dict[str, str]] = []
+    for name, reading in _readings(gpu):
+        if isinstance(reading, Ok) or _said_by_machine(name, reading, base):
+            continue
+        error = _nvml_error(reading)
+        # a failed handle lookup fails every reading alike: one entry says it
+        if error is not None and error not in refusals:
+            refusals.append(error)
+    return refusals
+
+
+def _unsupported_everywhere(refusals: Sequence[list[dict[str, str]]]) -> list[str]:
+    """Functions every readable GPU answers NOT_SUPPORTED (`gpus.unsupported`)."""
+    if not refusals:
+        return []
+    first, *others = [{e["function"] for e in errors if e["error"] == "NOT_SUPPORTED"}
+                      for errors in refusals]
+    return sorted(first.intersection(*others))
+
+
+def _gpu_entry(gpu: GpuSnapshot, base: dict[str, Any], errors: list[dict[str, str]],
+               recording: Recording) -> dict[str, Any]:
+    """One GPU's values that differ from the machine's, as a fault entry from 0."""
+    entry: dict[str, Any] = {"lost": True} if gpu.lost else {}
+    for name, reading in [] if gpu.lost else _readings(gpu):
+        if isinstance(reading, Ok):
+            for key, value in _values(name, reading.value, base).items():
+                # ECC counts and pending retirements share the `ecc` entry
+                entry[key] = {**entry[key], **value} if key in entry else value
+    if errors:
+        entry["nvml_errors"] = errors
+    measured = recording.bandwidth.get(gpu.index)
+    if measured is not None:
+        entry["pcie_bandwidth_gbps"] = {"h2d": measured.h2d_gbps, "d2h": measured.d2h_gbps}
+    xids = [{"code": e.xid, "at": 0} for e in recording.xids if _event_on(e, gpu)]
+    if xids:
+        entry["xid"] = xids
+    return {"gpu": gpu.index, **entry} if entry else {}
+
+
+def _readings(gpu: GpuSnapshot) -> list[tuple[str, Reading[Any]]]:
+    return [("mig_mode", gpu.mig_mode), ("remapped", gpu.remapped),
+            ("clock_event_reasons", gpu.clock_event_reasons), ("power", gpu.power),
+            ("pcie", gpu.pcie), ("pcie_replays", gpu.pcie_replays), ("ecc", gpu.ecc),
+            ("retired_pages_pending", gpu.retired_pages_pending), ("nvlinks", gpu.nvlinks)]
+
+
+def _values(name: str, value: Any, base: dict[str, Any]) -> dict[str, Any]:
+    """Spec fields for one readable property, when it differs from the defaults."""
+    if name == "mig_mode":
+        return {"mig": True} if value else {}
+    if name == "remapped":
+        rows = {"correctable": value.correctable, "uncorrectable": value.uncorrectable,
+                "pending": value.pending, "failure": value.failure}
+        return {"remapped_rows": rows} if any(rows.values()) else {}
+    if name == "clock_event_reasons":
+        return {} if value == GPU_IDLE else _clock_fields(int(value))
+    if name == "power":
+        power = {"usage_w": value.usage_w, "limit_w": value.limit_w}
+        return {} if power == base.get("power") else {"power": power}
+    if name == "pcie":
+        link = {"gen": value.gen, "width": value.width, "max_gen": value.max_gen,
+                "max_width": value.max_width}
+        return {} if link == base.get("pcie") else {"pcie": link}
+    if name == "pcie_replays":
+        return {"pcie_replays": int(value)} if value else {}
+    if name == "ecc":
+        if not value.corrected_volatile and not value.uncorrected_volatile:
+            return {}
+        return {"ecc": {"corrected_volatile": value.corrected_volatile,
+                        "uncorrected_volatile": value.uncorrected_volatile}}
+    if name == "retired_pages_pending":
+        return {"ecc": {"retired_pages_pending": True}} if value else {}
+    if name == "nvlinks":
+        down = [link.link for link in value if not link.up]
+        return {"nvlink_down": down} if down else {}
+    return {}
+
+
+def _clock_fields(mask: int) -> dict[str, Any]:
+    names = [name for bit, name in CLOCK_EVENT_BITS.items() if mask & bit]
+    if mask and sum(bit for bit in CLOCK_EVENT_BITS if mask & bit) == mask:
+        return {"clock_event_reasons": names}
+    return {"clock_event_mask": mask}  # no reason at all, or bits newer than the names
+
+
+def _said_by_machine(name: str, reading: Unsupported | Failed, base: dict[str, Any]) -> bool:
+    """Whether the machine-wide capability already makes NVML answer this way."""
+    if name == "ecc" and _ecc_disabled(reading):
+        return True
+    if not _not_supported(reading):
+        return False
+    capability = {"mig_mode": "mig_capable", "retired_pages_pending": "page_retirement",
+                  "nvlinks": "nvlinks"}.get(name)
+    return capability is not None and not base[capability]
+
+
+def _nvml_error(reading: Unsupported | Failed) -> dict[str, str] | None:
+    """The spec's `nvml_errors` entry that makes NVML answer the same again. A code
+    without an NVML_ERROR_* name, or a failure that was no NVML error at all (a
+    binding surprise), replays as UNKNOWN: the best the format can say."""
+    if not reading.function:
+        return None
+    error = reading.error if reading.error and not reading.error.isdigit() else "UNKNOWN"
+    return {"function": reading.function, "error": error}
+
+
+def _not_supported(reading: Reading[Any]) -> bool:
+    return isinstance(reading, Unsupported) and reading.error == "NOT_SUPPORTED"
+
+
+def _ecc_disabled(reading: Reading[Any]) -> bool:
+    return isinstance(reading, Unsupported) and reading.reason == ECC_DISABLED
+
+
+def _event_on(event: XidEvent, gpu: GpuSnapshot) -> bool:
+    if event.uuid and gpu.uuid:
+        return event.uuid == gpu.uuid
+    return event.gpu_index == gpu.index
+
+
+def _dcgm_entry(dcgm: DcgmRecording) -> dict[str, Any]:
+    entry: dict[str, Any] = {}
+    if dcgm.version:
+        entry["version"] = dcgm.version
+    if dcgm.stdout is not None:
+        entry["stdout"] = dcgm.stdout
+        entry["exit"] = dcgm.exit
+    return entry
+
+
+# -- redaction ---------------------------------------------------------------------
+
+def redacted(spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec with UUIDs, serials and the node name replaced, consistently."""
+    out = {**spec, "node": REDACTED_NODE}
+    gpus = dict(spec["gpus"])
+    placeholders = {uuid: _placeholder_uuid(i) for i, uuid in enumerate(gpus["uuids"]) if uuid}
+    gpus["uuids"] = [placeholders.get(uuid, uuid) for uuid in gpus["uuids"]]
+    out["gpus"] = gpus
+    dcgm = spec.get("dcgm")
+    if dcgm and dcgm.get("stdout"):
+        text: str = dcgm["stdout"]
+        for original, placeholder in placeholders.items():
+            text = text.replace(original, placeholder)
+        out["dcgm"] = {**dcgm, "stdout": _redact_serials(text)}
+    return out
+
+
+def _placeholder_uuid(index: int) -> str:
+    return f"GPU-00000000-0000-0000-0000-{index:012d}"
+
+
+def _redact_serials(text: str) -> str:
+    serials: dict[str, str] = {}
+
+    def replace(match: re.Match[str]) -> str:
+        placeholder = serials.setdefault(match.group(2), f"SERIAL-{len(serials):04d}")
+        return f"{match.group(1)}{placeholder}{match.group(3)}"
+
+    return _SERIAL.sub(replace, text)

@@ -1,0 +1,53 @@
+"""bench/real_gpu.py, the real-GPU acceptance run: without a GPU it skips cleanly
+(one JSON object saying why, exit 0); rehearsed on a simulated machine, every step
+runs and the replay of the recording matches the machine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import gpu_present
+
+SCRIPT = Path(__file__).resolve().parent.parent.parent / "bench" / "real_gpu.py"
+
+
+def run(*args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", *args], capture_output=True,
+                          text=True, timeout=240, check=False)
+    report: dict[str, Any] = json.loads(proc.stdout)
+    return proc, report
+
+
+def test_without_a_gpu_it_skips_cleanly() -> None:
+    if gpu_present():
+        pytest.skip("this machine has an NVIDIA GPU: the real run is not a skip")
+    proc, report = run()
+    assert proc.returncode == 0
+    assert report["benchmark"] == "real_gpu"
+    assert report["figures"] == {"skipped": "no NVIDIA GPU: NVIDIA driver not found"}
+    assert report["goals"] == {}
+    assert "skipped: no NVIDIA GPU here" in proc.stderr
+
+
+def test_rehearsal_on_a_simulated_vm_runs_every_step() -> None:
+    proc, report = run("--sim", "h100-vm-notsupported", "--agent-minutes", "0.1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures, goals = report["figures"], report["goals"]
+    assert figures["gpus"] == 8 and figures["cuda_driver_version"] == 12080
+    assert figures["nvml_readings"]["clock_event_reasons"] == {
+        "unsupported:nvmlDeviceGetCurrentClocksEventReasons:NOT_SUPPORTED": 8}
+    assert figures["nvml_readings"]["power"] == {"ok": 8}
+    assert figures["record_replay"]["record_exit_code"] == 0
+    assert figures["record_replay"]["status_or_code_mismatches"] == []
+    assert goals["replay_mismatches"]["value"] == 0
+    assert [row["ratio"] for row in figures["pciebw"]] == [0.85] * 8  # the sim's 85 %
+    assert figures["nvml_round"]["round_ms"]["n"] == 30
+    assert figures["agent"]["rss_mib_peak"] > 0
+    assert set(goals) >= {"gpu_tests_failed", "nvml_round_p99_ms", "pciebw_min_ratio",
+                          "agent_rss_mib_peak", "agent_cpu_pct_of_core_steady"}
