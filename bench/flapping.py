@@ -16,7 +16,8 @@ signal's first raise comes before it has swung much, so the count varies); the s
 series through an undamped machine (every code raised at once, no doubling: the
 rules before damping) for comparison; and the latencies damping must keep: runs
 until a persistent fault is raised and until a persistent recovery is released,
-from a fresh node and from the node the noise left behind.
+from a fresh node (after a 10-run fault, and after a fault seen only twice: the
+minimum hold) and from the node the noise left behind.
 
     python bench/flapping.py            # 1,000 rounds per signal
     python bench/flapping.py --quick    # 200 rounds per signal
@@ -102,7 +103,8 @@ SIGNALS = (
 def undamped(policy: Policy, code: str) -> Policy:
     """The rules before damping: raised on one sighting, never held longer."""
     catalog = Catalog({code: Override(raise_rule=AT_ONCE)})
-    return Policy(recover_after=policy.recover_after, catalog=catalog, max_doublings=0)
+    return Policy(recover_after=policy.recover_after, catalog=catalog, max_doublings=0,
+                  min_hold=0)
 
 
 def step(state: HealthState, signal: Signal, present: bool, message: str, at: float,
@@ -147,10 +149,12 @@ def latencies(signal: Signal, noisy_end: HealthState, policy: Policy) -> dict[st
     faulty = [(True, "persistent")] * 10
     _, fresh_held = verdicts(signal, faulty, policy)
     _, noisy_held = verdicts(signal, faulty, policy, noisy_end)
+    _, briefly_held = verdicts(signal, faulty[:2], policy)  # seen twice: just raised
     return {
         "raise_runs_fresh": runs_until(signal, initial(0.0), True, policy),
         "raise_runs_after_noise": runs_until(signal, noisy_end, True, policy),
         "release_runs_fresh": runs_until(signal, fresh_held, False, policy),
+        "release_runs_after_two_sightings": runs_until(signal, briefly_held, False, policy),
         "release_runs_after_noise": runs_until(signal, noisy_held, False, policy),
     }
 
@@ -223,8 +227,9 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Goal], 
     policy = Policy()
     figures: dict[str, Any] = {
         "policy": {"recover_after": policy.recover_after, "raise_rule": "2 of 3, or 2 running",
-                   "max_doublings": policy.max_doublings, "flap_window": policy.flap_window},
-        "release_bound_runs": policy.hold_runs(policy.max_doublings),
+                   "max_doublings": policy.max_doublings, "flap_window": policy.flap_window,
+                   "min_hold": policy.min_hold},
+        "release_bound_runs": policy.release_bound,
         "raise_bound_runs": 2,
     }
     goals: dict[str, Goal] = {}

@@ -1,20 +1,22 @@
 """The `healthd` command line.
 
     healthd check [--checks LIST] [--sim SPEC] [--config FILE] [--peer NAME=ADDR[,ADDR]]
-                  [--output table|json] [--termination-log PATH]
-    healthd agent [--config FILE] [--kubeconfig FILE] [--sim SPEC] [--node NAME] [--http-port N]
-    healthd controller [--config FILE] [--kubeconfig FILE] [--dry-run] [--http-port N]
-    healthd trigger (--selector S | --nodes N1,N2 | --job NS/APPWRAPPER) --checks LIST
-                    [--batch N] [--wait] [--timeout D] [--force-queue] [--output table|json]
-    healthd status [--selector S] [--verdict V] [--watch] [--output table|json]
-    healthd demo [--scenario FILE|NAME] [--nodes N] [--output table|json] [--serve PORT]
+                  [-o table|wide|json|yaml] [--termination-log PATH]
+    healthd agent [--config FILE] [--kubeconfig FILE] [--context NAME] [--sim SPEC]
+                  [--node NAME] [--http-port N]
+    healthd controller [--config FILE] [--kubeconfig FILE] [--context NAME] [--dry-run]
+                       [--http-port N]
+    healthd trigger (--selector S | --nodes N1,N2 | --job [NS/]APPWRAPPER [-n NS]) --checks LIST
+                    [--batch N] [--wait] [--timeout D] [--force-queue] [-o FORMAT]
+    healthd status [--selector S] [--verdict V] [--watch] [-n NS] [-o FORMAT]
+    healthd demo [--scenario FILE|NAME] [--nodes N] [-o FORMAT] [--serve PORT]
     healthd record [--output FILE] [--include xid-window=D|pciebw|dcgm] [--redact] [--sim SPEC]
     healthd config validate FILE
-    healthd version
+    healthd version | healthd --version
 
 Exit codes of `healthd check` follow the Nagios convention: 0 PASS, 1 WARN, 2 ERR or
 EVICT, 3 UNKNOWN; 64 for a usage error (unknown check, bad argument), 78 for a bad
-config or machine spec.
+config or machine spec. A usage error prints the usage of the subcommand it is in.
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ from typing import NoReturn
 import anyio
 
 import checks
-from checks.base import CheckContext, Peer
+from checks.base import CheckContext, CheckResult, Peer, Severity
 from checks.nvml import DRIVER_NOT_FOUND, NvmlGpuSource
 from healthd import __version__
 from healthd.config import Config, ConfigError, load_config
 from healthd.exits import EX_CONFIG, EX_USAGE
 from healthd.fleet.arguments import add_fleet_parsers
 from healthd.once import Report, node_name, plan, run_planned
+from healthd.output import WIDE, add_output_argument, dump, is_document
 from healthd.report import render_problems, render_results
 from healthd.selection import SelectionError, parse_selection
 from healthd.termination import write_summary
@@ -67,8 +70,15 @@ class _Parser(argparse.ArgumentParser):
         _fail(message, EX_USAGE)
 
 
+def _add_kube_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kubeconfig", metavar="FILE", help="default: $KUBECONFIG or in-cluster")
+    parser.add_argument("--context", metavar="NAME",
+                        help="the kubeconfig context to use (default: its current-context)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="healthd", description="GPU node health for Kubernetes")
+    parser.add_argument("--version", action="version", version=f"healthd {__version__}")
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_Parser
     )
@@ -93,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=ADDR[,ADDR]",
         help="a peer for the ping check (repeatable)",
     )
-    check.add_argument("--output", choices=("table", "json"), default="table")
+    add_output_argument(check)
     check.add_argument(
         "--termination-log",
         metavar="PATH",
@@ -102,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     agent = sub.add_parser("agent", help="run the node agent (DaemonSet): check, publish, serve")
     agent.add_argument("--config", metavar="FILE", help="healthd config YAML")
-    agent.add_argument("--kubeconfig", metavar="FILE", help="default: $KUBECONFIG or in-cluster")
+    _add_kube_arguments(agent)
     agent.add_argument("--sim", metavar="SPEC", help="run on a simulated machine (YAML or name)")
     agent.add_argument("--node", metavar="NAME", help="this node's name (default: NODE_NAME)")
     agent.add_argument("--http-port", type=int, metavar="N", help="/metrics, /healthz, /readyz")
@@ -112,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         "controller", help="run the cluster controller: AppWrapper resets, slack lending"
     )
     ctl.add_argument("--config", metavar="FILE", help="healthd config YAML")
-    ctl.add_argument("--kubeconfig", metavar="FILE", help="default: $KUBECONFIG or in-cluster")
+    _add_kube_arguments(ctl)
     ctl.add_argument("--dry-run", action="store_true", help="decide and log, write nothing")
     ctl.add_argument("--http-port", type=int, metavar="N", help="/metrics, /healthz, /readyz")
     ctl.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING"))
@@ -201,20 +211,32 @@ def cmd_check(args: argparse.Namespace) -> int:
         problem = write_summary(args.termination_log, report.node, report.results)
         if problem:
             print(f"healthd: {problem}", file=sys.stderr)
-    if args.output == "json":
-        print(json.dumps(report.to_json(), indent=2))
-    elif report.driver_error and not report.simulated:
-        # No GPU stack here: one clear line, not a table of UNKNOWN rows.
-        print(
-            f"healthd: {DRIVER_NOT_FOUND}: no GPU checks can run on this machine "
-            "(try `healthd check --sim healthy-8xh100`)",
-            file=sys.stderr,
-        )
-    else:
-        print(render_results(report.results))
-        print(f"\nProblems:\n{render_problems(report.results)}")
-        print(f"\n{report.node}: {report.status.value} (exit {report.exit_code})")
+    if is_document(args.output):
+        print(dump(report.to_json(), args.output))
+        return report.exit_code
+    shown = report.results
+    if report.driver_error and not report.simulated:
+        # No GPU stack here: one line for the GPU checks, not a row of UNKNOWN each;
+        # the checks that need no GPU (ping, pvc) are shown and judged as usual.
+        shown = [r for r in report.results if not _needs_driver(r)]
+        blocked = [r.check for r in report.results if _needs_driver(r)]
+        if not shown:
+            print(f"healthd: {DRIVER_NOT_FOUND}: no GPU checks can run on this machine "
+                  "(try `healthd check --sim healthy-8xh100`)", file=sys.stderr)
+            return report.exit_code
+        if blocked:
+            print(f"healthd: {DRIVER_NOT_FOUND}: GPU checks {', '.join(blocked)} cannot run "
+                  "on this machine: UNKNOWN", file=sys.stderr)
+    wide = args.output == WIDE
+    print(render_results(shown, wide=wide))
+    print(f"\nProblems:\n{render_problems(shown, wide=wide)}")
+    print(f"\n{report.node}: {report.status.value} (exit {report.exit_code})")
     return report.exit_code
+
+
+def _needs_driver(result: CheckResult) -> bool:
+    """A GPU check that could not run because the machine has no NVIDIA driver."""
+    return result.status is Severity.UNKNOWN and result.reason == DRIVER_NOT_FOUND
 
 
 def cmd_config_validate(args: argparse.Namespace) -> int:
@@ -224,8 +246,28 @@ def cmd_config_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse `argv`; an argument no subcommand knows is that subcommand's usage error
+    (argparse would blame the top-level parser and print its usage instead)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _innermost(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def _innermost(parser: argparse.ArgumentParser,
+               args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)parser of the subcommand `args` chose."""
+    for action in parser._subparsers._group_actions if parser._subparsers else []:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = getattr(args, action.dest or "", None)
+            if chosen in action.choices:
+                return _innermost(action.choices[chosen], args)
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     if args.command == "version":
         print(f"healthd {__version__}")
         return 0

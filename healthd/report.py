@@ -22,27 +22,29 @@ def _format_value(value: Value) -> str:
     return str(value)
 
 
-def format_values(values: Mapping[str, Value]) -> str:
+def format_values(values: Mapping[str, Value], *, wide: bool = False) -> str:
     text = " ".join(f"{k}={_format_value(v)}" for k, v in values.items())
-    return text if len(text) <= _MAX_VALUES else text[: _MAX_VALUES - 1] + "…"
+    return text if wide or len(text) <= _MAX_VALUES else text[: _MAX_VALUES - 1] + "…"
 
 
-def _entity_name(status: EntityStatus) -> str:
+def _entity_name(status: EntityStatus, *, wide: bool = False) -> str:
     entity = status.entity
     if entity.kind == "gpu" and entity.uuid:
-        return f"{entity.label} {entity.uuid[:12]}"
+        return f"{entity.label} {entity.uuid if wide else entity.uuid[:12]}"
     return entity.label
 
 
-def _clip(text: str) -> str:
+def _clip(text: str, *, wide: bool = False) -> str:
     text = " ".join(text.split())
-    return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 1] + "…"
+    return text if wide or len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 1] + "…"
 
 
-def result_rows(result: CheckResult) -> list[tuple[str, ...]]:
+def result_rows(result: CheckResult, *, wide: bool = False) -> list[tuple[str, ...]]:
+    """One row per entity; `wide`: full GPU UUIDs, values and messages."""
     if not result.entities:
-        return [(result.check, "-", result.status.value, "", "", _clip(result.reason))]
-    rows = []
+        return [(result.check, "-", result.status.value, "", "",
+                 _clip(result.reason, wide=wide))]
+    rows: list[tuple[str, ...]] = []
     for status in result.entities:
         mine = [f for f in result.findings if f.entity == status.entity]
         codes = ",".join(dict.fromkeys(f.code for f in mine))
@@ -50,11 +52,11 @@ def result_rows(result: CheckResult) -> list[tuple[str, ...]]:
         rows.append(
             (
                 result.check,
-                _entity_name(status),
+                _entity_name(status, wide=wide),
                 status.status.value,
                 codes,
-                format_values(status.values),
-                _clip(message),
+                format_values(status.values, wide=wide),
+                _clip(message, wide=wide),
             )
         )
     return rows
@@ -71,17 +73,17 @@ def render_table(rows: Iterable[Sequence[str]], headers: Sequence[str] = HEADERS
     return "\n".join(lines)
 
 
-def render_results(results: Sequence[CheckResult]) -> str:
-    return render_table(row for r in results for row in result_rows(r))
+def render_results(results: Sequence[CheckResult], *, wide: bool = False) -> str:
+    return render_table(row for r in results for row in result_rows(r, wide=wide))
 
 
-def render_problems(results: Sequence[CheckResult]) -> str:
+def render_problems(results: Sequence[CheckResult], *, wide: bool = False) -> str:
     """The rows a person must look at (anything but PASS and SKIPPED), or a line
     saying there are none."""
     rows = [
         row
         for r in results
-        for row in result_rows(r)
+        for row in result_rows(r, wide=wide)
         if row[2] not in (Severity.PASS.value, Severity.SKIPPED.value) or row[3]
     ]
     if not rows:

@@ -111,8 +111,9 @@ class Agent:
     """`healthd agent`: see the module docstring. Construct, then `await run()`."""
 
     def __init__(self, config: Config, *, node: str, kubeconfig: str | None = None,
-                 kube: Kube | None = None, sim: SimulatedNode | None = None,
-                 http_port: int | None = None, registry: CollectorRegistry | None = None,
+                 context: str | None = None, kube: Kube | None = None,
+                 sim: SimulatedNode | None = None, http_port: int | None = None,
+                 registry: CollectorRegistry | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.config = effective_config(config)
         self.settings = self.config.agent
@@ -125,13 +126,14 @@ class Agent:
         self.policy = Policy(recover_after=self.settings.recover_after,
                              catalog=self.config.catalog(),
                              max_doublings=self.settings.flap_max_doublings,
-                             flap_window=self.settings.flap_window)
+                             flap_window=self.settings.flap_window,
+                             min_hold=self.settings.min_hold)
         self.state: HealthState = initial(clock())
         self.port: int | None = None  # the bound HTTP port, once serving
         self.last_run: str | None = None  # the answer to the latest on-demand request
         self.node_obj: dict[str, Any] | None = None
         self.dcgm_levels: dict[int, str | None] = {}
-        self._kubeconfig, self._given_kube = kubeconfig, kube
+        self._kubeconfig, self._context, self._given_kube = kubeconfig, context, kube
         self._deep_levels: dict[str, int | None] = {}  # exclusive key -> DCGM level
         self._first_round: set[str] = set()  # jobs whose first turn is still to come
         self._first_round_done = anyio.Event()
@@ -176,7 +178,7 @@ class Agent:
 
     async def run(self) -> None:
         """Run until cancelled or `stop()`; KubeError when no API config is usable."""
-        kube = self._given_kube or await Kube.connect(self._kubeconfig,
+        kube = self._given_kube or await Kube.connect(self._kubeconfig, context=self._context,
                                                       timeout_s=self.settings.api_timeout_s)
         gpus = NvmlGpuSource()
         try:

@@ -86,8 +86,8 @@ def run_agent(args: argparse.Namespace) -> int:
                     raise ExitError(str(exc), EX_CONFIG) from exc
             node = resolve_node_name(config, args.node, sim)
             configure_logging(args.log_level, node)
-            agent = Agent(config, node=node, kubeconfig=args.kubeconfig, sim=sim,
-                          http_port=args.http_port)
+            agent = Agent(config, node=node, kubeconfig=args.kubeconfig, context=args.context,
+                          sim=sim, http_port=args.http_port)
             try:
                 anyio.run(run_until_signal, agent)
             except Exception as exc:

@@ -205,7 +205,7 @@ class SnapshotCollector:
     def _flaps(self, state: HealthState) -> Metric:
         flaps = CounterMetricFamily(
             "healthd_node_flaps", "Findings raised again soon after their release (each "
-            "doubles how long the finding is held).", labels=("node",))
+            "makes the finding's hold four times as long, up to the cap).", labels=("node",))
         flaps.add_metric((self._node,), float(state.flaps_total))
         return flaps
 

@@ -30,6 +30,7 @@ dcgm-exporter's labels so joins with it work: `gpu` (index), `UUID`, `pci_bus_id
 | `healthd_node_judged` | gauge | node | 1 once any check has given a judgement (before that the label is not written) |
 | `healthd_node_held_findings` | gauge | node, severity | findings holding the verdict above PASS, by severity (WARN ERR EVICT) |
 | `healthd_node_finding` | gauge | node, check, code, severity, entity | 1 per finding holding the verdict (what "top finding codes" panels count) |
+| `healthd_node_flaps_total` | counter | node | findings that came back after one or more clean runs (each makes the finding's hold four times as long, up to the cap) |
 | `healthd_gpu_pcie_bandwidth_gbps` | gauge | GPU labels, direction | measured copy bandwidth in GB/s, `h2d` / `d2h` (pciebw) |
 | `healthd_gpu_pcie_link_bandwidth_gbps` | gauge | GPU labels | GB/s the current PCIe link can carry (pciebw) |
 | `healthd_gpu_pcie_link_generation` | gauge | GPU labels, link | PCIe generation, `current` / `max` (pcie) |

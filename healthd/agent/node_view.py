@@ -176,33 +176,45 @@ MAX_UNREACHED = 64  # peers named in the annotation; past that the node reads as
 
 
 def ping_json(state: HealthState) -> dict[str, Any] | None:
-    """What this node's latest ping run saw, for the controller's fleet-wide blame:
-    the peers it could not reach on the pod network (everyone else it probed
-    answered), or `isolated` when it could reach almost nobody; and the same per
-    secondary network the run probed, under `networks` (left out when none was).
-    None before ping has judged anything."""
+    """What this node's ping holds, for the controller's fleet-wide blame: the peers
+    whose PEER_UNREACHABLE the verdict machine holds on the pod network (every other
+    peer it probed counts as reached), or `isolated` while it holds NETWORK_ISOLATED;
+    and the same per secondary network the latest run probed, under `networks` (left
+    out when none was). Built from holdings, not from the latest raw run, so it moves
+    only when the meaning does: a peer that misses one ping in five is no news until
+    it is held, and it stays in the view as long as it is held (damping and release
+    as for any finding). None while ping's latest run could not tell (or before it
+    ran)."""
     ran = state.checks.get(PING_CHECK)
     if ran is None or not ran.status.ordered:
         return None
-    findings = state.check_findings.get(PING_CHECK, ())
-    view = _network_view(findings, "")
+    held = {(h.code, h.entity) for h in state.held if h.check == PING_CHECK}
+    view = _network_view(held, "")
     if ran.networks:
-        view["networks"] = {n: _network_view(findings, n) for n in ran.networks}
+        view["networks"] = {n: _network_view(held, n) for n in ran.networks}
     return view
 
 
-def _network_view(findings: Iterable[Finding], network: str) -> dict[str, Any]:
-    """One network's row: `network` "" is the pod network (isolation is about the
-    node), a name is a secondary network (isolation is about `network/<name>`)."""
-    findings = list(findings)
-    unreached = sorted(f.entity.name for f in findings if f.code == "PEER_UNREACHABLE"
-                       and f.entity.kind == "peer" and f.entity.network == network)
-    isolated = any(f.code == "NETWORK_ISOLATED"
-                   and (f.entity.kind == "network") == bool(network)
-                   and (not network or f.entity.name == network) for f in findings)
+def _network_view(held: set[tuple[str, str]], network: str) -> dict[str, Any]:
+    """One network's row from the (code, entity label) pairs ping holds: `network` ""
+    is the pod network (isolation is held about the node), a name is a secondary
+    network (isolation is held about `network/<name>`, a peer as `peer/<name>@<network>`)."""
+    isolated = ("NETWORK_ISOLATED", "node" if not network else f"network/{network}") in held
+    peers = [_peer_of(entity) for code, entity in held if code == "PEER_UNREACHABLE"]
+    unreached = sorted(name for name, on in peers if name and on == network)
     if isolated or len(unreached) > MAX_UNREACHED:
         return {"isolated": True, "unreached": []}
     return {"isolated": False, "unreached": unreached}
+
+
+def _peer_of(label: str) -> tuple[str, str]:
+    """(peer name, network) of an entity label `peer/<name>[@<network>]`; ("", "") for
+    any other entity (node names cannot hold '/' or '@')."""
+    kind, _, rest = label.partition("/")
+    if kind != "peer":
+        return "", ""
+    name, _, network = rest.partition("@")
+    return name, network
 
 
 def _dumps(body: Mapping[str, Any]) -> str:

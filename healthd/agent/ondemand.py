@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import checks
-from checks.base import CheckResult
+from checks.base import CheckResult, Severity
 from healthd.agent.logs import log_context
 from healthd.agent.requests import Request, answer, read_requests, take
 from healthd.agent.runner import Planned
@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 ANSWER_FLUSH_S = 5.0  # let the verdict reach the node before the answer says it is done
 _SEEN = 64  # requests remembered as taken (a stale node copy must not retry them)
+
+Results = Mapping[str, CheckResult | str]  # per check key: its result, or why it did not run
 
 
 class Refused(Exception):
@@ -80,26 +82,26 @@ class RequestHandler:
             if request.error:
                 raise Refused(request.error)
             if request.kind == "clear":
-                statuses = await self._clear()
+                results = await self._clear()
             else:
-                statuses = await self._run(request)
+                results = await self._run(request)
         except Refused as exc:
-            await self._answer(request, start, error=str(exc), statuses={})
+            await self._answer(request, start, error=str(exc), results={})
             return
-        await self._answer(request, start, error="", statuses=statuses)
+        await self._answer(request, start, error="", results=results)
 
-    async def _run(self, request: Request) -> dict[str, str]:
+    async def _run(self, request: Request) -> Results:
         planned = self._plan([str(s) for s in request.selected])
         await self._refuse_if_busy(planned)
-        return _statuses(await self.agent.run_planned(planned, Trigger.ON_DEMAND))
+        return await self.agent.run_planned(planned, Trigger.ON_DEMAND)
 
-    async def _clear(self) -> dict[str, str]:
+    async def _clear(self) -> Results:
         agent = self.agent
         state, keys = request_clear(agent.state, at=agent.clock())
         agent.set_state(state)
         planned = self._plan(sorted(keys))
         await self._refuse_if_busy(planned)
-        return _statuses(await agent.run_planned(planned, Trigger.CLEAR))
+        return await agent.run_planned(planned, Trigger.CLEAR)
 
     def _plan(self, keys: list[str]) -> list[Planned]:
         try:
@@ -123,11 +125,12 @@ class RequestHandler:
                           f"GPUs: {', '.join(busy)}")
 
     async def _answer(self, request: Request, start: float, *, error: str,
-                      statuses: Mapping[str, str]) -> None:
+                      results: Results) -> None:
         agent = self.agent
+        statuses = _statuses(results)
         agent.last_run = answer(request, accepted=not error, error=error, start=start,
                                 end=agent.clock(), verdict=agent.state.verdict,
-                                checks=statuses)
+                                checks=statuses, reasons=_unknown_reasons(results))
         agent.publish()
         await agent.publisher.flush(ANSWER_FLUSH_S)
         if error:
@@ -135,7 +138,9 @@ class RequestHandler:
             await self._event(WARNING, Reason.BAD_REQUEST,
                               f"request {request.text!r} ({request.id}) refused: {error}")
         else:
-            summary = ", ".join(f"{k} {v}" for k, v in statuses.items()) or "nothing to re-run"
+            reasons = _unknown_reasons(results)
+            summary = ", ".join(f"{k} {v}" + (f" ({reasons[k]})" if k in reasons else "")
+                                for k, v in statuses.items()) or "nothing to re-run"
             done = Reason.CLEARED if request.kind == "clear" else Reason.REQUEST_DONE
             await self._event(NORMAL, done,
                               f"request {request.text!r} ({request.id}) done: {summary}; "
@@ -145,7 +150,14 @@ class RequestHandler:
         await self.agent.node_event(type_, reason, message)
 
 
-def _statuses(results: Mapping[str, CheckResult | str]) -> dict[str, str]:
+def _statuses(results: Results) -> dict[str, str]:
     """Per-check status for the answer: the result's status, or why it did not run."""
     return {key: r.status.value if isinstance(r, CheckResult) else f"NOT RUN: {r}"
             for key, r in results.items()}
+
+
+def _unknown_reasons(results: Results) -> dict[str, str]:
+    """Why each check that could not tell could not (a diagnostic Job never scheduled,
+    a timeout, no driver): an UNKNOWN is never shown without its reason."""
+    return {key: r.reason or "no reason given" for key, r in results.items()
+            if isinstance(r, CheckResult) and r.status is Severity.UNKNOWN}

@@ -158,9 +158,10 @@ def answer(
     end: float,
     verdict: Verdict,
     checks: Mapping[str, str],
+    reasons: Mapping[str, str] | None = None,
 ) -> str:
     """The `healthd.io/last-run` JSON: id, request, accepted or error, times, verdict,
-    per-check status."""
+    per-check status, and why each check that could not tell (UNKNOWN) could not."""
     body = {
         "id": request.id,
         "request": request.text,
@@ -172,6 +173,7 @@ def answer(
         "duration_s": round(max(0.0, end - start), 3),  # the times above are whole seconds
         "verdict": verdict.value,
         "checks": {str(k): str(v) for k, v in checks.items()},
+        "reasons": {str(k): _clip(str(v)) for k, v in (reasons or {}).items()},
     }
     return json.dumps(body, separators=(",", ":"))
 

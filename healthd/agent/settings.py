@@ -122,7 +122,12 @@ class AgentSettings(_Frozen):
         description="runs without a sighting after which a finding's flaps are forgotten",
     )
     flap_max_doublings: int = Field(
-        5, ge=0, le=10, description="each flap doubles recover_after, at most this many times"
+        5, ge=0, le=10,
+        description="each flap doubles recover_after twice; at most this many doublings",
+    )
+    min_hold: int = Field(
+        6, ge=0, le=1000,
+        description="runs of its check a raised finding stays held at least",
     )
     http_port: int = Field(9400, ge=0, le=65535, description="port of /metrics, /healthz, /readyz")
     jitter: float = Field(

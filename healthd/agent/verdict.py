@@ -17,18 +17,23 @@ Rules:
   (`checks.catalog.RaiseRule`, per code; default 2 of 3), or in two consecutive such
   runs; codes with rule 1 of 1 (XIDs, DCGM tests) are held at once. Until then it is
   *pending*: in the latest findings, not in the verdict.
-- Releasing. A holding of check K is released after `Policy.hold_runs(flaps)`
+- Releasing. A holding of check K is released after `Policy.hold_runs(flaps, gap)`
   consecutive runs of K that completed (status neither UNKNOWN nor SKIPPED) without
-  it: `recover_after` x 2^flaps, at most `recover_after` x 2^`max_doublings`. A run
-  that reports it again resets the count. A run that could not tell (UNKNOWN/SKIPPED,
-  for the whole check or for the holding's entity) neither counts nor resets. Runs of
-  other checks never touch it.
+  it, and no sooner than `min_hold` such runs (clean or not) after it was raised. The
+  hold is `recover_after` x 4^flaps (each flap doubles it twice), and at least twice
+  the longest clean stretch its signal has shown between two sightings (`gap`):
+  never more than `recover_after` x 2^`max_doublings`. A run that reports it again
+  resets the count. A run that could not tell (UNKNOWN/SKIPPED, for the whole check
+  or for the holding's entity) neither counts nor resets. Runs of other checks never
+  touch it.
 - Flaps. A finding reported again after one or more completed runs without it has
-  flapped (whether or not it was held meanwhile): its track's `flaps` grows by one
-  and `HealthState.flaps_total` counts it. A holding's `flaps` is its track's, up to
-  `max_doublings`, so an oscillating signal is held longer with every swing and
-  settles on the worse state. A track without a sighting for `flap_window`
-  completed runs is forgotten; a clear starts its count over.
+  flapped (whether or not it was held meanwhile): its track's `flaps` grows by one,
+  its `gap` keeps the longest such stretch, and `HealthState.flaps_total` counts it.
+  A holding's `flaps` is its track's, up to where the hold stops growing, so an
+  oscillating signal is held longer with every swing and settles on the worse state;
+  `min_hold` keeps a noisy signal's first pair of sightings from buying a release two
+  runs later, before it has had a chance to swing. A track without a sighting for
+  `flap_window` completed runs is forgotten; a clear starts its count over.
 - Sticky codes and every EVICT holding are released only by a clear request followed
   by one such clean run of K; no number of runs alone releases them, so a periodic
   run never downgrades EVICT. A clear marks every holding; a marked holding goes on
@@ -79,7 +84,9 @@ class Held:
     since: float  # when it was first held
     passes: int = 0  # consecutive clean runs of `check` since it was last reported
     clear_requested: bool = False
-    flaps: int = 0  # times it came back, up to Policy.max_doublings (each doubles the hold)
+    flaps: int = 0  # times it came back, up to Policy.max_flaps (each quadruples the hold)
+    gap: int = 0  # its signal's longest clean stretch between two sightings
+    age: int = 0  # runs of `check` that could see it since it was raised
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -103,6 +110,7 @@ class Track:
     recent: tuple[bool, ...] = ()  # reported in the latest completed runs, newest last
     flaps: int = 0  # times it came back after a clean run (a clear starts over)
     clean: int = 0  # completed runs without it since it was last reported
+    gap: int = 0  # the longest `clean` it came back after (a clear starts over)
 
 
 @dataclass(frozen=True)
@@ -152,23 +160,43 @@ class HealthState:
 @dataclass(frozen=True)
 class Policy:
     """How fast a node raises and recovers: each code's raise rule (the catalog),
-    `recover_after` consecutive clean runs (>= 1) doubled per flap up to
-    `max_doublings` times, and how long a finding's flaps are remembered."""
+    `recover_after` consecutive clean runs (>= 1) doubled twice per flap up to
+    `max_doublings` doublings, the fewest runs a holding lasts (`min_hold`), and how
+    long a finding's flaps are remembered."""
 
     recover_after: int = 2
     catalog: Catalog = field(default_factory=Catalog, compare=False)
     max_doublings: int = 5
     flap_window: int = 100  # completed runs without a sighting that forget a track
+    min_hold: int = 6  # runs of its check a holding lasts at least once raised
 
     def __post_init__(self) -> None:
         if self.recover_after < 1:
             raise ValueError(f"recover_after must be at least 1, got {self.recover_after}")
-        if self.max_doublings < 0 or self.flap_window < 1:
-            raise ValueError("max_doublings must be >= 0 and flap_window >= 1")
+        if self.max_doublings < 0 or self.flap_window < 1 or self.min_hold < 0:
+            raise ValueError("max_doublings and min_hold must be >= 0 and flap_window >= 1")
 
-    def hold_runs(self, flaps: int) -> int:
-        """Clean runs that release a holding that has flapped `flaps` times."""
-        return self.recover_after * (1 << min(flaps, self.max_doublings))  # x 2^flaps
+    @property
+    def max_hold(self) -> int:
+        """The most clean runs any holding waits for: `recover_after` x 2^max_doublings."""
+        return self.recover_after << self.max_doublings
+
+    @property
+    def max_flaps(self) -> int:
+        """Flaps past which the hold stops growing (each one is two doublings)."""
+        return (self.max_doublings + 1) // 2
+
+    @property
+    def release_bound(self) -> int:
+        """Clean runs that release any holding that needs no clear, whatever came before."""
+        return max(self.max_hold, self.min_hold)
+
+    def hold_runs(self, flaps: int, gap: int = 0) -> int:
+        """Clean runs that release a holding that has flapped `flaps` times and whose
+        signal once stayed away `gap` runs before it came back: `recover_after` x
+        4^flaps, at least 2 x gap (its silences prove nothing shorter), capped."""
+        doubled = self.recover_after << min(2 * flaps, self.max_doublings)
+        return min(max(doubled, 2 * gap), self.max_hold)
 
     def raises(self, f: Finding, recent: tuple[bool, ...]) -> bool:
         """Whether finding `f`, reported in the latest of the `recent` runs, is held."""
@@ -263,17 +291,17 @@ def _judge(
         if h.check != key:
             out.append(h)
         elif (found := reported.pop((h.code, h.entity), None)) is not None:
-            out.append(_renew(h, found, flaps=_flaps(tracks, h.key, policy)))
+            out.append(_renew(h, found, tracks[h.key], policy))
         elif h.entity in blind:
             out.append(h)  # the run could not see this entity: no evidence either way
         elif (kept := _clean_run(h, policy)) is not None:
             out.append(kept)
         elif h.clear_requested and h.key in tracks:
-            tracks[h.key] = replace(tracks[h.key], flaps=0)  # cleared: a fresh start
+            tracks[h.key] = replace(tracks[h.key], flaps=0, gap=0)  # cleared: a fresh start
     for (code, entity), f in reported.items():
         slot = (key, code, entity)
         if policy.raises(f, tracks[slot].recent):
-            out.append(_hold(key, f, at, flaps=_flaps(tracks, slot, policy)))
+            out.append(_hold(key, f, at, tracks[slot], policy))
     return out, tracks, flaps
 
 
@@ -299,16 +327,11 @@ def _tracked(
         recent = (*track.recent, seen)[-policy.memory(code):]
         came_back = seen and slot in tracks and track.clean > 0
         returns += came_back
-        track = Track(recent, track.flaps + came_back, 0 if seen else track.clean + 1)
+        gap = max(track.gap, track.clean) if came_back else track.gap
+        track = Track(recent, track.flaps + came_back, 0 if seen else track.clean + 1, gap)
         if track.clean < policy.flap_window:
             out[slot] = track
     return out, returns
-
-
-def _flaps(tracks: Mapping[TrackKey, Track], slot: TrackKey, policy: Policy) -> int:
-    """A holding's flaps: its track's, counted up to where the hold stops growing."""
-    track = tracks.get(slot)
-    return min(track.flaps, policy.max_doublings) if track else 0
 
 
 def _raising(findings: Iterable[Finding]) -> dict[tuple[str, str], Finding]:
@@ -323,14 +346,15 @@ def _raising(findings: Iterable[Finding]) -> dict[tuple[str, str], Finding]:
     return out
 
 
-def _hold(key: str, f: Finding, at: float, *, flaps: int) -> Held:
+def _hold(key: str, f: Finding, at: float, track: Track, policy: Policy) -> Held:
     return Held(f.code, key, f.entity.label, f.severity, f.sticky, f.message, since=at,
-                flaps=flaps)
+                flaps=min(track.flaps, policy.max_flaps), gap=track.gap)
 
 
-def _renew(h: Held, f: Finding, *, flaps: int) -> Held:
+def _renew(h: Held, f: Finding, track: Track, policy: Policy) -> Held:
     """Reported again: the count starts over and a pending clear is spent. The
-    message changes only with the severity (a moving value is no news)."""
+    message changes only with the severity (a moving value is no news); flaps and
+    gap follow its track (flaps only up to where the hold stops growing)."""
     worse = f.severity.rank > h.severity.rank
     return replace(
         h,
@@ -339,7 +363,9 @@ def _renew(h: Held, f: Finding, *, flaps: int) -> Held:
         message=f.message if worse else h.message,
         passes=0,
         clear_requested=False,
-        flaps=flaps,
+        flaps=min(track.flaps, policy.max_flaps),
+        gap=track.gap,
+        age=h.age + 1,
     )
 
 
@@ -347,10 +373,11 @@ def _clean_run(h: Held, policy: Policy) -> Held | None:
     """One clean run of the holding's check: the holding, counted, or None if released."""
     if h.clear_requested:
         return None
-    passes = h.passes + 1
-    if not h.needs_clear and passes >= policy.hold_runs(h.flaps):
+    passes, age = h.passes + 1, h.age + 1
+    if (not h.needs_clear and passes >= policy.hold_runs(h.flaps, h.gap)
+            and age >= policy.min_hold):
         return None
-    return replace(h, passes=passes)
+    return replace(h, passes=passes, age=age)
 
 
 def _worst_first(h: Held) -> tuple[int, float, str, str, str]:

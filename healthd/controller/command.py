@@ -63,14 +63,14 @@ async def run_until_signal(main: Callable[[], Awaitable[None]]) -> None:
         group.cancel_scope.cancel()
 
 
-async def serve(config: Config, kubeconfig: str | None) -> None:
+async def serve(config: Config, kubeconfig: str | None, context: str | None = None) -> None:
     """Connect, serve /metrics /healthz /readyz, and run the controller."""
     registry = CollectorRegistry()
     metrics = ControllerMetrics(registry)
     try:
-        kube = await Kube.connect(kubeconfig)
+        kube = await Kube.connect(kubeconfig, context=context)
     except KubeError as exc:
-        raise ExitError(f"cannot reach the API server: {exc}", EX_CONFIG) from exc
+        raise ExitError(str(exc), EX_CONFIG) from exc
     async with kube:
         controller = Controller(config, kube=kube, metrics=metrics)
         try:
@@ -96,7 +96,7 @@ def run_controller(args: argparse.Namespace) -> int:
         config = effective_config(args)
         configure_logging(args.log_level, default_identity(config))
         try:
-            anyio.run(run_until_signal, lambda: serve(config, args.kubeconfig))
+            anyio.run(run_until_signal, lambda: serve(config, args.kubeconfig, args.context))
         except BaseExceptionGroup as group:
             leaf = _leaf(group)
             if isinstance(leaf, ExitError):

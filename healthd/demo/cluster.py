@@ -5,10 +5,18 @@ AppWrapper operator stand-in, all on one event loop.
 What is seeded: namespaces `blue`, `red` and `healthd-system`; ResourceFlavor
 `default-flavor`; ClusterQueues `blue-cluster-queue` and `red-cluster-queue` (8 GPUs
 each) and `slack-cluster-queue` (8 GPUs, no lendingLimit) in cohort
-`default-cohort`; nodes `gpu-node-1..N` with 8 `nvidia.com/gpu` each. The agents,
-the controller and the operator each talk to the emulator over HTTP with their own
-identity, exactly as in a cluster; nothing is written to the store behind their
-backs. Only the NVML library under pynvml is simulated (healthd.sim.multinode).
+`default-cohort`; nodes `gpu-node-1..N` with 8 `nvidia.com/gpu` each, and on each an
+agent Pod in `healthd-system` (healthd.sim.network). The agents, the controller and
+the operator each talk to the emulator over HTTP with their own identity, exactly as
+in a cluster; nothing they read is written to the store behind their backs. Only the
+NVML library under pynvml is simulated (healthd.sim.multinode).
+
+Two kubelet stand-ins write Pod status straight to the store, as a kubelet would:
+the agent Pods' Ready condition follows each agent's own readiness (its /readyz),
+so `healthd status` shows what it would in a cluster; and `FakeKubelet`
+(healthd.sim.kubelet) runs the deep diagnostic Jobs the agents create
+(`healthd trigger --checks dcgm:3`): their pods run `healthd check` on the
+scenario's machine spec.
 
 The config is the demo's (healthd.demo.scenario.DEMO_CONFIG) with the scenario's
 overrides: the real code paths with short clocks.
@@ -37,6 +45,7 @@ from healthd.kube.conventions import GPU_RESOURCE, Keys
 from healthd.kube.objects import APPWRAPPERS
 from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.appwrapper_operator import AppWrapperOperator
+from healthd.sim.kubelet import FakeKubelet, HealthdRunner
 from healthd.sim.machine import load_machine_spec
 from healthd.sim.multinode import SimulatedNodes, simulate_nodes
 
@@ -51,6 +60,7 @@ GPUS_PER_QUEUE = 8
 CONTROLLER_ID = "healthd-controller-0"
 ADMIN = "admin"
 STOP_S = 5.0  # everything stops within this after the story
+PROBE_S = 1.0  # the kubelet's readiness probe period for the agent Pods
 Obj = dict[str, Any]
 
 # -- objects --------------------------------------------------------------------------
@@ -83,6 +93,12 @@ def node_object(name: str, gpus: int, model: str) -> Obj:
             "status": {"capacity": capacity, "allocatable": capacity,
                        "conditions": [{"type": "Ready", "status": "True",
                                        "reason": "KubeletReady"}]}}
+
+
+def _readiness(ready: bool) -> Obj:
+    return {"conditions": [{"type": "Ready", "status": str(ready)}],
+            "containerStatuses": [{"name": "agent", "ready": ready, "restartCount": 0,
+                                   "state": {"running": {}}}]}
 
 
 def cluster_objects(nodes: list[str], gpus: int, model: str) -> list[Obj]:
@@ -183,6 +199,8 @@ async def running_cluster(scenario: Scenario, config: Config, *, nodes: int,
                 group.start_soon(fleet.run_bound, name, agent.run)
             group.start_soon(_serve_controller, cluster)
             group.start_soon(cluster.operator.run)
+            group.start_soon(_probe_agents, cluster)
+            group.start_soon(FakeKubelet(api, runner=HealthdRunner(scenario.machine)).run)
             try:
                 yield cluster
             finally:
@@ -196,3 +214,19 @@ async def _serve_controller(cluster: DemoCluster) -> None:
                           ready=controller.ready) as port:
         cluster.controller_port = port
         await controller.run()
+
+
+async def _probe_agents(cluster: DemoCluster) -> None:
+    """The kubelet's readiness probe: each agent Pod's Ready condition follows its
+    agent's readiness, written only when it changes."""
+    shown: dict[str, bool] = {}
+    namespace = cluster.fleet.network.namespace
+    while True:
+        for name, agent in cluster.agents.items():
+            ready = agent.ready()[0]
+            pod = cluster.api.get("Pod", f"healthd-agent-{name}", namespace)
+            if pod is not None and shown.get(name) != ready:
+                pod["status"] = {**pod["status"], **_readiness(ready)}
+                cluster.api.put(pod)
+                shown[name] = ready
+        await anyio.sleep(PROBE_S)

@@ -1,11 +1,12 @@
 """`healthd demo`: the whole system on a simulated cluster, one command.
 
-    healthd demo [--scenario FILE|NAME] [--nodes N] [--output table|json] [--serve PORT]
+    healthd demo [--scenario FILE|NAME] [--nodes N] [-o table|wide|json|yaml] [--serve PORT]
 
 Starts the demo cluster (healthd.demo.cluster), plays the scenario
 (healthd.demo.player) and shows it: a live screen on a terminal, a line log
 elsewhere, then a summary; `--output json` prints the result instead (the
-timeline of observed states, the Events, the steps). `--serve PORT` keeps the
+timeline of observed states, the Events, the steps; `-o yaml` the same as YAML;
+`wide` is the table). `--serve PORT` keeps the
 emulated API on PORT and every component running after the story, prints a
 kubeconfig and the /metrics addresses, and stops on Ctrl-C.
 
@@ -17,7 +18,6 @@ be played (the message names the field).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import signal
 import sys
@@ -39,6 +39,7 @@ from healthd.demo.scenario import (
     load_scenario,
 )
 from healthd.demo.view import LiveView, line, summary
+from healthd.output import add_output_argument, dump, is_document
 
 if TYPE_CHECKING:
     from healthd.demo.cluster import DemoCluster
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 EX_FAILED = 1
 EX_USAGE = 64
 EX_CONFIG = 78
+MAX_NODES = 64  # what a scenario may ask for, too
 Hold = Callable[["DemoCluster"], Awaitable[None]]
 
 
@@ -55,8 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", default=DEFAULT_SCENARIO, metavar="FILE|NAME",
                         help=f"a scenario YAML or a bundled one: {', '.join(bundled_scenarios())}")
     parser.add_argument("--nodes", type=int, metavar="N",
-                        help="simulated GPU nodes (default: the scenario's, 3)")
-    parser.add_argument("--output", choices=("table", "json"), default="table")
+                        help=f"simulated GPU nodes, 1 to {MAX_NODES} (default: the "
+                             "scenario's, 3)")
+    add_output_argument(parser)
     parser.add_argument("--serve", type=int, metavar="PORT",
                         help="keep the emulated API on PORT (and /metrics) up after the story")
 
@@ -154,6 +157,9 @@ async def _serve(cluster: DemoCluster, stream: TextIO, hold: Hold | None) -> Non
            f"  kubeconfig  {kubeconfig}",
            f"  try         kubectl --kubeconfig {kubeconfig} get nodes "
            f"-L {cluster.keys.gpuhealth}",
+           f"  status      healthd status --kubeconfig {kubeconfig}",
+           f"  diagnose    healthd trigger --kubeconfig {kubeconfig} "
+           f"--nodes {cluster.nodes[0]} --checks dcgm:3 --wait",
            f"  controller  http://127.0.0.1:{cluster.controller_port}/metrics"]
     out += [f"  {name:<11} http://127.0.0.1:{port}/metrics"
             for name, port in cluster.agent_ports().items()]
@@ -171,17 +177,18 @@ def run_demo(args: argparse.Namespace, stream: TextIO | None = None) -> int:
     """The `healthd demo` subcommand."""
     stream = stream or sys.stdout
     try:
-        scenario = load_scenario(args.scenario)
-        nodes = args.nodes or scenario.nodes
-        if nodes < 1:
-            print("healthd: --nodes must be at least 1", file=sys.stderr)
+        if args.nodes is not None and not 1 <= args.nodes <= MAX_NODES:
+            print(f"healthd: --nodes {args.nodes}: the demo cluster has 1 to {MAX_NODES} "
+                  "GPU nodes", file=sys.stderr)
             return EX_USAGE
+        scenario = load_scenario(args.scenario)
+        nodes = scenario.nodes if args.nodes is None else args.nodes
         check_fits(scenario, nodes, origin=str(args.scenario))
         build_config(scenario)
     except ScenarioError as exc:
         print(f"healthd: {exc}", file=sys.stderr)
         return EX_CONFIG
-    as_json = args.output == "json"
+    as_json = is_document(args.output)
     live = not as_json and stream.isatty()
     try:
         result = anyio.run(lambda: play(scenario, nodes=nodes, stream=stream, live=live,
@@ -193,7 +200,7 @@ def run_demo(args: argparse.Namespace, stream: TextIO | None = None) -> int:
         print(f"healthd: cannot start the demo cluster: {exc}", file=sys.stderr)
         return EX_FAILED
     if as_json:
-        print(json.dumps(result, indent=1), file=stream)
+        print(dump(result, args.output), file=stream)
     elif args.serve is None:
         print(("" if live else "\n") + summary(result, with_state=not live), file=stream)
     if not result["passed"]:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from healthd.kube.conventions import CONDITION_TYPE, Keys
+from healthd.kube.objects import natural_name_key
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -110,13 +111,14 @@ def observe(cluster: DemoCluster) -> State:
     for aw in api.list("AppWrapper"):
         key = f"{aw['metadata'].get('namespace')}/{aw['metadata']['name']}"
         appwrappers[key] = {"phase": (aw.get("status") or {}).get("phase") or "",
-                            "nodes": sorted(pods_of.get(key, []))}
+                            "nodes": sorted(pods_of.get(key, []), key=natural_name_key)}
     slack = cluster.config.controller.slack_queues
     breaker = cluster.controller.metrics.registry.get_sample_value(BREAKER_GAUGE)
     blamed = _blamed(cluster.controller.metrics.registry)
     return {
         "nodes": {n["metadata"]["name"]: node_state(n, keys, blamed)
-                  for n in sorted(api.list("Node"), key=lambda n: n["metadata"]["name"])},
+                  for n in sorted(api.list("Node"),
+                                  key=lambda n: natural_name_key(n["metadata"]["name"]))},
         "appwrappers": dict(sorted(appwrappers.items())),
         "lending": {q["metadata"]["name"]: _queue_state(q) for q in api.list("ClusterQueue")
                     if q["metadata"]["name"] in slack},

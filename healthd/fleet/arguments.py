@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from healthd.output import add_output_argument
+
 
 def add_fleet_parsers(sub: Any) -> None:
     """Add `trigger` and `status` to the `healthd` subcommands (`sub` is the
@@ -24,18 +26,22 @@ def add_fleet_parsers(sub: Any) -> None:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output", choices=("table", "json"), default="table")
+    add_output_argument(parser)
     parser.add_argument("--config", metavar="FILE",
                         help="healthd config YAML (key prefixes, agent pods, slack queues)")
     parser.add_argument("--kubeconfig", metavar="FILE", help="default: $KUBECONFIG, ~/.kube")
+    parser.add_argument("--context", metavar="NAME",
+                        help="the kubeconfig context to use (default: its current-context)")
 
 
 def _trigger(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--selector", "-l", metavar="LABELSEL", help="nodes by label selector")
     where.add_argument("--nodes", metavar="N1,N2", help="nodes by name")
-    where.add_argument("--job", metavar="NAMESPACE/APPWRAPPER",
+    where.add_argument("--job", metavar="[NAMESPACE/]APPWRAPPER",
                        help="the nodes an AppWrapper's pods run on")
+    parser.add_argument("-n", "--namespace", metavar="NS",
+                        help="the namespace of --job APPWRAPPER (default: \"default\")")
     parser.add_argument("--checks", required=True,
                         help="all | pciebw,remapped | dcgm:3 (as healthd.io/run takes it)")
     parser.add_argument("--batch", type=int, metavar="N",
@@ -56,5 +62,9 @@ def _status(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verdict", metavar="V[,V]",
                         help="only nodes with these verdicts (PASS WARN ERR TESTING EVICT "
                              "UNKNOWN NONE)")
-    parser.add_argument("--watch", "-w", action="store_true", help="redraw on every change")
+    parser.add_argument("--watch", "-w", action="store_true",
+                        help="redraw on every change (piped: print a frame only on a change)")
+    parser.add_argument("-n", "--namespace", metavar="NS",
+                        help="where healthd runs: its agent pods and the controller's Lease "
+                             "(default: the config's, healthd-system)")
     _common(parser)

@@ -5,18 +5,26 @@ Exit codes of `trigger`: the Nagios convention over all nodes (0 PASS, 1 WARN,
 2 ERR/EVICT, 3 UNKNOWN: a node that was refused, never answered or could not be
 asked counts as UNKNOWN); 3 as well when the API cannot be reached; 64 for a bad
 command line or request (nothing is written); 78 for an unusable config or
-kubeconfig. `status` exits 0, 1 when the API cannot be reached, 64 or 78 as above.
+kubeconfig. `status` exits 0 (also when Ctrl-C ends `--watch`), 1 when the API
+cannot be reached, 64 or 78 as above.
+
+`-o table|wide|json|yaml` picks the output (healthd.output). Output that is not a
+terminal gets no progress line and no redraws: `trigger` prints one line per node
+as it answers, `status --watch` prints a frame only when something in it changed
+(ages moving is not a change).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import TextIO
+from dataclasses import dataclass
+from typing import Any, TextIO
 
 import anyio
 
@@ -26,11 +34,19 @@ from healthd.fleet import render
 from healthd.fleet.sources import Snapshot, follow, read_snapshot
 from healthd.fleet.status import VERDICTS, agent_nodes, build
 from healthd.fleet.targets import Resolved, TargetError, Targets, busy_nodes, resolve
-from healthd.fleet.trigger import FleetTrigger, Plan, Report, RequestError, plan_request
+from healthd.fleet.trigger import (
+    FleetTrigger,
+    NodeOutcome,
+    Plan,
+    Report,
+    RequestError,
+    plan_request,
+)
 from healthd.kube.client import Kube
 from healthd.kube.conventions import Keys
 from healthd.kube.errors import KubeError
 from healthd.kube.objects import PODS
+from healthd.output import WIDE, dump, is_document
 
 EX_UNREACHABLE_TRIGGER = 3  # UNKNOWN under the Nagios convention
 EX_UNREACHABLE_STATUS = 1
@@ -41,9 +57,9 @@ SETTLE_S = 0.3  # a burst of changes is drawn once
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 
 
-async def _connect(kubeconfig: str | None) -> Kube:
+async def _connect(args: argparse.Namespace) -> Kube:
     try:
-        return await Kube.connect(kubeconfig)
+        return await Kube.connect(args.kubeconfig, context=args.context)
     except KubeError as exc:
         raise ExitError(str(exc), EX_CONFIG) from exc
 
@@ -67,7 +83,8 @@ def _prepare(args: argparse.Namespace, config: Config) -> tuple[Plan, Targets, f
     keys = Keys(config.label_prefix, config.own_prefix)
     try:
         plan = plan_request(args.checks, keys, config)
-        targets = Targets.from_args(selector=args.selector, nodes=args.nodes, job=args.job)
+        targets = Targets.from_args(selector=args.selector, nodes=args.nodes, job=args.job,
+                                    namespace=args.namespace)
     except (RequestError, TargetError) as exc:
         raise ExitError(str(exc), EX_USAGE) from None
     return plan, targets, _timeout(args, plan)
@@ -101,7 +118,7 @@ async def trigger_command(args: argparse.Namespace, *, out: TextIO = sys.stdout,
     config = config_or_exit(args.config)
     plan, targets, timeout_s = _prepare(args, config)
     keys = Keys(config.label_prefix, config.own_prefix)
-    async with await _connect(args.kubeconfig) as kube:
+    async with await _connect(args) as kube:
         try:
             resolved = await resolve(kube, targets)
             refused = await _refusals(kube, plan, resolved, args.force_queue)
@@ -116,7 +133,8 @@ async def trigger_command(args: argparse.Namespace, *, out: TextIO = sys.stdout,
         engine = FleetTrigger(kube, plan, resolved, keys=keys, batch=args.batch,
                               timeout_s=timeout_s, wait=args.wait or args.batch is not None,
                               refused=refused, agentless=agentless,
-                              on_progress=_progress_to(err))
+                              on_progress=_progress_to(err),
+                              on_answer=_answers_to(out, args.output))
         report = await _run_interruptible(engine, stop)
     _print_report(report, args.output, out, err)
     return report.exit_code
@@ -146,13 +164,28 @@ def _progress_to(err: TextIO) -> Callable[[Report], None]:
     return show
 
 
+def _answers_to(out: TextIO, output: str) -> Callable[[NodeOutcome], None]:
+    """Output that is not a terminal gets a line per node as it answers (a terminal
+    has the progress line; a document is printed whole at the end)."""
+    if out.isatty() or is_document(output):
+        return lambda outcome: None
+
+    def show(outcome: NodeOutcome) -> None:
+        out.write(render.answer_line(outcome) + "\n")
+        out.flush()
+
+    return show
+
+
 def _print_report(report: Report, output: str, out: TextIO, err: TextIO) -> None:
     if err.isatty():
         err.write("\r\x1b[K")
-    if output == "json":
-        out.write(json.dumps(render.trigger_json(report), indent=2) + "\n")
+    if is_document(output):
+        out.write(dump(render.trigger_json(report), output) + "\n")
     else:
-        out.write(render.trigger_table(report) + "\n")
+        if not out.isatty():
+            out.write("\n")  # after the answer lines
+        out.write(render.trigger_table(report, wide=output == WIDE) + "\n")
 
 
 # -- status ----------------------------------------------------------------------------
@@ -168,35 +201,74 @@ def _verdicts(text: str | None) -> list[str] | None:
     return wanted
 
 
+def in_namespace(config: Config, namespace: str | None) -> Config:
+    """`config` with healthd's namespace (`-n`) where status looks: the agent pods and
+    the controller's Lease."""
+    if not namespace:
+        return config
+    agent, controller = config.agent, config.controller
+    return config.model_copy(update={
+        "namespace": namespace,
+        "agent": agent.model_copy(update={
+            "peers": agent.peers.model_copy(update={"namespace": namespace})}),
+        "controller": controller.model_copy(update={
+            "election": controller.election.model_copy(update={"namespace": namespace})}),
+    })
+
+
 async def status_command(args: argparse.Namespace, *, out: TextIO = sys.stdout,
                          clock: Callable[[], float] = time.time) -> int:
     """`healthd status`: once, or (`--watch`) redrawn on every change until cancelled."""
-    config = config_or_exit(args.config)
+    config = in_namespace(config_or_exit(args.config), args.namespace)
     verdicts = _verdicts(args.verdict)
 
-    def draw(snap: Snapshot) -> str:
+    def frame(snap: Snapshot) -> Frame:
         doc = build(snap, config, now=clock(), selector=args.selector, verdicts=verdicts)
-        if args.output == "json":
-            return json.dumps(doc, indent=None if args.watch else 2)
-        return render.status_text(doc)
+        if is_document(args.output):
+            text = dump(doc, args.output, compact=args.watch)
+        else:
+            text = render.status_text(doc, wide=args.output == WIDE)
+        return Frame(text, json.dumps(steady_part(doc), sort_keys=True))
 
-    async with await _connect(args.kubeconfig) as kube:
+    async with await _connect(args) as kube:
         if args.watch:
-            await _watch(kube, config, args.selector, draw, out)
+            await _watch(kube, config, args.selector, frame, out)
             return 0
         try:
             snap = await read_snapshot(kube, config, args.selector)
         except KubeError as exc:
             raise ExitError(f"cannot list nodes: {exc}", EX_UNREACHABLE_STATUS) from None
-        out.write(draw(snap) + "\n")
+        out.write(frame(snap).text + "\n")
     return 0
 
 
+@dataclass(frozen=True)
+class Frame:
+    """One drawing of the status, and what it says apart from moving ages."""
+
+    text: str
+    meaning: str
+
+
+def steady_part(doc: Any) -> Any:
+    """The status document without what moves with the clock alone (ages, the time
+    of the view, the Lease's renewals): two views that differ only there say the same."""
+    if isinstance(doc, dict):
+        return {k: steady_part(v) for k, v in doc.items()
+                if not k.endswith("_age_s") and k not in ("generated_at", "renewed")}
+    if isinstance(doc, list):
+        return [steady_part(v) for v in doc]
+    return doc
+
+
 async def _watch(kube: Kube, config: Config, selector: str | None,
-                 draw: Callable[[Snapshot], str], out: TextIO) -> None:
-    """Redraw on every change (a burst once), and now and then for the ages."""
+                 frame: Callable[[Snapshot], Frame], out: TextIO) -> None:
+    """Draw on every change (a burst once). A terminal is also redrawn now and then
+    for the ages; other output gets a frame only when its meaning changed."""
     changed = anyio.Event()
     latest: list[Snapshot] = []
+    terminal = out.isatty()
+    shown = ""
 
     def on_change(snap: Snapshot) -> None:
         latest[:] = [snap]
@@ -205,14 +277,18 @@ async def _watch(kube: Kube, config: Config, selector: str | None,
     async with anyio.create_task_group() as group:
         group.start_soon(follow, kube, config, selector, on_change)
         while True:
-            with anyio.move_on_after(REDRAW_EVERY_S):
+            with anyio.move_on_after(REDRAW_EVERY_S if terminal else math.inf):
                 await changed.wait()
             await anyio.sleep(SETTLE_S)
             changed = anyio.Event()
-            if latest:
-                text = draw(latest[0])
-                out.write((CLEAR_SCREEN if out.isatty() else "") + text + "\n")
-                out.flush()
+            if not latest:
+                continue
+            drawn = frame(latest[0])
+            if drawn.meaning == shown and not terminal:
+                continue
+            shown = drawn.meaning
+            out.write((CLEAR_SCREEN if terminal else "") + drawn.text + "\n")
+            out.flush()
 
 
 # -- the process -----------------------------------------------------------------------
@@ -269,6 +345,7 @@ def run_status(args: argparse.Namespace) -> int:
             group.start_soon(cancel_on_stop)
             code = await status_command(args)
             group.cancel_scope.cancel()
-        return code
+            return code
+        return 0  # Ctrl-C ended --watch: the way out of it, not a failure
 
     return _run(main)

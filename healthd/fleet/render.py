@@ -25,8 +25,10 @@ from healthd.fleet.trigger import (
 from healthd.report import render_table
 
 TRIGGER_HEADERS = ("NODE", "BEFORE", "AFTER", "CHECKS", "DURATION", "ERROR")
-STATUS_HEADERS = ("NODE", "VERDICT", "SINCE", "TOP CODES", "FLAPS", "LAST ROUND", "AGENT",
+TRIGGER_WIDE_HEADERS = ("NODE", "BEFORE", "AFTER", "CHECKS", "DURATION", "WAITED", "ERROR")
+STATUS_HEADERS = ("NODE", "VERDICT", "SINCE", "TOP CODES", "FLAPS", "AGENT", "RESTARTS",
                   "BLAMED", "NOTES")
+STATUS_WIDE_HEADERS = (*STATUS_HEADERS, "GPUS", "AGENT POD", "LAST CHANGE")
 LENDING_HEADERS = ("QUEUE", "FLAVOR", "RESOURCE", "NOMINAL", "LIMIT", "DUE", "UNAVAILABLE",
                    "BAD NODES")
 ERROR_CHARS = 120
@@ -62,22 +64,43 @@ def _duration(o: NodeOutcome) -> str:
     return f"{o.waited_s:.1f}s" if o.waited_s is not None else "-"
 
 
-def outcome_row(o: NodeOutcome) -> tuple[str, ...]:
+def _checks_text(o: NodeOutcome) -> str:
     checks = " ".join(f"{k}={_short_status(v)}" for k, v in o.checks.items())
-    if not checks:
-        checks = {REQUESTED: "requested", NOT_ASKED: "not asked", REFUSED: "refused",
-                  MISSING: "-", INTERRUPTED: "running"}.get(o.state, "-")
-    return (o.node, o.before or "-", o.after or "-", checks, _duration(o),
-            _clip(o.error))
+    return checks or {REQUESTED: "requested", NOT_ASKED: "not asked", REFUSED: "refused",
+                      MISSING: "-", INTERRUPTED: "running"}.get(o.state, "-")
+
+
+def outcome_row(o: NodeOutcome, *, wide: bool = False) -> tuple[str, ...]:
+    """A table row; `wide` adds how long the answer took to come and keeps the whole
+    error."""
+    row = (o.node, o.before or "-", o.after or "-", _checks_text(o), _duration(o))
+    if wide:
+        waited = f"{o.waited_s:.1f}s" if o.waited_s is not None else "-"
+        return (*row, waited, " ".join(o.problem.split()))
+    return (*row, _clip(o.problem))
+
+
+def answer_line(o: NodeOutcome) -> str:
+    """One line per node as its request ends, for output that is not a terminal:
+    `gpu-7: WARN (before PASS) pciebw=WARN in 31s`."""
+    detail = _clip(o.problem)
+    if o.state == ANSWERED and o.accepted:
+        text = f"{o.node}: {o.after or '-'} (before {o.before or '-'}) {_checks_text(o)} " \
+               f"in {_duration(o)}"
+        return text + (f": {detail}" if detail else "")
+    if o.state == ANSWERED:
+        return f"{o.node}: refused by the agent: {detail}"
+    return f"{o.node}: {detail or _group(o, waited=True)}"
 
 
 def _short_status(text: str) -> str:
     return "NOT-RUN" if text.startswith("NOT RUN") else text
 
 
-def trigger_table(report: Report) -> str:
-    rows = [outcome_row(o) for o in report.outcomes.values()]
-    return render_table(rows, TRIGGER_HEADERS) + "\n\n" + trigger_summary(report)
+def trigger_table(report: Report, *, wide: bool = False) -> str:
+    rows = [outcome_row(o, wide=wide) for o in report.outcomes.values()]
+    headers = TRIGGER_WIDE_HEADERS if wide else TRIGGER_HEADERS
+    return render_table(rows, headers) + "\n\n" + trigger_summary(report)
 
 
 def trigger_summary(report: Report) -> str:
@@ -88,7 +111,7 @@ def trigger_summary(report: Report) -> str:
     parts = [f"{len(nodes)} {label}" + (f" ({_names(nodes)})" if _named(label) else "")
              for label, nodes in groups.items()]
     head = f"request {report.plan.text!r} ({report.plan.request_id}) on " \
-           f"{len(report.outcomes)} node{'s' if len(report.outcomes) != 1 else ''}: "
+           f"{plural(len(report.outcomes), 'node')}: "
     tail = f" -> {report.status.value}, exit {report.exit_code}" if report.waited \
         else f"; not waiting for answers, exit {report.exit_code}"
     note = ""
@@ -128,7 +151,8 @@ def progress_line(report: Report) -> str:
 def outcome_json(o: NodeOutcome) -> dict[str, Any]:
     return {"node": o.node, "state": o.state, "status": o.status.value,
             "verdict_before": o.before, "verdict_after": o.after, "accepted": o.accepted,
-            "checks": o.checks, "error": o.error, "duration_s": o.duration_s,
+            "checks": o.checks, "reasons": o.reasons, "error": o.error,
+            "duration_s": o.duration_s,
             "waited_s": None if o.waited_s is None else round(o.waited_s, 3)}
 
 
@@ -142,9 +166,11 @@ def trigger_json(report: Report) -> dict[str, Any]:
 # -- status ----------------------------------------------------------------------------
 
 
-def status_text(doc: Mapping[str, Any]) -> str:
-    """The status document as tables: nodes, then the controller's view."""
-    nodes = render_table((_status_row(r) for r in doc["nodes"]), STATUS_HEADERS)
+def status_text(doc: Mapping[str, Any], *, wide: bool = False) -> str:
+    """The status document as tables: nodes, then the controller's view. `wide` adds
+    each node's GPUs, agent pod and the last change of a check's status."""
+    rows = (_status_row(r) + (_wide_part(r) if wide else ()) for r in doc["nodes"])
+    nodes = render_table(rows, STATUS_WIDE_HEADERS if wide else STATUS_HEADERS)
     parts = [nodes if doc["nodes"] else "no GPU node matches", _summary_line(doc["summary"]),
              _controller_text(doc["controller"])]
     return "\n\n".join(parts)
@@ -155,16 +181,40 @@ def _status_row(row: Mapping[str, Any]) -> tuple[str, ...]:
              if on]
     return (row["name"], row["verdict"], age(row["since_age_s"]),
             ",".join(row["top_codes"]) or "-", str(row.get("flaps") or "-"),
-            age(row["last_round_age_s"]),
-            "yes" if row["agent"] else "NO", "yes" if row.get("blamed") else "-",
-            ",".join(notes) or "-")
+            _agent_state(row), _restarts(row),
+            "yes" if row.get("blamed") else "-", ",".join(notes) or "-")
+
+
+def _agent_state(row: Mapping[str, Any]) -> str:
+    """`ready`, `NOT READY` (running, failing its readiness probe), or `NONE`."""
+    if not row["agent"]:
+        return "NONE"
+    return "ready" if row["agent_ready"] else "NOT READY"
+
+
+def _restarts(row: Mapping[str, Any]) -> str:
+    """kubectl's RESTARTS: `0`, `3 (5m ago)`, `-` without a pod."""
+    if row["agent_restarts"] is None:
+        return "-"
+    when = row["agent_restarted_age_s"]
+    return str(row["agent_restarts"]) + (f" ({age(when)} ago)" if when is not None else "")
+
+
+def _wide_part(row: Mapping[str, Any]) -> tuple[str, ...]:
+    return (str(row["gpus"]), row["agent_pod"] or "-", age(row["last_round_age_s"]))
+
+
+def plural(count: int, noun: str) -> str:
+    """`1 GPU node`, `3 GPU nodes`."""
+    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 def _summary_line(summary: Mapping[str, Any]) -> str:
     counts = ", ".join(f"{n} {v}" for v, n in summary["verdicts"].items() if n)
-    missing = summary["without_agent"]
-    return (f"{summary['nodes']} GPU nodes: {counts or 'none'}"
-            + (f"; {missing} without a running agent" if missing else ""))
+    missing, unready = summary["without_agent"], summary["agent_not_ready"]
+    return (f"{plural(summary['nodes'], 'GPU node')}: {counts or 'none'}"
+            + (f"; {missing} without a running agent" if missing else "")
+            + (f"; {unready} with an agent that is not ready" if unready else ""))
 
 
 def _controller_text(view: Mapping[str, Any]) -> str:
@@ -173,7 +223,7 @@ def _controller_text(view: Mapping[str, Any]) -> str:
         " (lease expired)" if leader["expired"] else "")
     lines = [f"controller: {who}"
              + f"; reset breaker {view['breaker']['state']}"
-             + f"; {view['resets_last_hour']} AppWrapper reset(s) in the last hour"]
+             + f"; {plural(view['resets_last_hour'], 'AppWrapper reset')} in the last hour"]
     if view["breaker"]["state"] == "open":
         lines.append(f"  breaker: {view['breaker']['message']}")
     lines.extend(f"  reset {r['appwrapper']} at {r['at']}" for r in view["resets"][:5])
@@ -192,7 +242,8 @@ def _network_text(network: Mapping[str, Any]) -> str:
     """`network: 40 nodes report ping; blamed by their peers: gpu-7`, and so on."""
     if not network["reporters"]:
         return "network: no node publishes ping results"
-    parts = [f"network: {network['reporters']} nodes report ping"]
+    reporters = network["reporters"]
+    parts = [f"network: {plural(reporters, 'node')} report{'s' if reporters == 1 else ''} ping"]
     if network["partitioned"]:
         parts.append(f"PARTITIONED ({network['why']})")
     parts.append(f"blamed by their peers: {_names(network['blamed'])}" if network["blamed"]

@@ -8,7 +8,8 @@ schema (`SCHEMA_VERSION` 1) only grows, and a change of meaning bumps the versio
     schema_version      1
     generated_at        RFC 3339 time of the view
     filters             {selector: str|null, verdicts: [str]|null}
-    summary             {nodes: int, verdicts: {VERDICT: int}, without_agent: int}
+    summary             {nodes: int, verdicts: {VERDICT: int}, without_agent: int,
+                        agent_not_ready: int (running agent pods that are not Ready)}
     nodes[]             one per GPU node (GPU capacity, or a health label), by name:
       name              node name
       verdict           PASS WARN ERR TESTING EVICT (the label); UNKNOWN (agent cannot
@@ -18,9 +19,16 @@ schema (`SCHEMA_VERSION` 1) only grows, and a change of meaning bumps the versio
       top_codes         finding codes holding the verdict, most severe first
       flaps             how often the findings holding the verdict came back soon after
                         a release (the agent holds each one longer every time)
-      last_round        latest check run in the health annotation (RFC 3339) or null
+      last_round        latest change of a per-check status in the health annotation
+                        (RFC 3339) or null. The agent writes only on change, so this
+                        is NOT a sign of life: see agent_ready
       last_round_age_s  seconds since then, or null
       agent             a running agent pod is on the node
+      agent_pod         that pod's name (the newest one on the node), or null
+      agent_ready       its Ready condition (the agent's /readyz, as the kubelet
+                        probes it): true, false, or null without a pod
+      agent_restarts    its containers' restarts (null without a pod)
+      agent_restarted_age_s  seconds since its last restart, or null
       gpus              GPU capacity
       cordoned, ready   spec.unschedulable; the Ready condition (null when unknown)
       blamed            most of its peers cannot reach it by ping (the controller's
@@ -77,7 +85,7 @@ def build(snap: Snapshot, config: Config, *, now: float, selector: str | None = 
     """The status document (see the module docstring)."""
     keys = Keys(config.label_prefix, config.own_prefix)
     wanted = set(verdicts) if verdicts else None
-    agents = agent_nodes(snap.agent_pods.values())
+    agents = agent_pods_by_node(snap.agent_pods.values())
     network = assess(rows_of(snap.nodes.values(), keys))  # every node, whatever is shown
     rows = []
     for node in sorted(snap.nodes.values(), key=name_of):
@@ -112,14 +120,45 @@ def is_gpu_node(node: Obj, keys: Keys) -> bool:
 
 def agent_nodes(pods: Iterable[Obj]) -> set[str]:
     """Nodes with a running (bound, not terminated) agent pod."""
-    out = set()
+    return {node for node, pod in agent_pods_by_node(pods).items() if _running(pod)}
+
+
+def agent_pods_by_node(pods: Iterable[Obj]) -> dict[str, Obj]:
+    """Per node, its agent pod: a running one first, else the newest."""
+    out: dict[str, Obj] = {}
     for pod in pods:
-        spec, status = pod.get("spec"), pod.get("status")
-        node = spec.get("nodeName") if isinstance(spec, dict) else None
-        phase = status.get("phase") if isinstance(status, dict) else None
-        if node and phase == "Running" and not is_terminated(pod):
-            out.add(str(node))
+        node = _dict(pod.get("spec")).get("nodeName")
+        if not node:
+            continue
+        held = out.get(str(node))
+        if held is None or (_running(pod), _created(pod)) > (_running(held), _created(held)):
+            out[str(node)] = pod
     return out
+
+
+def _running(pod: Obj) -> bool:
+    return _dict(pod.get("status")).get("phase") == "Running" and not is_terminated(pod)
+
+
+def _created(pod: Obj) -> str:
+    return str(meta(pod).get("creationTimestamp") or "")
+
+
+def agent_health(pod: Obj | None, now: float) -> dict[str, Any]:
+    """The agent pod's readiness and restarts, as `kubectl get pods` shows them."""
+    if pod is None:
+        return {"agent_pod": None, "agent_ready": None, "agent_restarts": None,
+                "agent_restarted_age_s": None}
+    status = _dict(pod.get("status"))
+    ready = next((c.get("status") == "True" for c in status.get("conditions") or []
+                  if isinstance(c, dict) and c.get("type") == "Ready"), False)
+    containers = [c for c in status.get("containerStatuses") or [] if isinstance(c, dict)]
+    restarts = sum(int(c.get("restartCount") or 0) for c in containers)
+    ended = [parse_time(_dict(_dict(c.get("lastState")).get("terminated")).get("finishedAt"))
+             for c in containers]
+    last = max((t for t in ended if t is not None), default=None)
+    return {"agent_pod": name_of(pod), "agent_ready": ready and _running(pod),
+            "agent_restarts": restarts, "agent_restarted_age_s": _age(last, now)}
 
 
 def health_of(node: Obj, keys: Keys) -> dict[str, Any]:
@@ -127,7 +166,7 @@ def health_of(node: Obj, keys: Keys) -> dict[str, Any]:
     return annotation_json(node, keys.health)
 
 
-def node_row(node: Obj, keys: Keys, agents: set[str], now: float, *,
+def node_row(node: Obj, keys: Keys, agents: Mapping[str, Obj], now: float, *,
              blamed: bool = False) -> dict[str, Any]:
     health = health_of(node, keys)
     label = labels_of(node).get(keys.gpuhealth)
@@ -144,7 +183,8 @@ def node_row(node: Obj, keys: Keys, agents: set[str], now: float, *,
         "flaps": held_flaps(health),
         "last_round": rfc3339(last) if last is not None else None,
         "last_round_age_s": _age(last, now),
-        "agent": name_of(node) in agents,
+        "agent": name_of(node) in agents and _running(agents[name_of(node)]),
+        **agent_health(agents.get(name_of(node)), now),
         "gpus": int(gpu_count(node, GPU_RESOURCE)),
         "cordoned": spec.get("unschedulable") is True,
         "ready": _ready(node),
@@ -198,7 +238,8 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for row in rows:
         counts[row["verdict"]] += 1
     return {"nodes": len(rows), "verdicts": counts,
-            "without_agent": sum(1 for r in rows if not r["agent"])}
+            "without_agent": sum(1 for r in rows if not r["agent"]),
+            "agent_not_ready": sum(1 for r in rows if r["agent"] and not r["agent_ready"])}
 
 
 # -- the controller's view -------------------------------------------------------------

@@ -39,17 +39,23 @@ class Targets:
     job: str | None = None
 
     @classmethod
-    def from_args(cls, *, selector: str | None, nodes: str | None, job: str | None) -> Targets:
-        """From the command line's `--selector`, `--nodes n1,n2`, `--job ns/name`."""
+    def from_args(cls, *, selector: str | None, nodes: str | None, job: str | None,
+                  namespace: str | None = None) -> Targets:
+        """From the command line's `--selector`, `--nodes n1,n2`, `--job ns/name` (or
+        `--job name` in `namespace`, kubectl's `-n`; "default" without one)."""
         if nodes is not None:
             names = tuple(dict.fromkeys(n.strip() for n in nodes.split(",") if n.strip()))
             if not names:
                 raise TargetError(f"--nodes {nodes!r} names no node: write e.g. n1,n2")
             return cls(names=names)
         if job is not None:
-            namespace, _, name = job.partition("/")
-            if not namespace or not name or "/" in name:
-                raise TargetError(f"--job {job!r}: expected NAMESPACE/APPWRAPPER")
+            if "/" not in job:
+                job = f"{namespace or 'default'}/{job}"
+            elif namespace is not None and not job.startswith(f"{namespace}/"):
+                raise TargetError(f"--job {job!r} names another namespace than -n {namespace}")
+            job_namespace, _, name = job.partition("/")
+            if not job_namespace or not name or "/" in name:
+                raise TargetError(f"--job {job!r}: expected [NAMESPACE/]APPWRAPPER")
             return cls(job=job)
         return cls(selector=selector or "")
 

@@ -105,11 +105,17 @@ class NodeOutcome:
     state: str = PENDING
     after: str | None = None  # the verdict the answer reports
     checks: dict[str, str] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)  # why a check is UNKNOWN
     error: str = ""
     accepted: bool | None = None
     asked_at: float | None = None  # monotonic, when the request was written
     waited_s: float | None = None  # from the write to the answer, as seen here
     duration_s: float | None = None  # the agent's own start-to-end
+
+    @property
+    def problem(self) -> str:
+        """What went wrong, in words: the error, else why checks were UNKNOWN."""
+        return self.error or "; ".join(f"{k}: {v}" for k, v in self.reasons.items())
 
     @property
     def status(self) -> Severity:
@@ -164,12 +170,14 @@ class FleetTrigger:
                  refused: Mapping[str, str] | None = None,
                  agentless: frozenset[str] = frozenset(),
                  on_progress: Callable[[Report], None] | None = None,
+                 on_answer: Callable[[NodeOutcome], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._kube, self._keys, self._targets, self._clock = kube, keys, targets, clock
         self._batch = max(1, batch) if batch else max(1, len(targets.nodes))
         self._timeout_s, self._wait = timeout_s, wait
         self._agentless = agentless  # nodes seen without a running agent pod (a hint)
         self._on_progress = on_progress or (lambda report: None)
+        self._on_answer = on_answer or (lambda outcome: None)  # a node's request is over
         self._wake = anyio.Event()
         self._interrupted = False
         outcomes = {name: NodeOutcome(name, before=_verdict(obj, keys))
@@ -226,8 +234,10 @@ class FleetTrigger:
             await self._kube.merge_patch(NODES, node, patch)
         except NotFound:
             outcome.state, outcome.error = MISSING, "no such node"
+            self._on_answer(outcome)
         except KubeError as exc:
             outcome.state, outcome.error = FAILED, f"cannot write the request: {exc}"
+            self._on_answer(outcome)
 
     # -- following the answers ---------------------------------------------------------
 
@@ -244,6 +254,7 @@ class FleetTrigger:
             else:
                 self._observe(outcome, event.object)
             if outcome.state != REQUESTED:
+                self._on_answer(outcome)
                 self._wake.set()
 
     def _observe(self, outcome: NodeOutcome, node: Obj) -> None:
@@ -256,6 +267,8 @@ class FleetTrigger:
         outcome.after = str(answer["verdict"]) if answer.get("verdict") else None
         got = answer.get("checks")
         outcome.checks = {str(k): str(v) for k, v in got.items()} if isinstance(got, dict) else {}
+        why = answer.get("reasons")
+        outcome.reasons = {str(k): str(v) for k, v in why.items()} if isinstance(why, dict) else {}
         exact = answer.get("duration_s")
         outcome.duration_s = (float(exact) if isinstance(exact, int | float)
                               else _span_s(answer.get("start"), answer.get("end")))
@@ -280,6 +293,7 @@ class FleetTrigger:
                 outcome.error = (f"no agent answered within {_human(self._timeout_s)}{hint}"
                                  + (" (request withdrawn)" if withdrawn else
                                     " (the request was taken: its answer may still come)"))
+                self._on_answer(outcome)
 
     async def _withdraw(self, node: str) -> bool:
         """Remove our request if it is still there untaken (a `test` on our id)."""

@@ -30,6 +30,7 @@ from typing import Any
 
 import aiohttp
 import anyio
+import yaml
 from aiohttp.helpers import get_env_proxy_for_url
 from yarl import URL
 
@@ -76,10 +77,12 @@ class Kube:
     # -- construction --------------------------------------------------------------
 
     @classmethod
-    async def connect(cls, kubeconfig: str | None = None, *, timeout_s: float = 10) -> Kube:
+    async def connect(cls, kubeconfig: str | None = None, *, context: str | None = None,
+                      timeout_s: float = 10) -> Kube:
         """A client from `kubeconfig` when given; else from $KUBECONFIG; else the pod's
-        service account (in-cluster); else ~/.kube/config. KubeError when none works."""
-        config = await _load_configuration(kubeconfig)
+        service account (in-cluster); else ~/.kube/config. `context` picks a kubeconfig
+        context other than its current one. KubeError when none works."""
+        config = await _load_configuration(kubeconfig, context)
         return cls(ApiClient(config), timeout_s=timeout_s)
 
     async def close(self) -> None:
@@ -338,12 +341,38 @@ def _unreachable(method: str, path: str, exc: BaseException) -> Unavailable:
     return Unavailable(f"{method} {path}: {detail}", reason="Unreachable")
 
 
-async def _from_file(path: str, config: Configuration) -> None:
+async def _from_file(path: str, config: Configuration,
+                     context: str | None) -> None:
+    _read_kubeconfig(path)
     await load_kube_config(  # type: ignore[no-untyped-call]
-        config_file=path, client_configuration=config, persist_config=False)
+        config_file=path, context=context, client_configuration=config,
+        persist_config=False)
 
 
-async def _load_configuration(kubeconfig: str | None) -> Configuration:
+def _read_kubeconfig(path: str) -> dict[str, Any]:
+    """The kubeconfig file as a mapping; ConfigException saying plainly what is wrong
+    (the client's own loader answers an empty file with a TypeError and broken YAML
+    with a parser traceback, before it looks at anything else)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigException("not a text file") from exc
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" (line {where.line + 1})" if where is not None else ""
+        raise ConfigException(f"not valid YAML{line}: "
+                              f"{getattr(exc, 'problem', None) or exc}") from exc
+    if document is None:
+        raise ConfigException("the file is empty")
+    if not isinstance(document, dict):
+        raise ConfigException(f"not a YAML mapping (got {type(document).__name__})")
+    return document
+
+
+async def _load_configuration(kubeconfig: str | None,
+                              context: str | None = None) -> Configuration:
     # Bypass the generated class's "default copy" construction: a fresh, private config.
     config: Configuration = type.__call__(Configuration)
     # $KUBECONFIG is the kubernetes client's own convention, honoured like kubectl does.
@@ -351,15 +380,17 @@ async def _load_configuration(kubeconfig: str | None) -> Configuration:
     home = Path.home() / ".kube" / "config"
     try:
         if path:
-            await _from_file(path, config)
+            await _from_file(path, config, context)
             return config
         try:
+            if context:  # a context names a kubeconfig entry: never the in-cluster account
+                raise ConfigException(f"--context {context} needs a kubeconfig")
             load_incluster_config(  # type: ignore[no-untyped-call]
                 client_configuration=config)
         except ConfigException:
             if not home.exists():
                 raise
-            await _from_file(str(home), config)
+            await _from_file(str(home), config, context)
         return config
     except (ConfigException, OSError, ValueError, TypeError, KeyError) as exc:
         where = path or "in-cluster service account or ~/.kube/config"

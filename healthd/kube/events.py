@@ -1,9 +1,12 @@
 """Kubernetes Events: the record a person reads with `kubectl describe`.
 
 `EventRecorder` posts core v1 Events about any object (a Node, an AppWrapper, a
-Job). Recording is best effort by design: an Event that cannot be written is
-logged and dropped, never an error for the caller, because no verdict or reset
-may wait on, or fail because of, its paper trail.
+Job). Every Event names its object by kind, apiVersion, name and uid: `kubectl
+describe` finds an object's Events by uid, so one without it is invisible there.
+When the caller holds only a name, the recorder reads the object for its uid.
+Recording is best effort by design: an Event that cannot be written is logged and
+dropped, never an error for the caller, because no verdict or reset may wait on,
+or fail because of, its paper trail.
 """
 
 from __future__ import annotations
@@ -14,11 +17,24 @@ from typing import Any
 
 from healthd.kube.client import Kube
 from healthd.kube.errors import KubeError
-from healthd.kube.objects import EVENTS, Resource, meta
+from healthd.kube.objects import (
+    APPWRAPPERS,
+    CLUSTERQUEUES_V1BETA1,
+    CLUSTERQUEUES_V1BETA2,
+    EVENTS,
+    JOBS,
+    LEASES,
+    NODES,
+    PODS,
+    Resource,
+    meta,
+)
 
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE = 1024  # the server's own limit on an Event's message
+_KINDS = {(r.api_version, r.kind): r for r in (
+    NODES, PODS, JOBS, LEASES, APPWRAPPERS, CLUSTERQUEUES_V1BETA1, CLUSTERQUEUES_V1BETA2)}
 NORMAL = "Normal"
 WARNING = "Warning"
 
@@ -85,9 +101,25 @@ class EventRecorder:
         """Post one Event about `involved`; never raises (a failure is logged)."""
         try:
             body = self.event(involved, type=type, reason=reason, message=message, res=res)
+            if "uid" not in body["involvedObject"]:
+                await self._add_uid(body["involvedObject"], res)
             await self._kube.create(EVENTS, body)
         except KubeError as exc:
             log.warning("could not record event %s on %s: %s", reason,
                         meta(involved).get("name"), exc)
         except Exception:  # a malformed object must not break the caller's work
             log.exception("could not record event %s", reason)
+
+    async def _add_uid(self, ref: dict[str, str], res: Resource | None) -> None:
+        """Read the object `ref` names for its uid (and its kind and apiVersion, when
+        `res` knows them better). An object that cannot be read keeps its Event, without."""
+        res = res or _KINDS.get((ref.get("apiVersion", ""), ref.get("kind", "")))
+        if res is None or not ref.get("name"):
+            return
+        try:
+            obj = await self._kube.get(res, ref["name"], ref.get("namespace"))
+        except KubeError as exc:
+            log.debug("no uid for the event on %s %s: %s", res.kind, ref["name"], exc)
+            return
+        fresh = involved_reference(obj, res)
+        ref.update({k: fresh[k] for k in ("kind", "apiVersion", "uid") if k in fresh})

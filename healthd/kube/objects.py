@@ -8,6 +8,7 @@ every collection the agent and controller use.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -112,6 +113,12 @@ def annotation_json(obj: dict[str, Any], key: str) -> dict[str, Any]:
     except ValueError:
         return {}
     return body if isinstance(body, dict) else {}
+
+
+def natural_name_key(name: str) -> tuple[tuple[int, str], ...]:
+    """Sort key for names with numbers in them: gpu-node-2 before gpu-node-10."""
+    return tuple((int(part), "") if part.isdigit() else (-1, part)
+                 for part in re.split(r"(\d+)", name))
 
 
 def key_of(obj: dict[str, Any]) -> str:

@@ -14,7 +14,8 @@ Pods are what the operator's components would create: labelled
 `workload.codeflare.dev/appwrapper=<name>`, owned by the AppWrapper, with the node
 affinity the operator injects (`autopilot.ibm.com/gpuhealth NotIn [ERR, TESTING,
 EVICT]`). Placement honours each pod's required node affinity, cordons and free
-GPUs (first fit in node-name order); a pod is bound and marked Running at once.
+GPUs (first fit in natural node-name order: gpu-node-2 before gpu-node-10); a
+pod is bound and marked Running at once.
 The phase transitions are JSON patches on the status subresource guarded by a
 `test` on the phase, so a concurrent reset is never overwritten.
 
@@ -41,7 +42,15 @@ from healthd.agent.busy import holds_gpus, pod_gpus
 from healthd.kube.client import Kube
 from healthd.kube.conventions import GPU_RESOURCE, Keys
 from healthd.kube.errors import Invalid, KubeError, NotFound
-from healthd.kube.objects import APPWRAPPERS, NODES, PODS, key_of, meta, name_of
+from healthd.kube.objects import (
+    APPWRAPPERS,
+    NODES,
+    PODS,
+    key_of,
+    meta,
+    name_of,
+    natural_name_key,
+)
 from healthd.kube.watching import DELETED, watch_forever
 
 log = logging.getLogger(__name__)
@@ -121,7 +130,7 @@ def place(pod_specs: list[Obj], nodes: list[Obj], pods: list[Obj]) -> list[str] 
     chosen: list[str] = []
     for spec in pod_specs:
         need = pod_gpus({"spec": spec})
-        fits = [name_of(n) for n in sorted(nodes, key=name_of)
+        fits = [name_of(n) for n in sorted(nodes, key=lambda n: natural_name_key(name_of(n)))
                 if free.get(name_of(n), -1) >= need and affinity_allows(spec, n)]
         if not fits:
             return None

@@ -6,6 +6,7 @@ deleted; a Job that never gets scheduled takes the node back out of TESTING."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -121,13 +122,20 @@ async def test_the_job_asks_the_host_engine_the_agent_is_configured_with(
         assert {"name": "DCGM_HOST_ENGINE", "value": "10.0.0.9:5555"} in env
 
 
-async def test_a_job_that_is_never_scheduled_ends_testing_with_an_event(
-        api: ApiEmulator, tmp_path: Path) -> None:
+@asynccontextmanager
+async def never_scheduled(api: ApiEmulator, tmp_path: Path) -> AsyncIterator[Harness]:
+    """An agent at PASS whose diagnostic Jobs never get a node (0.5 s deadline)."""
     spec = spec_with_dcgm("v4-pass-r3")
     config = fast_config(deep_diagnostics={"namespace": DIAG_NS, "schedule_deadline_s": 0.5})
     async with kubelet(api, spec, tmp_path, mode=Mode.NEVER_SCHEDULE), running_agent(
             api, tmp_path, spec=spec, config=config) as h:
         await eventually(lambda: h.verdict() == "PASS", what="PASS label")
+        yield h
+
+
+async def test_a_job_that_is_never_scheduled_ends_testing_with_an_event(
+        api: ApiEmulator, tmp_path: Path) -> None:
+    async with never_scheduled(api, tmp_path) as h:
         h.request("dcgm:3", run_id="deep-3")
         answer = await eventually(lambda: (a := h.last_run()) and a["id"] == "deep-3" and a,
                                   20, "answer")
@@ -153,3 +161,25 @@ async def test_a_configured_diagnostic_runs_on_its_schedule_not_at_start(
         assert "TESTING" in verdicts_written(h)
         held = {(x.code, x.entity) for x in h.agent.state.held}
         assert ("DCGM_MEMORY", "gpu2") in held
+
+
+async def test_a_diagnostic_that_never_ran_says_why_everywhere_a_person_looks(
+        api: ApiEmulator, tmp_path: Path) -> None:
+    async with never_scheduled(api, tmp_path) as h:
+        admin = api.write_kubeconfig(tmp_path / "admin.kubeconfig")
+        trigger = await anyio.run_process(
+            [sys.executable, "-m", "healthd.cli", "trigger", "--nodes", NODE, "--checks",
+             "dcgm:3", "--wait", "--timeout", "30s", "--kubeconfig", str(admin)], check=False)
+        failed = await eventually(lambda: h.events("DiagnosticFailed"), what="failure Event")
+    # trigger's table: the UNKNOWN and its reason
+    assert trigger.returncode == 3
+    [row] = [line for line in trigger.stdout.decode().splitlines()
+             if line.startswith(f"{NODE} ") and "dcgm:3=UNKNOWN" in line]
+    assert "dcgm:3: not scheduled within 0.5 s" in row
+    # last-run: the same reason
+    answer = h.last_run()
+    assert answer["checks"] == {"dcgm:3": "UNKNOWN"} and answer["error"] == ""
+    assert "not scheduled within 0.5 s" in answer["reasons"]["dcgm:3"]
+    # the Warning Event names the Node by uid, so `kubectl describe node` lists it
+    assert failed[0]["involvedObject"]["uid"] == h.node()["metadata"]["uid"]
+    assert failed[0]["involvedObject"]["kind"] == "Node"

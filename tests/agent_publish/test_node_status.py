@@ -142,7 +142,7 @@ async def test_recovery_is_a_normal_event_and_foreign_keys_survive(api) -> None:
         bad = remap_pending()
         await h.published(bad, dcgm_levels={1: dcgm_label_value(True, 1_750_000_000)})
         h.assert_foreign_untouched()
-        policy = Policy(recover_after=2)
+        policy = Policy(recover_after=2, min_hold=0)  # released on its second clean run
         good = bad
         for at in (2000.0, 2030.0):
             good = apply(good, "remapped", result("remapped"), trigger=Trigger.PERIODIC, at=at,

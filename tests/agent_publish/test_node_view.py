@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 
+from checks.base import CheckResult, Entity, ResultBuilder
+from checks.catalog import Catalog
+from healthd.agent import verdict as v
 from healthd.agent.node_view import HEALTH_LIMIT, desired_from, health_json
 from healthd.agent.verdict import Policy, Trigger, apply, initial, start_testing
 from healthd.kube.conventions import Reason, dcgm_label_value
@@ -82,16 +85,11 @@ def test_testing_verdict_condition_is_false_with_diagnostic_reason() -> None:
 
 
 def test_ping_view_for_fleet_blame() -> None:
-    """The health annotation says which peers this node could not reach, or that it
-    is isolated, for the controller's fleet-wide blame."""
-    import json
-
-    from checks.base import Entity, ResultBuilder
-    from checks.catalog import Catalog
-    from healthd.agent import verdict as v
-    from healthd.agent.node_view import health_json
-
-    def ping(unreachable: list[str], isolated: bool = False) -> v.HealthState:
+    """The health annotation says which peers this node holds unreachable, or that it
+    holds itself isolated, for the controller's fleet-wide blame: what the verdict
+    machine holds, so a single missed round is no news and a held peer stays listed
+    until it is released."""
+    def ping(unreachable: list[str], isolated: bool = False) -> CheckResult:
         builder = ResultBuilder("ping", Catalog())
         for peer in ("n2", "n3", "n4"):
             entity = Entity("peer", peer)
@@ -101,14 +99,26 @@ def test_ping_view_for_fleet_blame() -> None:
                 builder.seen(entity)
         if isolated:
             builder.finding("NETWORK_ISOLATED", Entity.node("n1"), "cannot reach its peers")
-        return v.apply(v.initial(), "ping", builder.build(), trigger=v.Trigger.PERIODIC,
-                       at=10.0, policy=v.Policy())
+        return builder.build()
+
+    def rounds(*results: CheckResult) -> dict[str, object]:
+        state = v.initial()
+        for at, ran in enumerate(results, start=1):
+            state = v.apply(state, "ping", ran, trigger=v.Trigger.PERIODIC,
+                            at=10.0 * at, policy=v.Policy())
+        return dict(json.loads(health_json(state))["ping"])
 
     assert "ping" not in json.loads(health_json(v.initial()))
-    assert json.loads(health_json(ping(["n3"])))["ping"] == {"isolated": False,
-                                                              "unreached": ["n3"]}
-    assert json.loads(health_json(ping([])))["ping"] == {"isolated": False, "unreached": []}
-    assert json.loads(health_json(ping([], isolated=True)))["ping"]["isolated"] is True
+    missed = ping(["n3"])
+    assert rounds(missed) == {"isolated": False, "unreached": []}  # pending: no news
+    assert rounds(missed, missed) == {"isolated": False, "unreached": ["n3"]}  # held
+    answered = [ping([])] * 6
+    assert rounds(missed, missed, *answered[:1])["unreached"] == ["n3"]  # still held
+    assert rounds(missed, missed, *answered)["unreached"] == []  # released
+    assert rounds(ping([])) == {"isolated": False, "unreached": []}
+    alone = ping([], isolated=True)
+    assert rounds(alone)["isolated"] is False
+    assert rounds(alone, alone)["isolated"] is True
 
 
 def test_a_pending_finding_is_not_published_until_it_is_raised() -> None:

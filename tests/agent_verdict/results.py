@@ -45,12 +45,15 @@ def skipped(check: str) -> CheckResult:
 
 
 class Node:
-    """Drives the machine like the agent does: a clock that ticks once per step."""
+    """Drives the machine like the agent does: a clock that ticks once per step.
+    `min_hold` is 0 unless given, so that each table shows its own rule (release
+    counts, doubling, clears); the tables of the minimum hold set it."""
 
     def __init__(self, recover_after: int = 2, *, catalog: Catalog = CATALOG,
-                 max_doublings: int = 5, flap_window: int = 100) -> None:
+                 max_doublings: int = 5, flap_window: int = 100, min_hold: int = 0) -> None:
         self.policy = v.Policy(recover_after=recover_after, catalog=catalog,
-                               max_doublings=max_doublings, flap_window=flap_window)
+                               max_doublings=max_doublings, flap_window=flap_window,
+                               min_hold=min_hold)
         self.now = 100.0
         self.state = v.initial(self.now)
 

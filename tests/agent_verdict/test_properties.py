@@ -17,7 +17,8 @@ starting and ending. After every step:
 And over one noisy signal (one finding on or off in each run): the label changes no
 more often than the signal does, a persistent fault is raised within two runs
 whatever came before, and a persistent recovery is released within
-`recover_after` x 2^`max_doublings` runs.
+`Policy.release_bound` runs (`recover_after` x 2^`max_doublings`, or `min_hold` if
+longer).
 """
 
 from __future__ import annotations
@@ -255,7 +256,8 @@ FAULT = run_of(SIGNAL, ("HW_SLOWDOWN", 0))
 OK = clean(SIGNAL)
 signals = st.lists(st.booleans(), max_size=120)
 policies = st.builds(v.Policy, recover_after=st.integers(1, 3),
-                     max_doublings=st.integers(0, 4), flap_window=st.integers(1, 60))
+                     max_doublings=st.integers(0, 4), flap_window=st.integers(1, 60),
+                     min_hold=st.integers(0, 10))
 
 
 def verdicts(signal: list[bool], policy: v.Policy, state: v.HealthState | None = None
@@ -300,6 +302,7 @@ def test_a_persistent_fault_is_raised_within_two_runs(signal: list[bool],
 @given(signal=signals, policy=policies)
 def test_a_persistent_recovery_is_released_within_the_capped_hold(
         signal: list[bool], policy: v.Policy) -> None:
-    bound = policy.recover_after * 2 ** policy.max_doublings
+    bound = max(policy.recover_after * 2 ** policy.max_doublings, policy.min_hold)
+    assert policy.release_bound == bound
     after = verdicts([False] * bound, policy, settled(signal, policy))
     assert after[-1] is Verdict.PASS

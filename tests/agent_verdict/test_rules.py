@@ -1,8 +1,9 @@
 """Every rule of the verdict state machine, one table or scenario each: fatal codes,
 events and diagnostics raising at once, steady signals on their second sighting (two
 consecutive runs or `seen` of the last `runs`), PASS findings never held, recovery
-after exactly `recover_after` clean runs of the raising check, doubled per flap and
-capped, flaps forgotten after the flap window or a clear, messages kept while held,
+after exactly `recover_after` clean runs of the raising check, quadrupled per flap, at
+least twice the signal's longest silence, capped, never before the minimum hold, flaps
+forgotten after the flap window or a clear, messages kept while held,
 resets, UNKNOWN/SKIPPED runs, sticky and EVICT codes through clear, precedence with
 TESTING, `since`, `judged`, per-entity holdings and the findings of each check's
 latest run."""
@@ -111,8 +112,8 @@ def test_a_run_that_reports_the_code_again_resets_the_count() -> None:
     faulty = run_of("remapped", ("REMAP_PENDING", 1))
     node.hold("remapped", faulty)
     assert node.runs("remapped", clean("remapped"), 2) == [E, E]
-    node.run("remapped", faulty)  # back after two clean runs: a flap, so 3 x 2 now
-    assert node.runs("remapped", clean("remapped"), 6) == [E] * 5 + [P]
+    node.run("remapped", faulty)  # back after two clean runs: a flap, so 3 x 4 now
+    assert node.runs("remapped", clean("remapped"), 12) == [E] * 11 + [P]
 
 
 @pytest.mark.parametrize("blind", [unknown, skipped])
@@ -408,8 +409,8 @@ def test_runs_of_other_checks_and_blind_runs_do_not_count_as_sightings() -> None
     assert node.run("power", faulty) is W  # still the second consecutive sighting
 
 
-def test_a_returning_finding_is_held_twice_as_long_each_time() -> None:
-    node = Node(recover_after=2)
+def test_a_returning_finding_is_held_four_times_as_long_each_time() -> None:
+    node = Node(recover_after=1, max_doublings=8)
     faulty, ok = run_of("power", ("HW_SLOWDOWN", 0)), clean("power")
     holds = []
     for _ in range(4):
@@ -418,25 +419,76 @@ def test_a_returning_finding_is_held_twice_as_long_each_time() -> None:
         while node.run("power", ok) is W:
             verdicts.append(W)
         holds.append(len(verdicts) + 1)
-    assert holds == [2, 4, 8, 16]
+    # 1 x 4^flaps (each silence was a hold's length, so twice it never beats that)
+    assert holds == [1, 4, 16, 64]
     assert node.state.flaps_total == 3
     assert node.state.tracks[("power", "HW_SLOWDOWN", "gpu0")].flaps == 3
 
 
+def test_a_finding_is_held_twice_its_longest_silence() -> None:
+    node = Node(recover_after=1, max_doublings=5)
+    faulty, ok = run_of("power", ("HW_SLOWDOWN", 0)), clean("power")
+    node.hold("power", faulty)
+    assert node.runs("power", ok, 1) == [P]  # no flap yet: recover_after
+    assert node.runs("power", ok, 9) == [P] * 9  # a silence of 10 runs
+    assert node.hold("power", faulty) is W  # back: 1 flap (x4), but silent 10 runs
+    assert node.state.top is not None and node.state.top.gap == 10
+    assert node.runs("power", ok, 20) == [W] * 19 + [P]  # 2 x 10, not 1 x 4
+
+
+def test_a_long_silence_is_still_capped() -> None:
+    node = Node(recover_after=1, max_doublings=3)  # capped at 1 x 2^3 = 8
+    faulty, ok = run_of("power", ("HW_SLOWDOWN", 0)), clean("power")
+    node.hold("power", faulty)
+    node.runs("power", ok, 30)
+    node.hold("power", faulty)
+    assert node.runs("power", ok, 8) == [W] * 7 + [P]
+
+
+def test_a_new_holding_lasts_at_least_min_hold_runs() -> None:
+    node = Node(recover_after=2, min_hold=6)
+    faulty, ok = run_of("power", ("HW_SLOWDOWN", 0)), clean("power")
+    assert node.hold("power", faulty) is W  # raised on its second sighting
+    assert node.runs("power", ok, 6) == [W] * 5 + [P]  # 6 runs after the raise, not 2
+
+
+def test_a_fault_that_outlasts_min_hold_is_released_after_recover_after() -> None:
+    node = Node(recover_after=2, min_hold=6)
+    faulty, ok = run_of("power", ("HW_SLOWDOWN", 0)), clean("power")
+    node.hold("power", faulty)
+    node.runs("power", faulty, 4)  # a steady fault, 6 runs in all
+    assert node.runs("power", ok, 2) == [W, P]  # a genuine recovery is not slowed
+
+
+def test_min_hold_counts_only_runs_that_could_see_the_holding() -> None:
+    node = Node(recover_after=1, min_hold=4)
+    node.hold("power", run_of("power", ("HW_SLOWDOWN", 0)))
+    assert node.runs("power", unknown("power"), 5) == [W] * 5
+    assert node.runs("power", run_of("power", blind=[0]), 5) == [W] * 5
+    assert node.runs("power", clean("power"), 4) == [W] * 3 + [P]
+
+
+def test_a_clear_does_not_wait_for_min_hold() -> None:
+    node = Node(recover_after=2, min_hold=6)
+    node.hold("power", run_of("power", ("HW_SLOWDOWN", 0)))
+    node.clear()
+    assert node.run("power", clean("power")) is P
+
+
 def test_the_hold_is_capped() -> None:
-    node = Node(recover_after=1, max_doublings=2)
+    node = Node(recover_after=1, max_doublings=3)
     faulty, ok = run_of("power", ("HW_SLOWDOWN", 0)), clean("power")
     for _ in range(6):
         node.hold("power", faulty)
     held = node.state.top
     assert held is not None and held.flaps == 0  # renewals are not flaps
     for _ in range(5):
-        node.runs("power", ok, 4)
+        node.runs("power", ok, 1)
         node.hold("power", faulty)
     held = node.state.top
     assert held is not None and held.flaps == 2  # counted up to where the hold stops growing
     assert node.state.tracks[held.key].flaps == 5
-    assert node.runs("power", ok, 4) == [W, W, W, P]  # 1 x 2^2, not 1 x 2^5
+    assert node.runs("power", ok, 8) == [W] * 7 + [P]  # 1 x 2^3, not 1 x 4^5
 
 
 def test_flaps_are_forgotten_after_the_flap_window() -> None:
@@ -473,7 +525,7 @@ def test_a_signal_that_keeps_coming_back_is_held_longer_before_it_is_ever_raised
     assert node.hold("power", blip) is W
     held = node.state.top
     assert held is not None and held.flaps == 3  # the second and third blip, and this one
-    assert node.runs("power", ok, 16) == [W] * 15 + [P]  # 2 x 2^3
+    assert node.runs("power", ok, 64) == [W] * 63 + [P]  # 2 x 4^3, capped at 2 x 2^5
 
 
 def test_a_held_finding_keeps_its_message_while_its_value_moves() -> None:

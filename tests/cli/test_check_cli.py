@@ -6,6 +6,7 @@ follows the Nagios convention."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from typing import Any
@@ -94,6 +95,33 @@ def test_without_driver_one_line_and_exit_3() -> None:
     ]
 
 
+def _check_without_driver(*args: str) -> subprocess.CompletedProcess[str]:
+    if gpu_present():
+        pytest.skip("this machine has an NVIDIA driver")
+    if shutil.which("ping") is None:
+        pytest.skip("no ping executable")
+    return subprocess.run([sys.executable, "-m", "healthd.cli", "check", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_without_driver_a_network_check_is_shown_and_judged() -> None:
+    # 240.0.0.1 is reserved (class E): nothing ever answers it.
+    proc = _check_without_driver("--checks", "ping", "--peer", "far=240.0.0.1")
+    assert proc.returncode == 1  # WARN: the one peer does not answer
+    [row, *_] = [line for line in proc.stdout.splitlines() if line.startswith("ping ")]
+    assert "PEER_UNREACHABLE" in row and "240.0.0.1" in row
+    assert "driver" not in proc.stderr  # no GPU check was asked for
+
+
+def test_without_driver_gpu_checks_are_one_line_and_count_as_unknown() -> None:
+    proc = _check_without_driver("--checks", "ping,remapped", "--peer", "far=240.0.0.1")
+    assert proc.returncode == 3  # remapped could not tell: UNKNOWN outranks WARN
+    assert "PEER_UNREACHABLE" in proc.stdout
+    assert not [line for line in proc.stdout.splitlines() if line.startswith("remapped ")]
+    assert proc.stderr.strip() == ("healthd: NVIDIA driver not found: GPU checks remapped "
+                                   "cannot run on this machine: UNKNOWN")
+
+
 def test_table_output_shows_rows_and_problems(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "--sim", "hw-slowdown", "--checks", "power"]) == 1
     out = capsys.readouterr().out
@@ -111,7 +139,7 @@ def test_unknown_check_exit_64_lists_known(capsys: pytest.CaptureFixture[str]) -
 
 
 @pytest.mark.parametrize(
-    "argv", [["check", "--output", "yaml"], ["check", "--peer", "n2"], ["bogus"]]
+    "argv", [["check", "--output", "xml"], ["check", "--peer", "n2"], ["bogus"]]
 )
 def test_usage_errors_exit_64(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:

@@ -26,9 +26,10 @@ NetView = tuple[Iterable[str], bool]
 def ping_health(name: str, peers: Iterable[str], *, unreached: Iterable[str] = (),
                 isolated: bool = False,
                 networks: Mapping[str, NetView] | None = None) -> tuple[str, str]:
-    """(verdict label, health annotation) of an agent whose ping round on `name`
+    """(verdict label, health annotation) of an agent whose ping rounds on `name`
     missed `unreached` among `peers` on the pod network, or found itself isolated,
-    and (`networks`) did the same on each secondary network the peers share."""
+    and (`networks`) did the same on each secondary network the peers share: two
+    such rounds, so that what they found is held and therefore published."""
     peers = list(peers)
     builder = ResultBuilder("ping", Catalog())
     views: dict[str, NetView] = {"": (unreached, isolated), **(networks or {})}
@@ -45,15 +46,17 @@ def ping_health(name: str, peers: Iterable[str], *, unreached: Iterable[str] = (
         if alone:
             where = Entity("network", network) if network else Entity.node(name)
             builder.finding("NETWORK_ISOLATED", where, "cannot reach its peers")
-    state = v.apply(v.initial(), "ping", builder.build(), trigger=v.Trigger.PERIODIC,
-                    at=10.0, policy=v.Policy())
+    state = v.initial()
+    for at in (10.0, 20.0):
+        state = v.apply(state, "ping", builder.build(), trigger=v.Trigger.PERIODIC, at=at,
+                        policy=v.Policy())
     return state.verdict.value, health_json(state)
 
 
 def agent_node(name: str, peers: Iterable[str], *, unreached: Iterable[str] = (),
                isolated: bool = False, labels: dict[str, str] | None = None,
                networks: Mapping[str, NetView] | None = None) -> Obj:
-    """A GPU node as its agent leaves it after a ping round."""
+    """A GPU node as its agent leaves it after its ping rounds (`ping_health`)."""
     verdict, health = ping_health(name, peers, unreached=unreached, isolated=isolated,
                                   networks=networks)
     obj = node(name, verdict, labels=labels)

@@ -59,7 +59,7 @@ async def test_status_shows_the_blamed_node(api: ApiEmulator, tmp_path: Path) ->
     text = await table(api, tmp_path)
     lines = text.splitlines()
     header = lines[0].split()
-    column = header.index("BLAMED") - 2  # "TOP CODES" and "LAST ROUND" are two words
+    column = header.index("BLAMED") - 1  # "TOP CODES" is two words
     row = next(line.split() for line in lines if line.startswith("n3 "))
     assert row[column] == "yes"
     assert "network: 5 nodes report ping; blamed by their peers: n3; isolated: n5" in text

@@ -112,7 +112,8 @@ async def test_events_on_appwrapper_and_node(api: ApiEmulator, kube: Kube,
     assert on_aw["involvedObject"]["name"] == "job"
     assert on_aw["metadata"]["namespace"] == NS
     (on_node,) = events(api, "AppWrapperReset")
-    assert on_node["involvedObject"] == {"kind": "Node", "apiVersion": "v1", "name": "n1"}
+    assert on_node["involvedObject"] == {"kind": "Node", "apiVersion": "v1", "name": "n1",
+                                         "uid": api.get("Node", "n1")["metadata"]["uid"]}
     assert f"{NS}/job" in on_node["message"] and "XID_79" in on_node["message"]
 
 

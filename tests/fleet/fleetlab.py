@@ -58,8 +58,17 @@ def pod(name: str, node: str, *, namespace: str = "team", gpus: int = 0,
             "status": {"phase": phase}}
 
 
-def agent_pod(node: str) -> Obj:
-    return pod(f"healthd-agent-{node}", node, namespace=AGENT_NAMESPACE, labels=AGENT_LABELS)
+def agent_pod(node: str, *, ready: bool = True, restarts: int = 0,
+              restarted_at: str | None = None) -> Obj:
+    """A running agent pod as the kubelet shows it: Ready per its probe, restarts."""
+    agent = pod(f"healthd-agent-{node}", node, namespace=AGENT_NAMESPACE, labels=AGENT_LABELS)
+    container: Obj = {"name": "agent", "ready": ready, "restartCount": restarts,
+                      "state": {"running": {}}}
+    if restarted_at is not None:
+        container["lastState"] = {"terminated": {"exitCode": 1, "finishedAt": restarted_at}}
+    agent["status"].update(conditions=[{"type": "Ready", "status": str(ready)}],
+                           containerStatuses=[container])
+    return agent
 
 
 def quiet_config() -> Config:
@@ -86,11 +95,18 @@ async def running_agents(api: ApiEmulator, tmp_path: Path,
                 group.start_soon(agent.run)
             try:
                 await eventually(lambda: all(a.ready()[0] for a in agents), 30, "agents ready")
+                # Ready is the first round done; its verdict reaches the Node just after.
+                await eventually(lambda: all(_verdict(api, n) for n in nodes), 30, "verdicts")
                 yield agents
             finally:
                 for agent in agents:
                     agent.stop()
                 group.cancel_scope.deadline = anyio.current_time() + 10
+
+
+def _verdict(api: ApiEmulator, node: str) -> str | None:
+    obj = api.get("Node", node) or {}
+    return ((obj.get("metadata") or {}).get("labels") or {}).get(KEYS.gpuhealth)
 
 
 class Terminal(io.StringIO):
@@ -113,7 +129,7 @@ async def healthd(api: ApiEmulator, tmp_path: Path, *argv: str,
     """`healthd trigger|status ARGS --kubeconfig <the emulator>` in-process."""
     kubeconfig = api.write_kubeconfig(tmp_path / "admin.kubeconfig")
     args = build_parser().parse_args([*argv, "--kubeconfig", str(kubeconfig)])
-    out, err = io.StringIO(), Terminal() if tty else io.StringIO()
+    out, err = (Terminal(), Terminal()) if tty else (io.StringIO(), io.StringIO())
     try:
         if args.command == "trigger":
             code = await trigger_command(args, out=out, err=err, stop=stop)

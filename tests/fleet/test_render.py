@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from healthd.cli import main
-from healthd.fleet.render import age, progress_line, trigger_summary
+from healthd.fleet.render import age, answer_line, progress_line, trigger_summary
 from healthd.fleet.trigger import (
     ANSWERED,
     NO_ANSWER,
@@ -71,7 +71,8 @@ def test_the_summary_names_the_nodes_that_need_a_look() -> None:
     (["trigger", "--nodes", "n1", "--checks", "nope"], "unknown check nope"),
     (["trigger", "--nodes", "n1", "--checks", "power", "--batch", "0"], "--batch"),
     (["trigger", "--nodes", "n1", "--checks", "power", "--timeout", "soon"], "--timeout"),
-    (["trigger", "--job", "train", "--checks", "power"], "NAMESPACE/APPWRAPPER"),
+    (["trigger", "--job", "a/b/c", "--checks", "power"], "[NAMESPACE/]APPWRAPPER"),
+    (["trigger", "--job", "red/train", "-n", "blue", "--checks", "power"], "another namespace"),
     (["trigger", "--checks", "power"], "one of the arguments"),
     (["status", "--verdict", "GOOD"], "--verdict"),
 ])
@@ -83,3 +84,20 @@ def test_command_line_mistakes_exit_64_with_a_message(
         code = exc.code
     assert code == 64
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("o", "line"), [
+    (NodeOutcome("a", before="PASS", state=ANSWERED, after="WARN", accepted=True,
+                 checks={"pciebw": "WARN"}, duration_s=31.2),
+     "a: WARN (before PASS) pciebw=WARN in 31s"),
+    (NodeOutcome("b", before="PASS", state=ANSWERED, after="PASS", accepted=True,
+                 checks={"dcgm:3": "UNKNOWN"}, reasons={"dcgm:3": "not scheduled within 300 s"},
+                 waited_s=300.0),
+     "b: PASS (before PASS) dcgm:3=UNKNOWN in 300.0s: dcgm:3: not scheduled within 300 s"),
+    (NodeOutcome("c", state=ANSWERED, accepted=False, error="unknown check nope"),
+     "c: refused by the agent: unknown check nope"),
+    (NodeOutcome("d", state=NO_ANSWER, error="no agent answered within 5m"),
+     "d: no agent answered within 5m"),
+])
+def test_one_line_per_node_for_piped_output(o: NodeOutcome, line: str) -> None:
+    assert answer_line(o) == line

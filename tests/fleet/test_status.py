@@ -68,7 +68,8 @@ def seed_cluster(api: ApiEmulator) -> None:
         gpu_node("n-new"),
         {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cpu-1"},
          "status": {"capacity": {"cpu": "64"}}},
-        agent_pod("n-pass"), agent_pod("n-evict"), agent_pod("n-err"),
+        agent_pod("n-pass"), agent_pod("n-evict"),
+        agent_pod("n-err", ready=False, restarts=3, restarted_at=stamp(120)),
         {**agent_pod("n-unknown"), "status": {"phase": "Pending"}},
         pod("train-0", "n-evict", gpus=8),
         {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
@@ -121,7 +122,11 @@ async def test_one_row_per_gpu_node_with_verdict_ages_codes_and_agent(
     assert rows["n-new"]["since"] is None and rows["n-new"]["last_round_age_s"] is None
     assert {n for n, r in rows.items() if r["agent"]} == {"n-pass", "n-evict", "n-err"}
     assert rows["n-err"]["cordoned"] is True and rows["n-pass"]["cordoned"] is False
-    assert doc["summary"] == {"nodes": 5, "without_agent": 2, "verdicts": {
+    assert {n: (r["agent_ready"], r["agent_restarts"], r["agent_restarted_age_s"])
+            for n, r in rows.items()} == {
+        "n-pass": (True, 0, None), "n-evict": (True, 0, None), "n-err": (False, 3, 120),
+        "n-unknown": (False, 0, None), "n-new": (None, None, None)}
+    assert doc["summary"] == {"nodes": 5, "without_agent": 2, "agent_not_ready": 1, "verdicts": {
         "PASS": 1, "WARN": 0, "ERR": 1, "TESTING": 0, "EVICT": 1, "UNKNOWN": 1, "NONE": 1}}
 
 
@@ -161,8 +166,9 @@ async def test_a_bad_verdict_filter_is_a_usage_error(api: ApiEmulator, tmp_path:
 
 
 GOLDEN_TOP = ["controller", "filters", "generated_at", "nodes", "schema_version", "summary"]
-GOLDEN_NODE = ["agent", "blamed", "cordoned", "flaps", "gpus", "last_round", "last_round_age_s",
-               "name", "ready", "since", "since_age_s", "top_codes", "verdict"]
+GOLDEN_NODE = ["agent", "agent_pod", "agent_ready", "agent_restarted_age_s", "agent_restarts",
+               "blamed", "cordoned", "flaps", "gpus", "last_round", "last_round_age_s", "name",
+               "ready", "since", "since_age_s", "top_codes", "verdict"]
 GOLDEN_CONTROLLER = ["breaker", "kueue", "leader", "lending", "network", "problems", "resets",
                      "resets_last_hour"]
 GOLDEN_NETWORK = ["blamed", "isolated", "partitioned", "reporters", "why"]
@@ -181,20 +187,22 @@ async def test_the_json_schema_is_stable(api: ApiEmulator, tmp_path: Path) -> No
     assert sorted(doc["controller"]["breaker"]) == ["message", "since", "state"]
     assert sorted(doc["controller"]["network"]) == GOLDEN_NETWORK
     assert sorted(doc["controller"]["resets"][0]) == ["appwrapper", "at", "message"]
-    assert sorted(doc["summary"]) == ["nodes", "verdicts", "without_agent"]
+    assert sorted(doc["summary"]) == ["agent_not_ready", "nodes", "verdicts", "without_agent"]
 
 
 async def test_the_table(api: ApiEmulator, tmp_path: Path) -> None:
     seed_cluster(api)
     run = await healthd(api, tmp_path, "status", clock=lambda: NOW)
     lines = run.out.splitlines()
-    assert lines[0].split() == ["NODE", "VERDICT", "SINCE", "TOP", "CODES", "FLAPS", "LAST",
-                                "ROUND", "AGENT", "BLAMED", "NOTES"]
-    assert lines[2].split() == ["n-evict", "EVICT", "5m", "XID_79,REMAP_PENDING", "-", "45s",
-                                "yes", "-", "-"]
-    assert lines[1].split() == ["n-err", "ERR", "1m30s", "REMAP_PENDING", "3", "5s", "yes", "-",
-                                "cordoned"]
-    assert "reset breaker open" in run.out and "1 AppWrapper reset(s)" in run.out
+    assert lines[0].split() == ["NODE", "VERDICT", "SINCE", "TOP", "CODES", "FLAPS", "AGENT",
+                                "RESTARTS", "BLAMED", "NOTES"]
+    assert lines[2].split() == ["n-evict", "EVICT", "5m", "XID_79,REMAP_PENDING", "-", "ready",
+                                "0", "-", "-"]
+    assert lines[1].split() == ["n-err", "ERR", "1m30s", "REMAP_PENDING", "3", "NOT", "READY",
+                                "3", "(2m", "ago)", "-", "cordoned"]
+    assert lines[3].split()[:7] == ["n-new", "NONE", "-", "-", "-", "NONE", "-"]
+    assert "5 GPU nodes: " in run.out and "; 1 with an agent that is not ready" in run.out
+    assert "reset breaker open" in run.out and "1 AppWrapper reset in the last hour" in run.out
     assert "8 (short 4)" in run.out
 
 
@@ -230,3 +238,11 @@ async def test_watch_redraws_on_change(api: ApiEmulator, tmp_path: Path) -> None
         api.put(node)
         await eventually(lambda: verdict_of("n-new") == "WARN", 10, "redraw")
         group.cancel_scope.cancel()
+
+
+async def test_one_of_a_kind_reads_in_the_singular(api: ApiEmulator, tmp_path: Path) -> None:
+    api.seed(gpu_node("n-1", verdict="PASS"), agent_pod("n-1"),
+             event("train.1", "NodeEvicted", 60))
+    run = await healthd(api, tmp_path, "status", clock=lambda: NOW)
+    assert "\n1 GPU node: 1 PASS\n" in run.out
+    assert "1 AppWrapper reset in the last hour" in run.out

@@ -10,7 +10,7 @@ import pytest
 
 from healthd.kube.client import Kube
 from healthd.kube.events import MAX_MESSAGE, EventRecorder
-from healthd.kube.objects import NODES, PODS
+from healthd.kube.objects import EVENTS, NODES, PODS
 from healthd.sim.apiserver import ApiEmulator
 from tests.kube.conftest import node, pod
 
@@ -73,3 +73,37 @@ async def test_a_server_that_is_gone_does_not_break_the_caller(api: ApiEmulator,
                                                     message="m")
     await api.come_back()
     assert api.list("Event", "default") == []
+
+
+async def describe_events(kube: Kube, kind: str, name: str, uid: str,
+                          namespace: str = "") -> list[str]:
+    """The reasons `kubectl describe` lists: it selects Events by the object's kind,
+    name, namespace and uid."""
+    selector = (f"involvedObject.kind={kind},involvedObject.name={name},"
+                f"involvedObject.namespace={namespace},involvedObject.uid={uid}")
+    listing = await kube.list(EVENTS, None, field_selector=selector)
+    return [e["reason"] for e in listing["items"]]
+
+
+async def test_an_event_given_only_a_name_carries_the_uid_describe_needs(
+        api: ApiEmulator, kube: Kube) -> None:
+    api.seed(node("gpu-1"))
+    uid = (await kube.get(NODES, "gpu-1"))["metadata"]["uid"]
+    recorder = EventRecorder(kube, component="healthd-agent", host="gpu-1")
+    await recorder.record({"metadata": {"name": "gpu-1"}}, type="Warning",
+                          reason="DiagnosticFailed", message="not scheduled", res=NODES)
+    await recorder.record({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-1"}},
+                          type="Normal", reason="RequestDone", message="done")
+    assert sorted(await describe_events(kube, "Node", "gpu-1", uid)) == [
+        "DiagnosticFailed", "RequestDone"]
+    for event in api.list("Event", "default"):
+        assert {k: event["involvedObject"][k] for k in ("kind", "apiVersion", "uid")} == {
+            "kind": "Node", "apiVersion": "v1", "uid": uid}
+
+
+async def test_an_event_on_an_object_that_cannot_be_read_is_still_posted(
+        api: ApiEmulator, kube: Kube) -> None:
+    await EventRecorder(kube, component="c").record(
+        {"metadata": {"name": "gone"}}, type="Warning", reason="R", message="m", res=NODES)
+    [event] = api.list("Event", "default")
+    assert event["involvedObject"] == {"kind": "Node", "apiVersion": "v1", "name": "gone"}
