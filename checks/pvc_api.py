@@ -24,19 +24,37 @@ import json
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import aiohttp
 import anyio
-from kubernetes.aio import client, watch
-from kubernetes.aio.client.exceptions import ApiException
+
+if TYPE_CHECKING:
+    from kubernetes.aio.client.exceptions import ApiException
 
 PVC_KIND = "PersistentVolumeClaim"
 PROVISIONING_FAILED = "ProvisioningFailed"
 _MAX_REASON = 300
 _REWATCH_PAUSE_S = 0.2  # spacing between re-watches when the server ends a watch early
-_Watch: Any = watch.Watch  # the client's watch module has no type hints
 M = TypeVar("M")
+
+
+# The official client is imported when a probe runs, not when the check is loaded:
+# its typed API and model modules cost ~20 MiB of memory, and most agents run the
+# probe rarely or never.
+def _client() -> Any:
+    from kubernetes.aio import client
+    return client
+
+
+def _api_exception() -> type[ApiException]:
+    from kubernetes.aio.client.exceptions import ApiException
+    return ApiException
+
+
+def _watch() -> Any:
+    from kubernetes.aio import watch  # no type hints
+    return watch.Watch
 
 
 class ApiProblem(Exception):
@@ -45,7 +63,7 @@ class ApiProblem(Exception):
 
 def describe_error(exc: BaseException) -> str:
     """One line saying why a call of the official client failed."""
-    if isinstance(exc, ApiException):
+    if isinstance(exc, _api_exception()):
         text = f"HTTP {exc.status} {exc.reason or ''}".rstrip()
         message = _status_message(exc.body)
         return f"{text}: {message}" if message else text
@@ -85,7 +103,7 @@ def translated(action: str) -> Iterator[None]:
 
 def is_not_found(exc: BaseException) -> bool:
     cause = exc.__cause__ if isinstance(exc, ApiProblem) else exc
-    return isinstance(cause, ApiException) and cause.status == 404
+    return isinstance(cause, _api_exception()) and cause.status == 404
 
 
 @dataclass(frozen=True)
@@ -101,6 +119,7 @@ class ProbeApi:
     """The probe's view of the cluster: one namespace, PVCs, consumer pods, events."""
 
     def __init__(self, api_client: Any, namespace: str) -> None:
+        client = _client()
         self.core = client.CoreV1Api(api_client)
         self.storage = client.StorageV1Api(api_client)
         self.namespace = namespace
@@ -123,13 +142,13 @@ class ProbeApi:
     async def create_pvc(self, manifest: Mapping[str, Any]) -> tuple[str, str]:
         """Create the PVC; return its resourceVersion (where the watch starts) and uid."""
         with translated("cannot create the test PVC"):
-            body = _model(client.V1PersistentVolumeClaim, manifest)
+            body = _model(_client().V1PersistentVolumeClaim, manifest)
             pvc = await self.core.create_namespaced_persistent_volume_claim(self.namespace, body)
         return _meta(pvc, "resource_version"), _meta(pvc, "uid")
 
     async def create_pod(self, manifest: Mapping[str, Any]) -> None:
         with translated("cannot create the consumer pod"):
-            body = _model(client.V1Pod, manifest)
+            body = _model(_client().V1Pod, manifest)
             await self.core.create_namespaced_pod(self.namespace, body)
 
     async def wait_bound(self, name: str, resource_version: str) -> None:
@@ -149,7 +168,7 @@ class ProbeApi:
 
     async def _watch_until_bound(self, name: str, version: str) -> bool:
         """True when the watch saw the PVC Bound; False when the stream ended first."""
-        stream = _Watch(return_type="object")  # plain dicts: no model parsing
+        stream = _watch()(return_type="object")  # plain dicts: no model parsing
         try:
             with translated("cannot watch the test PVC"):
                 async for event in stream.stream(
@@ -254,7 +273,7 @@ def _bound(event: Mapping[str, Any], name: str) -> bool:
 
 
 def _is_gone(exc: ApiProblem) -> bool:
-    return isinstance(exc.__cause__, ApiException) and exc.__cause__.status == 410
+    return isinstance(exc.__cause__, _api_exception()) and exc.__cause__.status == 410
 
 
 def _about(ref: Any, name: str, uid: str) -> bool:
