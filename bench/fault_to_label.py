@@ -117,8 +117,8 @@ async def run_faults(faults: int) -> dict[str, list[float | None]]:
             api.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
                       "status": {"capacity": {"nvidia.com/gpu": "8"}}})
             kubeconfig = api.write_kubeconfig(Path(tmp) / "kubeconfig")
-            agent = Agent(bench_config(), node=NODE, kubeconfig=str(kubeconfig), sim=sim,
-                          http_port=0, registry=CollectorRegistry())
+            agent = Agent(sim.adapt(bench_config()), node=NODE, kubeconfig=str(kubeconfig),
+                          probes=sim.probes(), http_port=0, registry=CollectorRegistry())
             bench = Bench(api, sim)
             async with anyio.create_task_group() as group:
                 group.start_soon(agent.run)

@@ -25,8 +25,8 @@ from typing import Any
 
 from common import Goal, main, parser, summary
 
-from healthd.controller.health import unavailability
-from healthd.controller.lending import LendingModel
+from healthd.capacity.health import unavailability
+from healthd.capacity.lending import LendingModel
 from healthd.kube.conventions import GPU_RESOURCE, Keys, Verdict
 
 NAME = "lending_recompute"

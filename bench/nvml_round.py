@@ -23,11 +23,11 @@ import anyio
 from common import Goal, main, parser, summary
 
 from checks.base import CheckContext, CheckResult
-from checks.nvml import NvmlGpuSource
-from healthd.agent.runner import Planned, Runner
-from healthd.agent.schedule import planned_check
+from checks.snapshot import NvmlGpuSource
+from healthd.agent.runner import Runner
 from healthd.agent.verdict import Trigger
 from healthd.config import Config
+from healthd.plans import Planned, planned_check
 from healthd.sim.node import simulate
 
 NAME = "nvml_round"

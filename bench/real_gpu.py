@@ -42,8 +42,8 @@ from agent_footprint import footprint
 from common import REPO, Goal, main, parser
 from nvml_round import GOAL_MS, real, round_config, simulated
 
-from checks.nvml import NodeSnapshot, Ok, Unsupported
 from checks.nvml_reader import NvmlReader
+from checks.snapshot import NodeSnapshot, Ok, Unsupported
 
 NAME = "real_gpu"
 RECORDED_CHECKS = "gpus,remapped,power,pcie,ecc,nvlink,xid,pciebw"

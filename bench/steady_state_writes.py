@@ -89,8 +89,9 @@ async def run(nodes: int,
                 api.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node_name(i)},
                           "status": {"capacity": {"nvidia.com/gpu": "8"}}})
             kubeconfig = str(api.write_kubeconfig(Path(tmp) / "kubeconfig"))
-            agents = [Agent(bench_config(), node=node_name(i), kubeconfig=kubeconfig, sim=sim,
-                            http_port=0, registry=CollectorRegistry()) for i in range(nodes)]
+            agents = [Agent(sim.adapt(bench_config()), node=node_name(i), kubeconfig=kubeconfig,
+                            probes=sim.probes(), http_port=0,
+                            registry=CollectorRegistry()) for i in range(nodes)]
             async with anyio.create_task_group() as group:
                 for agent in agents:
                     group.start_soon(agent.run)

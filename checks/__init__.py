@@ -7,7 +7,7 @@ output and of the default (`all`) set.
 
 from __future__ import annotations
 
-from checks.base import Check
+from checks.base import BaseCheck
 from checks.dcgm import DcgmCheck
 from checks.ecc import EccCheck
 from checks.gpus import GpusCheck
@@ -21,7 +21,7 @@ from checks.pvc import PvcCheck
 from checks.remapped import RemappedCheck
 from checks.xid import XidCheck
 
-_ALL: tuple[type[Check], ...] = (
+_ALL: tuple[type[BaseCheck], ...] = (
     GpusCheck,
     RemappedCheck,
     PowerCheck,
@@ -36,4 +36,4 @@ _ALL: tuple[type[Check], ...] = (
     DcgmCheck,
 )
 
-REGISTRY: dict[str, type[Check]] = {cls.NAME: cls for cls in _ALL}
+REGISTRY: dict[str, type[BaseCheck]] = {cls.NAME: cls for cls in _ALL}

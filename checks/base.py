@@ -22,7 +22,11 @@ from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
     from checks.catalog import Catalog
-    from checks.nvml import GpuSource
+    from checks.nic import LinkReader
+    from checks.pciebw import BandwidthProbe
+    from checks.ping import Prober
+    from checks.pvc_api import ProbeApiFactory
+    from checks.snapshot import GpuSource
 
 Value = int | float | str | bool
 
@@ -311,43 +315,52 @@ class Attachment:
 @dataclass
 class CheckContext:
     """What a check gets from outside: the finding catalog, the GPUs, the node's
-    identity and, for the checks that need them, peers and a Kubernetes client.
+    identity and, for the checks that need them, peers and the pvc probe's API.
 
-    `gpus` serves ONE NVML pass per round to every NVML check (see checks.nvml)."""
+    `gpus` serves ONE NVML pass per round to every NVML check (see checks.snapshot)."""
 
     catalog: Catalog
     node_name: str = ""
     gpus: GpuSource | None = None
     expected_gpus: int | None = None
     peers: Sequence[Peer] = ()
+    pvc_api: ProbeApiFactory | None = None  # the pvc check's door to the cluster
     attachments: Sequence[Attachment] = ()  # this pod's secondary interfaces (nic)
-    link_reader: Any = None  # checks.nic.LinkReader; None = netlink in this namespace
-    kube: Any = None  # a kubernetes.client.ApiClient, for the pvc check
-    bandwidth_probe: Any = None  # checks.pciebw.BandwidthProbe; None = the real CUDA probe
+    link_reader: LinkReader | None = None  # None: netlink in this namespace
+    bandwidth_probe: BandwidthProbe | None = None  # None: the real CUDA probe
+    ping_prober: Prober | None = None  # None: ICMP through icmplib
     namespace: str = "healthd-system"
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Probes:
+    """What checks measure with besides NVML, when it is not the real thing: the
+    simulator's stand-ins (None: the CUDA bandwidth probe, netlink, ICMP)."""
+
+    bandwidth: BandwidthProbe | None = None
+    links: LinkReader | None = None
+    ping: Prober | None = None
+
+    def apply(self, ctx: CheckContext) -> None:
+        """Point `ctx` at these probes."""
+        ctx.bandwidth_probe, ctx.link_reader = self.bandwidth, self.links
+        ctx.ping_prober = self.ping
+
+
 @runtime_checkable
 class Check(Protocol):
-    """One health check. Class attributes describe it; `run` performs it once.
+    """One health check instance, as the code that runs checks sees it: its name, its
+    validated parameters, whether it needs the GPUs to itself, its deadline, and
+    `run`, which performs it once. Check classes derive from `BaseCheck`, whose class
+    attributes describe them."""
 
-    - NAME: stable name used in config, CLI and labels (`remapped`, `dcgm`, ...)
-    - Params: pydantic model of its parameters (`NoParams` when it has none)
-    - ARG: the parameter that `name:value` on the command line sets (`dcgm:3`), if any
-    - DEFAULT_INTERVAL_S, DEFAULT_TIMEOUT_S: schedule defaults for the agent
-    - EXCLUSIVE: needs all GPUs to itself (deep diagnostics)
-    """
+    @property
+    def NAME(self) -> str:
+        ...
 
-    NAME: ClassVar[str]
-    Params: ClassVar[type[BaseModel]]
-    ARG: ClassVar[str | None]
-    DEFAULT_INTERVAL_S: ClassVar[float]
-    DEFAULT_TIMEOUT_S: ClassVar[float]
-    EXCLUSIVE: ClassVar[bool]
-    DESCRIPTION: ClassVar[str]
-
-    params: BaseModel
+    @property
+    def params(self) -> BaseModel: ...
 
     @property
     def exclusive(self) -> bool: ...
@@ -359,8 +372,15 @@ class Check(Protocol):
 
 
 class BaseCheck:
-    """Convenience base: stores validated params and exposes the class attributes.
-    Subclasses set the ClassVars and implement `run`."""
+    """The base of every check class: stores validated params; subclasses set the
+    class attributes and implement `run`.
+
+    - NAME: stable name used in config, CLI and labels (`remapped`, `dcgm`, ...)
+    - Params: pydantic model of its parameters (`NoParams` when it has none)
+    - ARG: the parameter that `name:value` on the command line sets (`dcgm:3`), if any
+    - DEFAULT_INTERVAL_S, DEFAULT_TIMEOUT_S: schedule defaults for the agent
+    - EXCLUSIVE: needs all GPUs to itself (deep diagnostics)
+    """
 
     NAME: ClassVar[str]
     Params: ClassVar[type[BaseModel]] = NoParams

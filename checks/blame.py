@@ -27,7 +27,8 @@ The rules (`share` is the threshold, 0.5 by default; "most" means MORE than it):
    reporters, cannot reach it, and there are at least `min_reporters` of them.
    A down node with no report of its own is blamed, never isolated.
 
-A node's `verdict` is ISOLATED when isolated (its own view and, typically, the
+A node's judgement (`NodeVerdict.verdict`, a `Judgement`; not to be confused with
+the node's published verdict) is ISOLATED when isolated (its own view and, typically, the
 others' agree), else BLAMED when blamed, else OK. OK means nothing points at this
 node alone; with `partitioned` set the network is still broken, between groups.
 """
@@ -42,7 +43,9 @@ Matrix = Mapping[str, Mapping[str, bool]]
 Edges = dict[tuple[str, str], bool]
 
 
-class Verdict(enum.StrEnum):
+class Judgement(enum.StrEnum):
+    """What the ping reports say about one node."""
+
     OK = "OK"
     BLAMED = "BLAMED"
     ISOLATED = "ISOLATED"
@@ -65,10 +68,10 @@ class NodeVerdict:
     targets: int
 
     @property
-    def verdict(self) -> Verdict:
+    def verdict(self) -> Judgement:
         if self.isolated:
-            return Verdict.ISOLATED
-        return Verdict.BLAMED if self.blamed else Verdict.OK
+            return Judgement.ISOLATED
+        return Judgement.BLAMED if self.blamed else Judgement.OK
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,7 @@ class BlameReport:
     @property
     def at_fault(self) -> tuple[str, ...]:
         """Nodes whose verdict is not OK."""
-        return tuple(v.node for v in self.verdicts if v.verdict is not Verdict.OK)
+        return tuple(v.node for v in self.verdicts if v.verdict is not Judgement.OK)
 
 
 def judge(
@@ -386,13 +389,13 @@ class SparseReport:
 
     # -- what judge() returns ----------------------------------------------------------
 
-    def verdict_of(self, node: str) -> Verdict:
+    def verdict_of(self, node: str) -> Judgement:
         """The node's verdict in O(1) (KeyError for a node no row names)."""
         if node not in self._failed:
             raise KeyError(node)
         if node in self._isolated:
-            return Verdict.ISOLATED
-        return Verdict.BLAMED if node in self._blamed else Verdict.OK
+            return Judgement.ISOLATED
+        return Judgement.BLAMED if node in self._blamed else Judgement.OK
 
     def __getitem__(self, node: str) -> NodeVerdict:
         if node not in self._failed:

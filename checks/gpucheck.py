@@ -1,6 +1,6 @@
 """The shared skeleton of every check that judges one NVML snapshot.
 
-NVML checks never call NVML: the access layer (checks.nvml) reads the node once per
+NVML checks never call NVML: the access layer (checks.snapshot) reads the node once per
 round and every check judges the same `NodeSnapshot`. What is common to all of them
 lives here, written once:
 
@@ -25,7 +25,7 @@ from typing import Generic, TypeVar, cast
 from pydantic import BaseModel
 
 from checks.base import BaseCheck, CheckContext, CheckResult, Entity, ResultBuilder
-from checks.nvml import (
+from checks.snapshot import (
     DRIVER_NOT_FOUND,
     Failed,
     GpuSnapshot,

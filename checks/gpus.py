@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from checks.base import CheckContext, Entity, ResultBuilder
 from checks.gpucheck import GpuCheck
-from checks.nvml import GpuSnapshot, NodeSnapshot
+from checks.snapshot import GpuSnapshot, NodeSnapshot
 
 
 class GpusParams(BaseModel):

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from checks.base import Entity, NoParams, ResultBuilder
 from checks.gpucheck import GpuCheck, unwrap
-from checks.nvml import GpuSnapshot
+from checks.snapshot import GpuSnapshot
 
 
 class NvlinkCheck(GpuCheck[NoParams]):

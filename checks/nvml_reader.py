@@ -1,8 +1,8 @@
 """The NVML pass: reads every GPU once through the real `pynvml` and maps each outcome
-to a plain value (see checks.nvml for the rules), plus the XID event subscription.
+to a plain value (see checks.snapshot for the rules), plus the XID event subscription.
 
 This module and healthd's simulator are the only code that imports pynvml. The
-reader is synchronous and thread-safe; checks.nvml.NvmlGpuSource runs it in a worker
+reader is synchronous and thread-safe; checks.snapshot.NvmlGpuSource runs it in a worker
 thread. NVML is initialised once and reused; when the driver is missing the pass
 reports it, and the next pass tries again, so a driver that appears later is used.
 
@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from checks.nvml import (
+from checks.snapshot import (
     DRIVER_NOT_FOUND,
     Ecc,
     Failed,

@@ -31,8 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from checks.base import Entity, ResultBuilder
 from checks.gpucheck import GpuCheck, unwrap
-from checks.nvml import GpuSnapshot, Ok, PcieLink
 from checks.power import GPU_IDLE
+from checks.snapshot import GpuSnapshot, Ok, PcieLink
 
 
 class PcieParams(BaseModel):

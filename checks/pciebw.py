@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from checks.base import CheckContext, CheckResult, Entity, ResultBuilder
 from checks.cuda import CUDA_LIBRARY, CudaDriver, CudaError, CudaUnavailable
 from checks.gpucheck import GpuCheck, gpu_entity, unwrap
-from checks.nvml import GpuSnapshot, NodeSnapshot, PcieLink
+from checks.snapshot import GpuSnapshot, NodeSnapshot, PcieLink
 
 GB = 1e9  # PCIe rates are decimal gigabytes per second
 MIB = 1 << 20

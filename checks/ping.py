@@ -293,17 +293,19 @@ class PingCheck(BaseCheck):
         prober: Prober | None = None,
     ) -> None:
         super().__init__(params)
-        self.prober: Prober = prober or IcmpProber(privileged=self.params.privileged)
+        self.prober = prober  # None: the context's (the simulation's), else real ICMP
 
     async def run(self, ctx: CheckContext) -> CheckResult:
         plans = plan_networks(_merge_peers(ctx.peers, ctx.node_name), self.params)
         if not plans:
             return CheckResult.skipped(self.NAME, "no peers to ping")
+        prober: Prober = (self.prober or ctx.ping_prober
+                          or IcmpProber(privileged=self.params.privileged))
         limiter = anyio.CapacityLimiter(self.params.concurrency)
         outcomes: dict[str, list[PeerOutcome] | ProbePermissionError] = {}
         async with anyio.create_task_group() as tg:
             for plan in plans:
-                tg.start_soon(self._probe_network, plan, limiter, outcomes)
+                tg.start_soon(self._probe_network, prober, plan, limiter, outcomes)
         for got in outcomes.values():
             if isinstance(got, ProbePermissionError):  # no address can be probed at all
                 return CheckResult.unknown(self.NAME, str(got))
@@ -315,7 +317,7 @@ class PingCheck(BaseCheck):
         return builder.build()
 
     async def _probe_network(
-        self, plan: NetworkPlan, limiter: anyio.CapacityLimiter,
+        self, prober: Prober, plan: NetworkPlan, limiter: anyio.CapacityLimiter,
         into: dict[str, list[PeerOutcome] | ProbePermissionError],
     ) -> None:
         """Probe every valid address of every peer on one network, within its
@@ -324,7 +326,7 @@ class PingCheck(BaseCheck):
 
         async def one(name: str, address: str) -> None:
             async with limiter:
-                results[(name, address)] = await self._probe_one(plan, address)
+                results[(name, address)] = await self._probe_one(prober, plan, address)
 
         with anyio.move_on_after(plan.deadline_s):
             async with anyio.create_task_group() as tg:
@@ -342,9 +344,10 @@ class PingCheck(BaseCheck):
             return
         into[plan.network] = [_outcome(peer, results, plan.network) for peer in plan.peers]
 
-    async def _probe_one(self, plan: NetworkPlan, address: str) -> Echo | ProbeError:
+    async def _probe_one(self, prober: Prober, plan: NetworkPlan,
+                         address: str) -> Echo | ProbeError:
         try:
-            return await self.prober.probe(
+            return await prober.probe(
                 address, count=plan.count, interval_s=self.params.interval_s,
                 timeout_s=plan.timeout_s,
             )

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from checks.base import Entity, NoParams, ResultBuilder
 from checks.gpucheck import GpuCheck, unwrap
-from checks.nvml import GpuSnapshot
+from checks.snapshot import GpuSnapshot
 
 # nvmlClocksEventReason* bits (nvml.h), named as the machine spec names them.
 CLOCK_EVENT_BITS: dict[int, str] = {

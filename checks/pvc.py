@@ -22,8 +22,9 @@ What it reports, per storage class (`Entity("storage", <class>)`):
 - Any API failure (403, 5xx, unreachable) -> UNKNOWN with a one-line reason.
 - No storage class configured -> SKIPPED.
 
-Every object is labelled `healthd.io/probe=pvc` and `healthd.io/node=<node>` and is
-deleted when the probe ends, whatever ends it (bind, deadline, error, cancellation),
+Every object is labelled as this node's probe (the labels are healthd's: see
+healthd.kube.pvc_probe, which implements the check's `ProbeApi`) and is deleted
+when the probe ends, whatever ends it (bind, deadline, error, cancellation),
 by a shielded cleanup with its own deadline. Each run starts by deleting what earlier
 runs on this node left behind (an agent killed mid-probe), found by those labels.
 
@@ -33,7 +34,6 @@ list, watch, delete), events (list); cluster-wide: storageclasses (get).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 import secrets
@@ -48,18 +48,12 @@ from checks.pvc_api import ApiProblem, ProbeApi, StorageClassInfo
 
 log = logging.getLogger(__name__)
 
-PROBE_LABEL = "healthd.io/probe"
-NODE_LABEL = "healthd.io/node"
-CLASS_LABEL = "healthd.io/storage-class"
-NODE_ANNOTATION = "healthd.io/node-name"  # the full name, should the label be shortened
-PROBE_VALUE = "pvc"
 MOUNT_PATH = "/probe"
 CLEANUP_TIMEOUT_S = 15.0
 
 _QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
 _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
-_MAX_LABEL = 63
 
 ClassName = Annotated[str, StringConstraints(pattern=_DNS_SUBDOMAIN)]
 
@@ -109,13 +103,13 @@ class PvcCheck(BaseCheck):
         classes = list(dict.fromkeys(self.params.storage_classes))
         if not classes:
             return CheckResult.skipped(self.NAME, "no storage class configured")
-        if ctx.kube is None:
+        if ctx.pvc_api is None:
             return CheckResult.unknown(self.NAME, "no Kubernetes client available")
         if not ctx.node_name:
             return CheckResult.unknown(self.NAME, "the node name is unknown")
-        api = ProbeApi(ctx.kube, self.params.namespace or ctx.namespace)
+        api = ctx.pvc_api(self.params.namespace or ctx.namespace, ctx.node_name)
         try:
-            swept = await api.sweep(probe_selector(ctx.node_name))
+            swept = await api.sweep()
         except ApiProblem as exc:
             # A probe that cannot clean up must not create more objects.
             return CheckResult.unknown(self.NAME, str(exc))
@@ -164,9 +158,9 @@ class PvcCheck(BaseCheck):
         uid: str | None = None
         try:
             with anyio.move_on_after(timeout):
-                version, uid = await api.create_pvc(self._pvc_manifest(name, node, info.name))
+                version, uid = await api.create_pvc(self._pvc_manifest(name, info.name), info.name)
                 if consumer:
-                    await api.create_pod(self._pod_manifest(name, node, info.name))
+                    await api.create_pod(self._pod_manifest(name, node), info.name)
                 await api.wait_bound(name, version)
                 return Bound(anyio.current_time() - started)
             if uid is None:
@@ -175,11 +169,11 @@ class PvcCheck(BaseCheck):
         finally:
             await _cleanup(api, name, pod=consumer)
 
-    def _pvc_manifest(self, name: str, node: str, storage_class: str) -> dict[str, Any]:
+    def _pvc_manifest(self, name: str, storage_class: str) -> dict[str, Any]:
         return {
             "apiVersion": "v1",
             "kind": "PersistentVolumeClaim",
-            "metadata": _metadata(name, node, storage_class),
+            "metadata": {"name": name},
             "spec": {
                 "accessModes": ["ReadWriteOnce"],
                 "storageClassName": storage_class,
@@ -187,7 +181,7 @@ class PvcCheck(BaseCheck):
             },
         }
 
-    def _pod_manifest(self, name: str, node: str, storage_class: str) -> dict[str, Any]:
+    def _pod_manifest(self, name: str, node: str) -> dict[str, Any]:
         """A pause pod that only mounts the PVC, pinned to this node through the
         scheduler, tolerating every taint (GPU nodes are usually tainted)."""
         pin = {"key": "metadata.name", "operator": "In", "values": [node]}
@@ -210,7 +204,7 @@ class PvcCheck(BaseCheck):
         return {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": _metadata(name, node, storage_class),
+            "metadata": {"name": name},
             "spec": {
                 "affinity": {"nodeAffinity": affinity},
                 "tolerations": [{"operator": "Exists"}],
@@ -229,36 +223,14 @@ class PvcCheck(BaseCheck):
         }
 
 
-def probe_selector(node: str) -> str:
-    """Label selector of every probe object this node's agent created."""
-    return f"{PROBE_LABEL}={PROBE_VALUE},{NODE_LABEL}={label_value(node)}"
-
-
 def probe_name(node: str, storage_class: str) -> str:
     """`healthd-pvc-<node>-<class>-<random>`, shortened to a valid 63-character name;
     the random part keeps a new probe clear of an old one still terminating."""
     return f"healthd-pvc-{_slug(node, 24)}-{_slug(storage_class, 16)}-{secrets.token_hex(3)}"
 
 
-def label_value(text: str) -> str:
-    """`text` as a label value: unchanged up to 63 characters, else cut and hashed."""
-    if len(text) <= _MAX_LABEL:
-        return text
-    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
-    return f"{text[: _MAX_LABEL - 11].rstrip('-.')}-{digest}"
-
-
 def _slug(text: str, limit: int) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower())[:limit].strip("-") or "x"
-
-
-def _metadata(name: str, node: str, storage_class: str) -> dict[str, Any]:
-    labels = {
-        PROBE_LABEL: PROBE_VALUE,
-        NODE_LABEL: label_value(node),
-        CLASS_LABEL: label_value(storage_class),
-    }
-    return {"name": name, "labels": labels, "annotations": {NODE_ANNOTATION: node}}
 
 
 async def _failure_message(api: ProbeApi, name: str, uid: str) -> str | None:

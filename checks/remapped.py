@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from checks.base import Entity, NoParams, ResultBuilder
 from checks.gpucheck import GpuCheck, unwrap
-from checks.nvml import GpuSnapshot, RemappedRows
+from checks.snapshot import GpuSnapshot, RemappedRows
 
 
 class RemappedCheck(GpuCheck[NoParams]):

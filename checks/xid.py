@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from checks.base import CheckContext, Entity, Finding, ResultBuilder
 from checks.gpucheck import GpuCheck, gpu_entity
-from checks.nvml import GpuSnapshot, NodeSnapshot, XidEvent
+from checks.snapshot import GpuSnapshot, NodeSnapshot, XidEvent
 
 MAX_WINDOW_S = 10.0
 

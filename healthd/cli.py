@@ -32,7 +32,7 @@ import anyio
 
 import checks
 from checks.base import CheckContext, CheckResult, Peer, Severity
-from checks.nvml import DRIVER_NOT_FOUND, NvmlGpuSource
+from checks.snapshot import DRIVER_NOT_FOUND, NvmlGpuSource
 from healthd import __version__
 from healthd.config import Config, ConfigError, load_config
 from healthd.exits import EX_CONFIG, EX_USAGE
@@ -169,7 +169,7 @@ def _load_config(path: str | None) -> Config:
 async def _run_check(args: argparse.Namespace) -> Report:
     config = _load_config(args.config)
     try:
-        selection = [(s.name, s.arg) for s in parse_selection(args.checks, checks.REGISTRY)]
+        selection = parse_selection(args.checks, checks.REGISTRY)
         peers = parse_peers(args.peer)
         planned = plan(config, selection)
     except (SelectionError, UsageError, ValueError) as exc:
@@ -292,6 +292,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "agent":
         from healthd.agent.command import run_agent
 
+        if args.sim:  # the simulation adapts the agent; the agent never imports it
+            from healthd.sim.node import simulate
+
+            return run_agent(args, simulate=simulate)
         return run_agent(args)
     return cmd_check(args)
 

@@ -14,16 +14,10 @@ from typing import Any
 
 import anyio
 
-from checks.base import Check, CheckContext, CheckResult, Severity, run_check, worst
+from checks.base import CheckContext, CheckResult, Severity, run_check, worst
 from healthd.config import Config
-
-
-@dataclass(frozen=True)
-class Planned:
-    """A check instance with the timeout it runs under."""
-
-    check: Check
-    timeout_s: float
+from healthd.plans import Planned, planned_check
+from healthd.selection import Selected
 
 
 @dataclass
@@ -54,14 +48,9 @@ class Report:
         }
 
 
-def plan(config: Config, selection: Sequence[tuple[str, str | None]]) -> list[Planned]:
+def plan(config: Config, selection: Sequence[Selected]) -> list[Planned]:
     """Instantiate the selected checks with configured params and timeouts."""
-    planned = []
-    for name, arg in selection:
-        check = config.build_check(name, arg)
-        timeout = config.check_section(name).timeout or check.timeout_s
-        planned.append(Planned(check, timeout))
-    return planned
+    return [planned_check(config, str(selected)) for selected in selection]
 
 
 async def run_planned(planned: Sequence[Planned], ctx: CheckContext) -> list[CheckResult]:

@@ -29,7 +29,11 @@ from typing import Any
 
 import anyio.to_thread
 
-from checks.nvml import (
+from checks.nvml_reader import ECC_DISABLED
+from checks.pciebw import Bandwidth, BandwidthProbe, ProbeError
+from checks.power import CLOCK_EVENT_BITS, GPU_IDLE
+from checks.processes import ProgramNotFound, ProgramNotRunnable, run_process
+from checks.snapshot import (
     Failed,
     GpuSnapshot,
     NodeSnapshot,
@@ -39,10 +43,6 @@ from checks.nvml import (
     Unsupported,
     XidEvent,
 )
-from checks.nvml_reader import ECC_DISABLED
-from checks.pciebw import Bandwidth, BandwidthProbe, ProbeError
-from checks.power import CLOCK_EVENT_BITS, GPU_IDLE
-from checks.processes import ProgramNotFound, ProgramNotRunnable, run_process
 
 REDACTED_NODE = "recorded-node"
 _VERSION = re.compile(r"version\s*:?\s*([0-9][\w.\-]*)", re.IGNORECASE)

@@ -23,7 +23,8 @@ import yaml
 from checks.dcgm import DcgmCheck, DcgmParams
 from checks.pciebw import MIB, BandwidthProbe, CudaBandwidthProbe, PcieBwCheck
 from healthd import __version__
-from healthd.config import Config, parse_duration
+from healthd.config import Config
+from healthd.durations import parse_duration
 from healthd.exits import EX_CONFIG, EX_USAGE, ExitError, config_or_exit
 from healthd.once import node_name
 from healthd.record import NothingToRecord, machine_spec, read_machine

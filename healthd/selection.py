@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from checks.base import Check
+from checks.base import BaseCheck
 
 _ITEM = re.compile(r"^(?P<name>[a-z][a-z0-9_-]*)(?::(?P<arg>[A-Za-z0-9_.-]+))?$")
 
@@ -41,12 +41,12 @@ class UnknownCheck(SelectionError):
         )
 
 
-def default_selection(registry: Mapping[str, type[Check]]) -> list[Selected]:
+def default_selection(registry: Mapping[str, type[BaseCheck]]) -> list[Selected]:
     """`all`: every check whose default instance is not exclusive, in registry order."""
     return [Selected(name) for name, cls in registry.items() if not cls().exclusive]
 
 
-def parse_selection(text: str, registry: Mapping[str, type[Check]]) -> list[Selected]:
+def parse_selection(text: str, registry: Mapping[str, type[BaseCheck]]) -> list[Selected]:
     """Parse a comma-separated check list. `all` (alone) means the default set."""
     items = [part.strip() for part in text.split(",")]
     if not text.strip() or any(not part for part in items):

@@ -25,37 +25,51 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.abc
 from prometheus_client import CollectorRegistry
 
-from checks.base import Attachment, Check, CheckContext, CheckResult, Severity
-from checks.nvml import NvmlGpuSource, XidEvent
-from healthd.agent.busy import gpu_pods
-from healthd.agent.deepdiag import DeepDiagnostic
-from healthd.agent.http import serve_http
+from checks.base import Attachment, CheckContext, CheckResult, Probes, Severity
+from checks.snapshot import NvmlGpuSource, XidEvent
+from healthd.agent.deepdiag import DeepCheck, DeepDiagnostic
 from healthd.agent.metrics import AgentMetrics, read_cpu_model
 from healthd.agent.node_status import NodePublisher, desired_from
 from healthd.agent.ondemand import RequestHandler
 from healthd.agent.peers import PeerWatcher
-from healthd.agent.runner import Planned, Runner
-from healthd.agent.schedule import Job, Schedule, plan_jobs, planned_check
-from healthd.agent.verdict import HealthState, Policy, Trigger, apply, end_testing, initial
+from healthd.agent.runner import Runner
+from healthd.agent.schedule import Job, Schedule, plan_jobs
+from healthd.agent.verdict import (
+    HealthState,
+    Policy,
+    Trigger,
+    apply,
+    end_testing,
+    initial,
+    request_clear,
+)
 from healthd.agent.verdict import start_testing as testing_started
+from healthd.capacity.health import gpu_count
 from healthd.config import DCGM_HOST_ENGINE_ENV, Config
+from healthd.http import serve_http
 from healthd.kube.client import Kube
-from healthd.kube.conventions import COMPONENT, GPU_RESOURCE, Keys, Reason, dcgm_label_value
+from healthd.kube.conventions import (
+    COMPONENT,
+    GPU_RESOURCE,
+    Keys,
+    Reason,
+    Verdict,
+    dcgm_label_value,
+)
 from healthd.kube.errors import KubeError
 from healthd.kube.events import WARNING, EventRecorder
 from healthd.kube.objects import NODES
+from healthd.kube.pods import gpu_pods
+from healthd.kube.pvc_probe import KubeProbeApi
 from healthd.kube.watching import watch_forever
-from healthd.once import Planned as OncePlanned
-
-if TYPE_CHECKING:
-    from healthd.sim.node import SimulatedNode
+from healthd.plans import Planned, planned_check
+from healthd.requests import Request, take
 
 log = logging.getLogger(__name__)
 
@@ -65,31 +79,6 @@ LABEL_WAIT_S = 60.0  # fault-to-label: give up measuring after this long
 # its longest deadline: the scheduler or a round is stuck (e.g. NVML hung in the
 # driver), though the last published state still looks fresh.
 STALE_TURNS = 3
-
-
-class DeepCheck:
-    """An exclusive check run as a Job: the runner sees an ordinary exclusive check,
-    so the gate keeps every other check off the GPUs while it runs."""
-
-    def __init__(self, check: Check, diag: DeepDiagnostic, key: str, gpu_count: int) -> None:
-        self.inner, self.diag, self.key, self.gpu_count = check, diag, key, gpu_count
-        self.NAME = check.NAME
-        self.params = check.params
-
-    @property
-    def exclusive(self) -> bool:
-        return True
-
-    @property
-    def timeout_s(self) -> float:
-        settings = self.diag.settings
-        return settings.schedule_deadline_s + settings.run_deadline_s + 30
-
-    async def run(self, ctx: CheckContext) -> CheckResult:
-        outcome = await self.diag.run(self.key, self.gpu_count)
-        if outcome.result is None:  # DeepDiagnostic already told the node (an Event)
-            return CheckResult.unknown(self.NAME, outcome.error)
-        return outcome.result
 
 
 def effective_config(config: Config) -> Config:
@@ -112,14 +101,15 @@ class Agent:
 
     def __init__(self, config: Config, *, node: str, kubeconfig: str | None = None,
                  context: str | None = None, kube: Kube | None = None,
-                 sim: SimulatedNode | None = None, http_port: int | None = None,
+                 probes: Probes | None = None, http_port: int | None = None,
                  registry: CollectorRegistry | None = None,
                  clock: Callable[[], float] = time.time) -> None:
+        """`probes`: what checks measure with besides NVML (None: the real thing); a
+        simulated machine hands its own, with a config it adapted."""
         self.config = effective_config(config)
         self.settings = self.config.agent
         self.node = node
         self.keys = Keys(config.label_prefix, config.own_prefix)
-        self.sim = sim
         self.clock = clock
         self.registry = registry or CollectorRegistry()
         self.http_port = self.settings.http_port if http_port is None else http_port
@@ -149,8 +139,9 @@ class Agent:
         self.ctx = CheckContext(catalog=self.config.catalog(), node_name=node,
                                 expected_gpus=self.config.expected_gpus,
                                 namespace=self.config.namespace)
+        (probes or Probes()).apply(self.ctx)
         self.runner = Runner(self.ctx, on_result=self._on_result)
-        self._expected_from_node = self.config.expected_gpus is None and sim is None
+        self._expected_from_node = self.config.expected_gpus is None
 
     # -- probes ------------------------------------------------------------------------
 
@@ -192,18 +183,18 @@ class Agent:
     async def _run_with(self, kube: Kube, gpus: NvmlGpuSource) -> None:
         self.kube = kube
         self.ctx.gpus = gpus
-        self.ctx.kube = kube.api_client  # the pvc check's client
+        self.ctx.pvc_api = KubeProbeApi.factory(kube, self.keys)
         self.events = EventRecorder(kube, component=COMPONENT, host=self.node)
         self.publisher = NodePublisher(kube, self.node, self.keys, self.events,
                                        clock=self.clock)
         self.diag = DeepDiagnostic(kube, self.node, self.settings.deep_diagnostics,
-                                   self.events, catalog=self.ctx.catalog,
+                                   self.events, catalog=self.ctx.catalog, keys=self.keys,
                                    job_env=self._deep_job_env())
         peers = PeerWatcher(kube, self.node, namespace=self.settings.peers.namespace,
                             label_selector=self.settings.peers.label_selector,
                             on_change=self._peers_changed,
                             on_attachments=self._attachments_changed)
-        requests = RequestHandler(self)
+        requests = RequestHandler(self, self.keys)
         jobs = self._jobs()
         log.info("agent starting on node %s: %d scheduled jobs, API %s", self.node,
                  len(jobs), getattr(kube, "host", ""))
@@ -246,22 +237,14 @@ class Agent:
     # -- plans -------------------------------------------------------------------------
 
     def _jobs(self) -> list[Job]:
-        jobs = [replace(job, planned=tuple(self._simulated(p) for p in job.planned))
-                for job in plan_jobs(self.config)]
+        jobs = plan_jobs(self.config)
         self.metrics.set_intervals({p.key: job.interval_s for job in jobs
                                     if job.interval_s is not None for p in job.planned})
         return jobs
 
     def plan(self, key: str) -> Planned:
         """The check `key` as configured (ValueError for a bad argument)."""
-        return self._simulated(planned_check(self.config, key))
-
-    def _simulated(self, planned: Planned) -> Planned:
-        """On a simulated machine, point the check at the simulated hardware."""
-        if self.sim is None:
-            return planned
-        (prepared,) = self.sim.prepare(self.ctx, [OncePlanned(planned.check, planned.timeout_s)])
-        return replace(planned, check=prepared.check)
+        return planned_check(self.config, key)
 
     async def _fire(self, job: Job) -> None:
         try:
@@ -293,7 +276,7 @@ class Agent:
 
     async def busy_pods(self) -> list[str]:
         """Pods holding this node's GPUs (KubeError when the API cannot tell)."""
-        return await gpu_pods(self.kube, self.node)
+        return await gpu_pods(self.kube, self.node, self.keys)
 
     async def run_deep(self, item: Planned, trigger: Trigger) -> CheckResult | str:
         """One exclusive check as a Job, if the GPUs are free: TESTING while it runs."""
@@ -396,16 +379,38 @@ class Agent:
     def node_changed(self) -> None:
         self._node_changed.set()
 
-    async def wait_node_change(self) -> dict[str, Any] | None:
+    # -- what on-demand requests use (healthd.agent.ondemand.RequestHost) -------------
+
+    def now(self) -> float:
+        return self.clock()
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.state.verdict
+
+    async def next_node(self) -> dict[str, Any] | None:
         """Wait for the next node event (or one not yet consumed); the node as seen."""
         await self._node_changed.wait()
         self._node_changed = anyio.Event()
         return self.node_obj
 
+    async def take(self, request: Request) -> bool:
+        return await take(self.publisher, request, self.keys)
+
+    def start_clear(self) -> list[str]:
+        state, keys = request_clear(self.state, at=self.clock())
+        self.set_state(state)
+        return sorted(keys)
+
+    async def publish_answer(self, last_run: str, flush_s: float) -> None:
+        self.last_run = last_run
+        self.publish()
+        await self.publisher.flush(flush_s)
+
     async def _consume_xids(self, gpus: NvmlGpuSource) -> None:
         # The event is already queued for the run it triggers: listening on would only
         # delay the label (periodic runs keep their window).
-        xid = self._simulated(planned_check(with_xid_window(self.config, 0.0), "xid"))
+        xid = planned_check(with_xid_window(self.config, 0.0), "xid")
         last: CheckResult | None = None
         async for event in gpus.watch_xids():
             log.info("XID %d on GPU %d", event.xid, event.gpu_index)
@@ -454,10 +459,4 @@ def _covers(result: CheckResult, event: XidEvent) -> bool:
 
 def _node_gpus(node: dict[str, Any] | None) -> int:
     """The node's GPU capacity (`status.capacity["nvidia.com/gpu"]`), 0 when unknown."""
-    status = node.get("status") if isinstance(node, dict) else None
-    capacity = status.get("capacity") if isinstance(status, dict) else None
-    try:
-        return int(str((capacity or {}).get(GPU_RESOURCE, 0)))
-    except ValueError:
-        return 0
-
+    return int(gpu_count(node, GPU_RESOURCE)) if node is not None else 0

@@ -1,5 +1,5 @@
-"""`healthd agent` as a process: config, logging, the simulated machine, signals,
-exit codes.
+"""`healthd agent` as a process: config, logging, the simulated machine (when the
+CLI hands one in), signals, exit codes.
 
 Exit codes: 0 after SIGTERM/SIGINT (the agent stopped cleanly, within
 `agent.shutdown_flush_s` plus the time checks take to die: well under 10 s);
@@ -15,28 +15,47 @@ import logging
 import signal
 import socket
 import sys
-from contextlib import ExitStack
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
+from typing import Protocol
 
 import anyio
 
+from checks.base import Probes
 from healthd.agent.agent import Agent
-from healthd.agent.logs import configure_logging
 from healthd.config import Config
 from healthd.exits import EX_CONFIG, EX_SOFTWARE, ExitError, config_or_exit
 from healthd.kube.errors import KubeError
-
-if TYPE_CHECKING:
-    from healthd.sim.node import SimulatedNode
+from healthd.logs import configure_logging
 
 log = logging.getLogger(__name__)
 
 HARD_STOP_S = 9.0  # after a signal: the process ends by then, flushed or not
 
 
-def resolve_node_name(config: Config, node: str | None, sim: SimulatedNode | None) -> str:
+class SimulatedMachine(Protocol):
+    """What the agent needs of a simulated machine (healthd.sim.node.SimulatedNode)."""
+
+    @property
+    def node(self) -> str:
+        """The machine's node name."""
+        ...
+
+    def probes(self) -> Probes:
+        """Its stand-ins for what checks measure with."""
+        ...
+
+    def adapt(self, config: Config) -> Config:
+        """`config` pointed at the simulated hardware."""
+        ...
+
+
+Simulate = Callable[[str], AbstractContextManager[SimulatedMachine]]
+
+
+def resolve_node_name(config: Config, node: str | None, sim: SimulatedMachine | None) -> str:
     """--node, else NODE_NAME (the config), else the simulated machine's, else the host."""
-    return node or config.node_name or (sim.spec.node if sim else "") or socket.gethostname()
+    return node or config.node_name or (sim.node if sim else "") or socket.gethostname()
 
 
 async def run_until_signal(agent: Agent) -> None:
@@ -71,23 +90,24 @@ def _startup_error(exc: BaseException) -> BaseException:
     return exc
 
 
-def run_agent(args: argparse.Namespace) -> int:
-    """The `healthd agent` subcommand."""
+def run_agent(args: argparse.Namespace, simulate: Simulate | None = None) -> int:
+    """The `healthd agent` subcommand; on the machine `simulate(args.sim)` opens when
+    given (a ValueError from it is a spec that cannot be used)."""
     try:
         with ExitStack() as stack:
             config = config_or_exit(args.config)
             sim = None
-            if args.sim:
-                from healthd.sim.node import SimulationError, simulate
-
+            if simulate is not None:
                 try:
                     sim = stack.enter_context(simulate(args.sim))
-                except SimulationError as exc:
+                except ValueError as exc:
                     raise ExitError(str(exc), EX_CONFIG) from exc
             node = resolve_node_name(config, args.node, sim)
             configure_logging(args.log_level, node)
-            agent = Agent(config, node=node, kubeconfig=args.kubeconfig, context=args.context,
-                          sim=sim, http_port=args.http_port)
+            agent = Agent(sim.adapt(config) if sim else config, node=node,
+                          kubeconfig=args.kubeconfig, context=args.context,
+                          probes=sim.probes() if sim else None,
+                          http_port=args.http_port)
             try:
                 anyio.run(run_until_signal, agent)
             except Exception as exc:

@@ -28,23 +28,22 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from checks.base import CheckResult
+from checks.base import Check, CheckContext, CheckResult
 from checks.catalog import Catalog
-from healthd.agent.busy import DIAGNOSTIC_LABEL, TERMINATED_PHASES
-from healthd.kube.conventions import GPU_RESOURCE, Reason
+from healthd.kube.conventions import GPU_RESOURCE, Keys, Reason
 from healthd.kube.errors import KubeError
-from healthd.kube.objects import JOBS, PODS, meta, name_of
+from healthd.kube.objects import JOBS, PODS, meta, name_of, node_name_of, phase_of
+from healthd.kube.pods import is_terminated
 from healthd.kube.watching import watch_forever
 from healthd.termination import SummaryError, parse_summary
 
 if TYPE_CHECKING:
-    from healthd.agent.settings import DeepDiagSettings
+    from healthd.config.agent import DeepDiagSettings
     from healthd.kube.client import Kube
     from healthd.kube.events import EventRecorder
 
 Obj = dict[str, Any]  # a Kubernetes object as JSON
 
-NODE_LABEL = "healthd.io/node"
 TERMINATION_LOG = "/dev/termination-log"
 TTL_AFTER_FINISHED_S = 600  # the cluster cleans up if the agent dies before deleting
 DELETE_TIMEOUT_S = 10.0
@@ -81,10 +80,10 @@ def diagnostic_command(key: str) -> list[str]:
 
 
 def job_manifest(node: str, key: str, gpu_count: int, settings: DeepDiagSettings,
-                 env: Mapping[str, str] | None = None) -> Obj:
+                 keys: Keys, env: Mapping[str, str] | None = None) -> Obj:
     """The Job that runs check `key` on `node` with all `gpu_count` GPUs reserved;
     `env` reaches its container (e.g. the agent's DCGM host engine)."""
-    labels = {DIAGNOSTIC_LABEL: "true", NODE_LABEL: _label_value(node)}
+    labels = {keys.diagnostic: "true", keys.node: _label_value(node)}
     gpus = {GPU_RESOURCE: str(gpu_count)}
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -112,7 +111,7 @@ def job_manifest(node: str, key: str, gpu_count: int, settings: DeepDiagSettings
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"generateName": job_name_prefix(node), "namespace": settings.namespace,
-                     "labels": {**labels, "healthd.io/check": _label_value(key)}},
+                     "labels": {**labels, keys.check: _label_value(key)}},
         "spec": {
             "backoffLimit": 0,
             "activeDeadlineSeconds": int(settings.schedule_deadline_s + settings.run_deadline_s),
@@ -132,12 +131,11 @@ def _container_state(pod: Obj) -> Obj:
 
 
 def is_scheduled(pod: Obj) -> bool:
-    return bool((pod.get("spec") or {}).get("nodeName"))
+    return bool(node_name_of(pod))
 
 
 def is_finished(pod: Obj) -> bool:
-    return (pod.get("status") or {}).get("phase") in TERMINATED_PHASES \
-        or "terminated" in _container_state(pod)
+    return is_terminated(pod) or "terminated" in _container_state(pod)
 
 
 def unscheduled_reason(pod: Obj | None) -> str:
@@ -167,8 +165,7 @@ def result_from_pod(pod: Obj, check: str, catalog: Catalog) -> CheckResult:
     try:
         return parse_summary(message, check, catalog)
     except SummaryError as exc:
-        phase = (pod.get("status") or {}).get("phase")
-        if phase == "Failed" or not message.strip():
+        if phase_of(pod) == "Failed" or not message.strip():
             raise DiagnosticFailed(f"diagnostic pod failed: {failure_reason(pod)}") from exc
         raise DiagnosticFailed(f"diagnostic pod finished without a readable result: {exc}") \
             from exc
@@ -182,8 +179,10 @@ class DeepDiagnostic:
 
     def __init__(self, kube: Kube, node: str, settings: DeepDiagSettings,
                  events: EventRecorder, *, catalog: Catalog | None = None,
+                 keys: Keys | None = None,
                  job_env: Mapping[str, str] | None = None) -> None:
         self.kube = kube
+        self.keys = keys or Keys()
         self.node = node
         self.settings = settings
         self.job_env = dict(job_env or {})
@@ -200,7 +199,8 @@ class DeepDiagnostic:
             return outcome
         try:
             job = await self.kube.create(JOBS, job_manifest(self.node, key, gpu_count,
-                                                            self.settings, self.job_env))
+                                                            self.settings, self.keys,
+                                                            self.job_env))
             result = await self._follow(job, key.partition(":")[0])
             outcome = DiagOutcome(result.timed(started, result.duration_s), "")
         except KubeError as exc:
@@ -225,7 +225,7 @@ class DeepDiagnostic:
         watching = watch_forever(self.kube, PODS, self.settings.namespace,
                                  label_selector=f"controller-uid={uid}")
         with anyio.CancelScope(deadline=anyio.current_time() + schedule_s) as scope:
-            async with aclosing(watching) as events:  # type: ignore[type-var]
+            async with aclosing(watching) as events:
                 async for event in events:
                     if event.type == "DELETED":
                         raise DiagnosticFailed(f"diagnostic pod {name_of(event.object)} was "
@@ -256,3 +256,28 @@ class DeepDiagnostic:
         with anyio.CancelScope(shield=True), anyio.move_on_after(DELETE_TIMEOUT_S):
             await self.events.record(involved, type="Warning", reason=Reason.DIAGNOSTIC_FAILED,
                                      message=f"diagnostic {key}: {message}")
+
+
+class DeepCheck:
+    """An exclusive check run as a Job: the runner sees an ordinary exclusive check,
+    so the gate keeps every other check off the GPUs while it runs."""
+
+    def __init__(self, check: Check, diag: DeepDiagnostic, key: str, gpu_count: int) -> None:
+        self.inner, self.diag, self.key, self.gpu_count = check, diag, key, gpu_count
+        self.NAME = check.NAME
+        self.params = check.params
+
+    @property
+    def exclusive(self) -> bool:
+        return True
+
+    @property
+    def timeout_s(self) -> float:
+        settings = self.diag.settings
+        return settings.schedule_deadline_s + settings.run_deadline_s + 30
+
+    async def run(self, ctx: CheckContext) -> CheckResult:
+        outcome = await self.diag.run(self.key, self.gpu_count)
+        if outcome.result is None:  # DeepDiagnostic already told the node (an Event)
+            return CheckResult.unknown(self.NAME, outcome.error)
+        return outcome.result

@@ -38,7 +38,7 @@ from typing import Any
 
 import anyio
 
-from healthd.agent.node_view import Announcement, DesiredNode, announcement, desired_from, rfc3339
+from healthd.agent.node_view import Announcement, DesiredNode, announcement, desired_from
 from healthd.agent.verdict import HealthState
 from healthd.kube.backoff import Backoff
 from healthd.kube.client import Kube
@@ -46,6 +46,7 @@ from healthd.kube.conventions import CONDITION_TYPE, Keys, Reason, Verdict
 from healthd.kube.errors import Conflict, KubeError, Unavailable
 from healthd.kube.events import EventRecorder
 from healthd.kube.objects import NODES, meta
+from healthd.times import rfc3339
 
 __all__ = ["DesiredNode", "NodePublisher", "desired_from"]
 

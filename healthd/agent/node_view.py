@@ -21,21 +21,16 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from checks.base import Entity, Finding, Severity, worst
 from healthd.agent.verdict import CheckState, HealthState, Held
 from healthd.kube.conventions import CONDITION_TYPE, Keys, Reason, Verdict
+from healthd.times import rfc3339
 
 HEALTH_LIMIT = 8 * 1024  # bytes of the health annotation (JSON is ASCII-escaped)
 MESSAGE_CHARS = 240  # per finding in the annotation
 CONDITION_MESSAGE_CHARS = 1024
-
-
-def rfc3339(at: float) -> str:
-    """`2025-05-13T19:54:55Z`: the timestamp format of Kubernetes objects."""
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _clip(text: str, limit: int) -> str:

@@ -2,7 +2,7 @@
 own Node, taken once, run through the same runner as everything else, answered.
 
 One request at a time, in the order the node watch shows them. For each request on
-the node (healthd.agent.requests parses them):
+the node (healthd.requests parses them):
 
 1. take it (JSON-patch `test` + `remove`): if the value changed meanwhile, a newer
    request is there and the next node event brings it; nothing is lost or run twice;
@@ -22,21 +22,18 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import checks
 from checks.base import CheckResult, Severity
-from healthd.agent.logs import log_context
-from healthd.agent.requests import Request, answer, read_requests, take
-from healthd.agent.runner import Planned
-from healthd.agent.verdict import Trigger, request_clear
-from healthd.kube.conventions import Reason
+from healthd.agent.verdict import Trigger
+from healthd.kube.conventions import Keys, Reason, Verdict
 from healthd.kube.errors import KubeError
 from healthd.kube.events import NORMAL, WARNING
 from healthd.kube.objects import resource_version_of
-
-if TYPE_CHECKING:
-    from healthd.agent.agent import Agent
+from healthd.logs import log_context
+from healthd.plans import Planned
+from healthd.requests import Request, answer, read_requests
 
 log = logging.getLogger(__name__)
 
@@ -50,24 +47,69 @@ class Refused(Exception):
     """The request cannot run; the message says why (it goes in last-run)."""
 
 
+class RequestHost(Protocol):
+    """The agent as requests see it (healthd.agent.agent.Agent implements it)."""
+
+    def now(self) -> float: ...
+
+    @property
+    def verdict(self) -> Verdict:
+        """The node's verdict now."""
+        ...
+
+    async def next_node(self) -> dict[str, Any] | None:
+        """The node as seen at its next change (or one not yet consumed)."""
+        ...
+
+    async def take(self, request: Request) -> bool:
+        """Consume the request on the node (healthd.requests.take)."""
+        ...
+
+    def plan(self, key: str) -> Planned:
+        """The check `key` as configured; ValueError for a bad argument."""
+        ...
+
+    async def busy_pods(self) -> list[str]:
+        """Pods holding the node's GPUs; KubeError when the API cannot tell."""
+        ...
+
+    async def run_planned(self, planned: list[Planned],
+                          trigger: Trigger) -> dict[str, CheckResult | str]:
+        """Run checks as every entry point does; why each did not run, if so."""
+        ...
+
+    def start_clear(self) -> list[str]:
+        """Mark what holds the node bad for release; the check keys to re-run."""
+        ...
+
+    async def publish_answer(self, last_run: str, flush_s: float) -> None:
+        """Publish `last-run` with the state, waiting up to `flush_s` for the write."""
+        ...
+
+    async def node_event(self, type_: str, reason: str, message: str) -> None:
+        """Post an Event on the node."""
+        ...
+
+
 class RequestHandler:
     """Serves the agent's on-demand requests (see the module docstring)."""
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: RequestHost, keys: Keys) -> None:
         self.agent = agent
+        self.keys = keys
         self._taken: deque[tuple[str, str, str, str]] = deque(maxlen=_SEEN)
 
     async def serve(self) -> None:
         """Handle requests as node events show them; runs until cancelled."""
         while True:
-            node = await self.agent.wait_node_change()
+            node = await self.agent.next_node()
             if node is None:
                 continue
-            for request in read_requests(node, self.agent.keys, checks.REGISTRY):
+            for request in read_requests(node, self.keys, checks.REGISTRY):
                 seen = (request.kind, request.id, request.text, resource_version_of(node) or "")
                 if seen in self._taken:
                     continue  # our copy of the node predates our own take
-                if not await take(self.agent.publisher, request, self.agent.keys):
+                if not await self.agent.take(request):
                     continue
                 self._taken.append(seen)
                 with log_context(request_id=request.id):
@@ -75,8 +117,7 @@ class RequestHandler:
 
     async def handle(self, request: Request) -> None:
         """Run or refuse one taken request, then answer it."""
-        agent = self.agent
-        start = agent.clock()
+        start = self.agent.now()
         log.info("on-demand request %s: %s", request.kind, request.text)
         try:
             if request.error:
@@ -96,12 +137,9 @@ class RequestHandler:
         return await self.agent.run_planned(planned, Trigger.ON_DEMAND)
 
     async def _clear(self) -> Results:
-        agent = self.agent
-        state, keys = request_clear(agent.state, at=agent.clock())
-        agent.set_state(state)
-        planned = self._plan(sorted(keys))
+        planned = self._plan(self.agent.start_clear())
         await self._refuse_if_busy(planned)
-        return await agent.run_planned(planned, Trigger.CLEAR)
+        return await self.agent.run_planned(planned, Trigger.CLEAR)
 
     def _plan(self, keys: list[str]) -> list[Planned]:
         try:
@@ -128,11 +166,10 @@ class RequestHandler:
                       results: Results) -> None:
         agent = self.agent
         statuses = _statuses(results)
-        agent.last_run = answer(request, accepted=not error, error=error, start=start,
-                                end=agent.clock(), verdict=agent.state.verdict,
-                                checks=statuses, reasons=_unknown_reasons(results))
-        agent.publish()
-        await agent.publisher.flush(ANSWER_FLUSH_S)
+        last_run = answer(request, accepted=not error, error=error, start=start,
+                          end=agent.now(), verdict=agent.verdict, checks=statuses,
+                          reasons=_unknown_reasons(results))
+        await agent.publish_answer(last_run, ANSWER_FLUSH_S)
         if error:
             log.warning("request %s refused: %s", request.text, error)
             await self._event(WARNING, Reason.BAD_REQUEST,
@@ -144,7 +181,7 @@ class RequestHandler:
             done = Reason.CLEARED if request.kind == "clear" else Reason.REQUEST_DONE
             await self._event(NORMAL, done,
                               f"request {request.text!r} ({request.id}) done: {summary}; "
-                              f"verdict {agent.state.verdict.value}")
+                              f"verdict {agent.verdict.value}")
 
     async def _event(self, type_: str, reason: str, message: str) -> None:
         await self.agent.node_event(type_, reason, message)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from checks.base import Attachment, Peer
 from healthd.agent.network_status import ProblemLog, network_status
-from healthd.kube.objects import PODS, key_of, meta
+from healthd.kube.objects import PODS, key_of, meta, node_name_of, phase_of
 from healthd.kube.watching import watch_forever
 
 if TYPE_CHECKING:
@@ -37,10 +37,10 @@ def pod_addresses(pod: Mapping[str, Any]) -> list[str]:
 
 def is_live_peer(pod: Mapping[str, Any], own_node: str) -> bool:
     """Another node's agent pod that can answer: Running, not being deleted, has an IP."""
-    node = (pod.get("spec") or {}).get("nodeName")
+    node = node_name_of(pod)
     return (bool(node) and node != own_node
-            and (pod.get("status") or {}).get("phase") == "Running"
-            and not meta(dict(pod)).get("deletionTimestamp")
+            and phase_of(pod) == "Running"
+            and not meta(pod).get("deletionTimestamp")
             and bool(pod_addresses(pod)))
 
 
@@ -50,10 +50,10 @@ def _newest_per_node(pods: Mapping[str, Mapping[str, Any]], own_node: str
     for pod in pods.values():
         if not is_live_peer(pod, own_node):
             continue
-        node = str(pod["spec"]["nodeName"])
-        created = str(meta(dict(pod)).get("creationTimestamp") or "")
+        node = node_name_of(pod)
+        created = str(meta(pod).get("creationTimestamp") or "")
         held = newest.get(node)
-        if held is None or created > str(meta(dict(held)).get("creationTimestamp") or ""):
+        if held is None or created > str(meta(held).get("creationTimestamp") or ""):
             newest[node] = pod
     return newest
 
@@ -71,7 +71,7 @@ def own_attachments(pods: Mapping[str, Mapping[str, Any]], own_node: str
                     ) -> tuple[Attachment, ...]:
     """The secondary interfaces of this node's own (newest live) agent pod."""
     mine = {k: p for k, p in pods.items()
-            if (p.get("spec") or {}).get("nodeName") == own_node}
+            if node_name_of(p) == own_node}
     newest = _newest_per_node(mine, "")
     pod = newest.get(own_node)
     return network_status(pod).attachments if pod is not None else ()

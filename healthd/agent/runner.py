@@ -22,30 +22,17 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 import anyio
 
 from checks.base import Check, CheckContext, CheckResult, run_check
-from healthd.agent.logs import log_context
 from healthd.agent.verdict import Trigger
+from healthd.logs import log_context
+from healthd.plans import Planned
 
 log = logging.getLogger(__name__)
 
 OnResult = Callable[[str, CheckResult, Trigger], Awaitable[None]]
-
-
-@dataclass(frozen=True)
-class Planned:
-    """One check instance under its key (`remapped`, `dcgm:3`) with its deadline."""
-
-    key: str
-    check: Check
-    timeout_s: float
-
-    @property
-    def exclusive(self) -> bool:
-        return self.check.exclusive
 
 
 class ExclusiveGate:

@@ -26,15 +26,15 @@ from dataclasses import dataclass
 
 import anyio
 import anyio.abc
+from anyio.streams.memory import MemoryObjectSendStream
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 import checks
-from healthd.agent.runner import Planned
 from healthd.config import Config
-from healthd.selection import parse_selection
+from healthd.plans import Planned, planned_check
 
 log = logging.getLogger(__name__)
 
@@ -69,14 +69,6 @@ class Job:
         assert self.interval_s is not None
         jitter = self.interval_s * self.jitter or None
         return IntervalTrigger(seconds=self.interval_s, jitter=jitter, timezone=dt.UTC)
-
-
-def planned_check(config: Config, key: str, timeout_s: float | None = None) -> Planned:
-    """The check `key` (`remapped`, `dcgm:3`) with its configured params and deadline."""
-    (selected,) = parse_selection(key, checks.REGISTRY)
-    check = config.build_check(selected.name, selected.arg)
-    timeout = timeout_s or config.check_section(selected.name).timeout or check.timeout_s
-    return Planned(str(selected), check, timeout)
 
 
 def plan_jobs(config: Config) -> list[Job]:
@@ -144,7 +136,7 @@ class Schedule:
             self._running.discard(number)
 
 
-async def _post(send: anyio.abc.ObjectSendStream[int], number: int) -> None:
+async def _post(send: MemoryObjectSendStream[int], number: int) -> None:
     """The scheduler's job: hand the turn to `Schedule.run`; drop it if one is queued."""
     with suppress(anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
         send.send_nowait(number)

@@ -41,12 +41,12 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import anyio
 import anyio.abc
 
+from healthd.config.controller import ControllerSettings
 from healthd.controller.resets import (
     APPWRAPPER_RESET,
     BREAKER_CLOSED,
@@ -61,11 +61,11 @@ from healthd.controller.resets import (
     last_reset_at,
 )
 from healthd.controller.safety import Breaker, BreakerState, Clock, Spacing, TokenBucket
-from healthd.controller.settings import ControllerSettings
 from healthd.kube.client import Kube
 from healthd.kube.errors import Conflict, Invalid, KubeError, NotFound
 from healthd.kube.events import NORMAL, WARNING, EventRecorder
 from healthd.kube.objects import APPWRAPPERS, NODES, meta
+from healthd.times import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -93,14 +93,10 @@ class ResetMetrics(Protocol):
     def set_breaker(self, is_open: bool, bad_nodes: int | None = None) -> None: ...
 
 
-def _rfc3339(at: float) -> str:
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def unhealthy(decision: ResetDecision, aw: dict[str, Any], at: float) -> dict[str, Any]:
     """The `Unhealthy=True` condition a reset writes."""
     cond: dict[str, Any] = {"type": UNHEALTHY, "status": "True", "reason": NODE_EVICTED,
-                            "message": decision.message, "lastTransitionTime": _rfc3339(at)}
+                            "message": decision.message, "lastTransitionTime": rfc3339(at)}
     generation = meta(aw).get("generation")
     if isinstance(generation, int):
         cond["observedGeneration"] = generation

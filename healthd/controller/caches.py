@@ -19,30 +19,27 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 import anyio
 
-from healthd.controller.resets import APPWRAPPER_LABEL, owner_of
+from healthd.controller.resets import owner_of
 from healthd.kube import Backoff, Kube, KubeError, NotFound, WatchEvent, watch_forever
+from healthd.kube.conventions import APPWRAPPER_LABEL
+from healthd.kube.kueue import KUEUE_GROUP, KueueResources, choose_kueue
 from healthd.kube.objects import (
     APPWRAPPERS,
-    CLUSTERQUEUES_V1BETA1,
-    CLUSTERQUEUES_V1BETA2,
     NODES,
     PODS,
-    RESOURCEFLAVORS_V1BETA1,
-    RESOURCEFLAVORS_V1BETA2,
     Resource,
     key_of,
     name_of,
+    node_name_of,
     resource_version_of,
 )
 from healthd.kube.watching import DELETED
 
 log = logging.getLogger(__name__)
-
-KUEUE_GROUP = "kueue.x-k8s.io"
 
 # The kinds, as passed to `on_change` and accepted by `wait_synced`.
 NODES_KIND = "nodes"
@@ -56,22 +53,6 @@ LENDING_KINDS = (NODES_KIND, QUEUES_KIND, FLAVORS_KIND)  # what lending decides 
 
 Obj = dict[str, Any]
 OnChange = Callable[[str, Obj | None, Obj | None], None]
-
-
-class KueueResources(NamedTuple):
-    """The ClusterQueue and ResourceFlavor collections of the Kueue version in use."""
-
-    queues: Resource
-    flavors: Resource
-
-    @property
-    def cohort_field(self) -> str:
-        """`cohortName` in v1beta2, `cohort` in v1beta1."""
-        return "cohort" if self.queues.version == "v1beta1" else "cohortName"
-
-
-KUEUE_V1BETA2 = KueueResources(CLUSTERQUEUES_V1BETA2, RESOURCEFLAVORS_V1BETA2)
-KUEUE_V1BETA1 = KueueResources(CLUSTERQUEUES_V1BETA1, RESOURCEFLAVORS_V1BETA1)
 
 
 class Store:
@@ -136,9 +117,7 @@ class _Index:
 
 
 def _node_name(pod: Obj) -> str | None:
-    spec = pod.get("spec")
-    name = spec.get("nodeName") if isinstance(spec, dict) else None
-    return str(name) if name else None
+    return node_name_of(pod) or None
 
 
 class _ListingWatcher:
@@ -292,17 +271,6 @@ class Caches:
             (log.debug if told else log.warning)("the API server %s; lending waits", problem)
             told = True
             await anyio.sleep(backoff.next())
-
-
-def choose_kueue(group: dict[str, Any]) -> KueueResources | None:
-    """From an APIGroup document: v1beta2 when served, else v1beta1, else None."""
-    versions = {str(v.get("version")) for v in group.get("versions") or []
-                if isinstance(v, dict)}
-    if "v1beta2" in versions:
-        return KUEUE_V1BETA2
-    if "v1beta1" in versions:
-        return KUEUE_V1BETA1
-    return None
 
 
 def _same_version(old: Obj, new: Obj) -> bool:

@@ -31,26 +31,26 @@ from typing import Any, Protocol
 
 import anyio
 
-from healthd.controller.caches import (
-    FLAVORS_KIND,
-    LENDING_KINDS,
-    NODES_KIND,
-    QUEUES_KIND,
-    Caches,
-    KueueResources,
-)
-from healthd.controller.health import unavailability
-from healthd.controller.lending import (
+from healthd.capacity.health import unavailability
+from healthd.capacity.lending import (
     LendingModel,
     LimitChange,
     flavor_path,
     lending_path,
     parse_quantity,
 )
-from healthd.controller.settings import ControllerSettings
+from healthd.config.controller import ControllerSettings
+from healthd.controller.caches import (
+    FLAVORS_KIND,
+    LENDING_KINDS,
+    NODES_KIND,
+    QUEUES_KIND,
+    Caches,
+)
 from healthd.kube import Backoff, Conflict, EventRecorder, Invalid, Kube, KubeError, NotFound
 from healthd.kube.conventions import Keys, Reason
 from healthd.kube.events import NORMAL, WARNING
+from healthd.kube.kueue import KueueResources
 from healthd.kube.objects import name_of, resource_version_of
 
 log = logging.getLogger(__name__)

@@ -19,14 +19,14 @@ from collections.abc import Awaitable, Callable
 import anyio
 from prometheus_client import CollectorRegistry
 
-from healthd.agent.http import serve_http
-from healthd.agent.logs import configure_logging
 from healthd.config import Config
 from healthd.controller.controller import Controller, default_identity
 from healthd.controller.metrics import ControllerMetrics
 from healthd.exits import EX_CONFIG, EX_SOFTWARE, ExitError, config_or_exit
+from healthd.http import serve_http
 from healthd.kube.client import Kube
 from healthd.kube.errors import KubeError
+from healthd.logs import configure_logging
 
 log = logging.getLogger(__name__)
 

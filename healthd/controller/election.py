@@ -27,70 +27,20 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
 
 from healthd.kube.client import Kube
 from healthd.kube.errors import Conflict, KubeError, NotFound
+from healthd.kube.leases import holder_of, lease_duration, record_of, spec_of
 from healthd.kube.objects import LEASES, resource_version_of
+from healthd.times import rfc3339
 
 log = logging.getLogger(__name__)
 
 RELEASE_TIMEOUT_S = 2.0  # a clean stop waits this long at most to hand the Lease over
-
-
-def format_micro_time(at: datetime) -> str:
-    """Kubernetes MicroTime: `2025-01-02T03:04:05.123456Z`."""
-    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _spec(lease: dict[str, Any]) -> dict[str, Any]:
-    spec = lease.get("spec")
-    return spec if isinstance(spec, dict) else {}
-
-
-def holder_of(lease: dict[str, Any]) -> str:
-    return str(_spec(lease).get("holderIdentity") or "")
-
-
-def parse_time(text: object) -> datetime | None:
-    """A Time or MicroTime field; None when absent or malformed."""
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def is_expired(lease: dict[str, Any], now: datetime) -> bool:
-    """A one-look judgement for readers that cannot watch the Lease over time (a
-    status report): nobody holds it, or `renewTime + leaseDurationSeconds < now`.
-    The elector itself never decides this way (see the module docstring)."""
-    spec = _spec(lease)
-    if not spec.get("holderIdentity"):
-        return True
-    renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
-    if renewed is None:
-        return True  # a Lease nobody can judge is a Lease nobody holds
-    return renewed + timedelta(seconds=lease_duration(lease, 0.0)) < now
-
-
-def lease_duration(lease: dict[str, Any], default: float) -> float:
-    """`leaseDurationSeconds`, or `default` when absent or malformed."""
-    value = _spec(lease).get("leaseDurationSeconds")
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        return default
-    return float(value)
-
-
-def record_of(lease: dict[str, Any]) -> tuple[str, str, str]:
-    """What changes on every renew: holder, renewTime and the object's version."""
-    return (holder_of(lease), str(_spec(lease).get("renewTime") or ""),
-            resource_version_of(lease) or "")
 
 
 class LostLease(Exception):
@@ -241,7 +191,7 @@ class LeaseElector:
             if holder_of(lease) != self.identity:
                 return
             body = _with_spec(lease, holderIdentity="", leaseDurationSeconds=1,
-                              renewTime=format_micro_time(self._clock()))
+                              renewTime=rfc3339(self._clock().timestamp(), digits=6))
             await self._kube.replace(LEASES, self.name, body, self.namespace)
             log.info("%s: released the Lease %s/%s", self.identity, self.namespace, self.name)
         except KubeError as exc:
@@ -253,11 +203,11 @@ class LeaseElector:
         """PUT the Lease held by us, conditional on the version read (else Conflict)."""
         if resource_version_of(lease) is None:
             raise KubeError("the Lease read has no resourceVersion", reason="BadResponse")
-        stamp = format_micro_time(now)
+        stamp = rfc3339(now.timestamp(), digits=6)
         changes: dict[str, Any] = {"holderIdentity": self.identity, "renewTime": stamp,
                                    "leaseDurationSeconds": self._duration}
         if taking:
-            transitions = _spec(lease).get("leaseTransitions")
+            transitions = spec_of(lease).get("leaseTransitions")
             count = transitions if isinstance(transitions, int) else 0
             changes |= {"acquireTime": stamp, "leaseTransitions": count + 1}
         body = _with_spec(lease, **changes)
@@ -267,7 +217,7 @@ class LeaseElector:
         return written
 
     def _new_lease(self) -> dict[str, Any]:
-        stamp = format_micro_time(self._clock())
+        stamp = rfc3339(self._clock().timestamp(), digits=6)
         return {
             "apiVersion": LEASES.api_version, "kind": LEASES.kind,
             "metadata": {"name": self.name, "namespace": self.namespace},
@@ -284,4 +234,4 @@ class LeaseElector:
 def _with_spec(lease: dict[str, Any], **fields: Any) -> dict[str, Any]:
     """A copy of `lease` (metadata with its resourceVersion kept) with spec fields set."""
     return {"apiVersion": LEASES.api_version, "kind": LEASES.kind,
-            "metadata": lease.get("metadata") or {}, "spec": {**_spec(lease), **fields}}
+            "metadata": lease.get("metadata") or {}, "spec": {**spec_of(lease), **fields}}

@@ -30,12 +30,12 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from healthd.capacity.health import CORDONED, evict_codes, gpu_count, is_evict, reasons_of
+from healthd.config.controller import ControllerSettings
 from healthd.controller.appwrappers import Resetter
 from healthd.controller.caches import APPWRAPPERS_KIND, NODES_KIND, PODS_KIND, RESET_KINDS, Caches
-from healthd.controller.health import CORDONED, evict_codes, gpu_count, is_evict, reasons_of
 from healthd.controller.resets import affected, decide, eligible, owner_of
 from healthd.controller.safety import BreakerState
-from healthd.controller.settings import ControllerSettings
 from healthd.kube.conventions import Keys
 from healthd.kube.objects import key_of, name_of
 

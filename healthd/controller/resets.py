@@ -17,15 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
-from healthd.controller.health import FALLBACK_CODE
-from healthd.kube.conventions import GPU_RESOURCE, Reason
+from healthd.capacity.health import FALLBACK_CODE
+from healthd.kube.conventions import APPWRAPPER_LABEL, GPU_RESOURCE, OPERATOR_MANAGER, Reason
 from healthd.kube.objects import meta, name_of, namespace_of, resource_version_of
+from healthd.times import parse_time
 
-APPWRAPPER_LABEL = "workload.codeflare.dev/appwrapper"  # on every pod an AppWrapper creates
-OPERATOR_MANAGER = "workload.codeflare.dev/appwrapper-controller"
 RUNNING = "Running"
 RESETTING = "Resetting"
 UNHEALTHY = "Unhealthy"
@@ -109,16 +107,6 @@ def last_reset_at(aw: dict[str, Any]) -> float | None:
     if cond is None or cond.get("reason") != NODE_EVICTED:
         return None
     return parse_time(cond.get("lastTransitionTime"))
-
-
-def parse_time(value: Any) -> float | None:
-    """Epoch seconds from an RFC 3339 timestamp (`2025-05-13T19:54:55Z`), or None."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 # -- pods ----------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from healthd.controller.settings import parse_threshold, tolerated_bad_nodes
+from healthd.config.controller import parse_threshold, tolerated_bad_nodes
 
 Clock = Callable[[], float]
 

@@ -35,11 +35,11 @@ import anyio.abc
 from prometheus_client import CollectorRegistry
 
 from healthd.agent.agent import Agent
-from healthd.agent.http import serve_http
 from healthd.config import Config
 from healthd.controller.controller import Controller
 from healthd.controller.metrics import ControllerMetrics
 from healthd.demo.scenario import AppWrapperSpec, Scenario, node_names
+from healthd.http import serve_http
 from healthd.kube.client import Kube
 from healthd.kube.conventions import GPU_RESOURCE, Keys
 from healthd.kube.objects import APPWRAPPERS
@@ -192,8 +192,9 @@ async def running_cluster(scenario: Scenario, config: Config, *, nodes: int,
                                   metrics=ControllerMetrics(CollectorRegistry())))
         async with anyio.create_task_group() as group:
             for name in names:
-                agent = Agent(config, node=name, kube=client(f"system:node:{name}"),
-                              sim=fleet.nodes[name], http_port=0,
+                sim = fleet.nodes[name]
+                agent = Agent(sim.adapt(config), node=name, kube=client(f"system:node:{name}"),
+                              probes=sim.probes(), http_port=0,
                               registry=CollectorRegistry())
                 cluster.agents[name] = agent
                 group.start_soon(fleet.run_bound, name, agent.run)

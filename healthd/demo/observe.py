@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from healthd.kube.conventions import CONDITION_TYPE, Keys
+from healthd.kube.conventions import APPWRAPPER_LABEL, CONDITION_TYPE, Keys
 from healthd.kube.objects import natural_name_key
 
 if TYPE_CHECKING:
@@ -96,9 +96,6 @@ def _queue_state(queue: dict[str, Any]) -> dict[str, Any]:
 
 def observe(cluster: DemoCluster) -> State:
     """The cluster as a user sees it now (read from the emulator's store)."""
-    # Imported here: the CLI loads this module to build its parser; keep that light.
-    from healthd.sim.appwrapper_operator import APPWRAPPER_LABEL
-
     api, keys = cluster.api, cluster.keys
     pods_of: dict[str, list[str]] = {}
     for pod in api.list("Pod"):

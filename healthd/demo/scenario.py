@@ -19,11 +19,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from healthd import bundled
-from healthd.config import Config, Duration
+from healthd.config import Config
+from healthd.durations import Duration
 from healthd.kube.conventions import GPU_RESOURCE, Verdict
+from healthd.models import Frozen
 from healthd.sim.machine import GpuFault, MachineSpecError, load_machine_spec
 from healthd.validation import explain
 
@@ -54,10 +56,6 @@ class ScenarioError(ValueError):
     """A scenario that cannot be played; the message names the field and the fix."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 def _exactly_one(model: BaseModel, fields: tuple[str, ...], what: str) -> None:
     given = [f for f in fields if getattr(model, f) is not None]
     if len(given) != 1:
@@ -68,7 +66,7 @@ def _exactly_one(model: BaseModel, fields: tuple[str, ...], what: str) -> None:
 # -- actions --------------------------------------------------------------------------
 
 
-class AppWrapperSpec(_Strict):
+class AppWrapperSpec(Frozen):
     """An AppWrapper of `pods` pods asking `gpus_per_pod` GPUs each."""
 
     name: str = Field(pattern=NAME, max_length=50)
@@ -114,7 +112,7 @@ class FaultAction(GpuFault):
         return GpuFault.model_validate({**data, "at": now, "until": until})
 
 
-class LinkAction(_Strict):
+class LinkAction(Frozen):
     """A node's simulated link on a network goes down (a dead NIC, cable or switch
     port) or comes back. The demo's nodes have the pod network `pod` and `net1`."""
 
@@ -123,21 +121,21 @@ class LinkAction(_Strict):
     up: bool = False
 
 
-class RepairAction(_Strict):
+class RepairAction(Frozen):
     """The GPU (or every GPU) of a node is repaired: its faults are cleared."""
 
     node: str
     gpu: int | None = Field(None, ge=0)
 
 
-class AnnotateAction(_Strict):
+class AnnotateAction(Frozen):
     """`kubectl annotate node NODE key=value` (null removes the key)."""
 
     node: str
     annotations: dict[str, str | None] = Field(min_length=1)
 
 
-class LabelAction(_Strict):
+class LabelAction(Frozen):
     """`kubectl label node NODE key=value` (null removes the key)."""
 
     node: str
@@ -147,7 +145,7 @@ class LabelAction(_Strict):
 # -- expectations ---------------------------------------------------------------------
 
 
-class LendingExpect(_Strict):
+class LendingExpect(Frozen):
     """A slack queue's lendingLimit for one resource; `value: null` = no field."""
 
     queue: str = "slack-cluster-queue"
@@ -156,7 +154,7 @@ class LendingExpect(_Strict):
     value: int | str | None
 
 
-class EventExpect(_Strict):
+class EventExpect(Frozen):
     """An Event with this reason (about `object`, of `type`, saying `message_contains`)."""
 
     reason: str
@@ -165,7 +163,7 @@ class EventExpect(_Strict):
     message_contains: str | None = None
 
 
-class LastRunExpect(_Strict):
+class LastRunExpect(Frozen):
     """The node's `healthd.io/last-run` answer."""
 
     accepted: bool
@@ -176,7 +174,7 @@ class LastRunExpect(_Strict):
 _SUBJECTS = ("node", "appwrapper", "lending_limit", "event", "breaker_open")
 
 
-class Expect(_Strict):
+class Expect(Frozen):
     """What must become true within `timeout` (and then stay true `for_s`)."""
 
     timeout: Duration = 30.0
@@ -217,7 +215,7 @@ _ACTIONS = ("fault", "link", "repair", "annotate", "label", "cordon", "uncordon"
             "create_appwrapper", "finish_appwrapper", "wait_for")
 
 
-class Step(_Strict):
+class Step(Frozen):
     """One step of the timeline: `at` and exactly one action (`note` narrates it)."""
 
     at: float = Field(0.0, ge=0, description="seconds after the story starts")
@@ -252,7 +250,7 @@ class Step(_Strict):
         return [node] if isinstance(node, str) else []
 
 
-class Scenario(_Strict):
+class Scenario(Frozen):
     """A demo story: the cluster, then the timeline."""
 
     name: str = Field(pattern=NAME)

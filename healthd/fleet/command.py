@@ -28,7 +28,8 @@ from typing import Any, TextIO
 
 import anyio
 
-from healthd.config import Config, parse_duration
+from healthd.config import Config
+from healthd.durations import parse_duration
 from healthd.exits import EX_CONFIG, EX_USAGE, ExitError, config_or_exit
 from healthd.fleet import render
 from healthd.fleet.sources import Snapshot, follow, read_snapshot
@@ -90,10 +91,11 @@ def _prepare(args: argparse.Namespace, config: Config) -> tuple[Plan, Targets, f
     return plan, targets, _timeout(args, plan)
 
 
-async def _refusals(kube: Kube, plan: Plan, resolved: Resolved, force: bool) -> dict[str, str]:
+async def _refusals(kube: Kube, keys: Keys, plan: Plan, resolved: Resolved,
+                    force: bool) -> dict[str, str]:
     if not plan.exclusive or force:
         return {}
-    busy = await busy_nodes(kube, resolved.nodes)
+    busy = await busy_nodes(kube, keys, resolved.nodes)
     needs = ", ".join(plan.exclusive)
     return {node: f"{needs} needs every GPU of the node: {why} (--force-queue asks anyway)"
             for node, why in busy.items()}
@@ -121,7 +123,7 @@ async def trigger_command(args: argparse.Namespace, *, out: TextIO = sys.stdout,
     async with await _connect(args) as kube:
         try:
             resolved = await resolve(kube, targets)
-            refused = await _refusals(kube, plan, resolved, args.force_queue)
+            refused = await _refusals(kube, keys, plan, resolved, args.force_queue)
             agentless = await _agentless(kube, config, resolved)
         except TargetError as exc:
             raise ExitError(str(exc), EX_USAGE) from None

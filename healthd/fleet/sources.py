@@ -23,10 +23,10 @@ from typing import Any
 import anyio
 
 from healthd.config import Config
-from healthd.controller.caches import KUEUE_GROUP, KueueResources, choose_kueue
 from healthd.kube.client import Kube
 from healthd.kube.conventions import Reason
 from healthd.kube.errors import KubeError, NotFound
+from healthd.kube.kueue import KueueResources, discover_kueue
 from healthd.kube.objects import EVENTS, LEASES, NODES, PODS, Resource, key_of, name_of
 from healthd.kube.watching import DELETED, watch_forever
 
@@ -54,14 +54,6 @@ class Snapshot:
 def _items(listing: Obj) -> dict[str, Obj]:
     items = listing.get("items") if isinstance(listing, dict) else None
     return {key_of(i): i for i in items or [] if isinstance(i, dict)}
-
-
-async def discover_kueue(kube: Kube) -> KueueResources | None:
-    """The Kueue version the server serves (v1beta2 preferred); None without Kueue."""
-    try:
-        return choose_kueue(await kube.request("GET", f"/apis/{KUEUE_GROUP}"))
-    except NotFound:
-        return None
 
 
 async def read_snapshot(kube: Kube, config: Config, selector: str | None) -> Snapshot:

@@ -53,20 +53,25 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
-from healthd.agent.busy import is_terminated
-from healthd.agent.node_view import rfc3339
+from healthd.capacity.health import gpu_count, unavailability
+from healthd.capacity.lending import LendingModel, format_quantity
 from healthd.config import Config
-from healthd.controller.blame import Assessment, assess, rows_of
-from healthd.controller.election import holder_of, is_expired
-from healthd.controller.health import gpu_count, labels_of, unavailability
-from healthd.controller.lending import LendingModel, format_quantity
-from healthd.controller.resets import parse_time
 from healthd.fleet.sources import Snapshot
 from healthd.kube.conventions import GPU_RESOURCE, Keys, Reason, Verdict
-from healthd.kube.objects import annotation_json, meta, name_of, namespace_of
+from healthd.kube.leases import holder_of, is_expired
+from healthd.kube.objects import (
+    annotation_json,
+    labels_of,
+    meta,
+    name_of,
+    namespace_of,
+    node_name_of,
+)
+from healthd.kube.pods import is_terminated
+from healthd.network_blame import Assessment, assess, rows_of
+from healthd.times import parse_time, rfc3339
 
 SCHEMA_VERSION = 1
 UNKNOWN = "UNKNOWN"  # the agent publishes but cannot judge yet
@@ -127,7 +132,7 @@ def agent_pods_by_node(pods: Iterable[Obj]) -> dict[str, Obj]:
     """Per node, its agent pod: a running one first, else the newest."""
     out: dict[str, Obj] = {}
     for pod in pods:
-        node = _dict(pod.get("spec")).get("nodeName")
+        node = node_name_of(pod)
         if not node:
             continue
         held = out.get(str(node))
@@ -303,7 +308,7 @@ def _leader(lease: Obj | None, now: float) -> dict[str, Any]:
     renewed = parse_time(spec.get("renewTime"))
     return {"holder": holder_of(lease) or None,
             "renewed": rfc3339(renewed) if renewed is not None else None,
-            "expired": is_expired(lease, datetime.fromtimestamp(now, UTC))}
+            "expired": is_expired(lease, now)}
 
 
 def _event_time(event: Obj) -> float:

@@ -5,7 +5,7 @@ AppWrapper (`NAMESPACE/NAME`) whose pods' nodes are the targets. `resolve` turns
 any of them into the Node objects as listed now (their verdict before anything is
 asked) plus the names that match no node. `busy_nodes` answers "which of these
 nodes have pods holding GPUs", the gate in front of exclusive diagnostics, with
-the agent's own rule (healthd.agent.busy).
+the agent's own rule (healthd.kube.pods).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Any
 
 import anyio
 
-from healthd.agent.busy import gpu_pods
-from healthd.controller.resets import APPWRAPPER_LABEL
 from healthd.kube.client import Kube
+from healthd.kube.conventions import APPWRAPPER_LABEL, Keys
 from healthd.kube.errors import KubeError, NotFound
-from healthd.kube.objects import APPWRAPPERS, NODES, PODS, name_of
+from healthd.kube.objects import APPWRAPPERS, NODES, PODS, name_of, node_name_of
+from healthd.kube.pods import gpu_pods
 
 Obj = dict[str, Any]
 BUSY_CHECKS_AT_ONCE = 16  # pod listings in flight while checking many nodes
@@ -111,8 +111,7 @@ async def job_nodes(kube: Kube, job: str) -> list[str]:
     except NotFound:
         raise TargetError(f"no AppWrapper {job}") from None
     pods = await kube.list(PODS, namespace, label_selector=f"{APPWRAPPER_LABEL}={name}")
-    nodes = sorted({str(p["spec"]["nodeName"]) for p in _items(pods)
-                    if isinstance(p.get("spec"), dict) and p["spec"].get("nodeName")})
+    nodes = sorted({node_name_of(p) for p in _items(pods) if node_name_of(p)})
     if not nodes:
         raise TargetError(f"AppWrapper {job} has no pod bound to a node (not running?)")
     return nodes
@@ -123,7 +122,7 @@ def _items(listing: Obj) -> list[Obj]:
     return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
 
 
-async def busy_nodes(kube: Kube, nodes: Iterable[str]) -> dict[str, str]:
+async def busy_nodes(kube: Kube, keys: Keys, nodes: Iterable[str]) -> dict[str, str]:
     """node -> why an exclusive check must not start there: the pods holding its
     GPUs, or why that cannot be told. Nodes whose GPUs are free are left out."""
     limiter = anyio.CapacityLimiter(BUSY_CHECKS_AT_ONCE)
@@ -132,7 +131,7 @@ async def busy_nodes(kube: Kube, nodes: Iterable[str]) -> dict[str, str]:
     async def one(node: str) -> None:
         async with limiter:
             try:
-                holders = await gpu_pods(kube, node)
+                holders = await gpu_pods(kube, node, keys)
             except KubeError as exc:
                 out[node] = f"cannot tell whether the GPUs are free: {exc}"
                 return

@@ -1,6 +1,6 @@
 """`healthd trigger`: ask many nodes' agents for on-demand checks and collect the answers.
 
-The protocol is the agent's (healthd.agent.requests): write `healthd.io/run` with a
+The protocol is the agent's (healthd.requests): write `healthd.io/run` with a
 `healthd.io/run-id` in ONE merge patch per node; the agent takes the request and
 answers in `healthd.io/last-run` carrying that id. This module drives it for a fleet:
 
@@ -33,15 +33,15 @@ import anyio
 
 import checks
 from checks.base import Severity, worst
-from healthd.agent.requests import Request, read_requests, take_ops
-from healthd.agent.schedule import planned_check
 from healthd.config import Config
 from healthd.fleet.targets import Resolved
 from healthd.kube.client import Kube
 from healthd.kube.conventions import Keys
 from healthd.kube.errors import Invalid, KubeError, NotFound
-from healthd.kube.objects import NODES, annotation_json, meta, name_of
+from healthd.kube.objects import NODES, annotation_json, labels_of, name_of
 from healthd.kube.watching import DELETED, watch_forever
+from healthd.plans import planned_check
+from healthd.requests import Request, read_requests, take_ops
 
 log = logging.getLogger(__name__)
 
@@ -321,9 +321,7 @@ class FleetTrigger:
 
 
 def _verdict(node: Obj, keys: Keys) -> str | None:
-    labels = meta(node).get("labels")
-    value = labels.get(keys.gpuhealth) if isinstance(labels, dict) else None
-    return str(value) if value else None
+    return labels_of(node).get(keys.gpuhealth) or None
 
 
 def _last_run(node: Obj, keys: Keys) -> dict[str, Any]:

@@ -68,12 +68,6 @@ class Kube:
         self._client = api_client
         self.timeout_s = timeout_s
 
-    @property
-    def api_client(self) -> ApiClient:
-        """The underlying client, for code outside healthd that takes one (the pvc
-        check: `checks` never imports healthd)."""
-        return self._client
-
     # -- construction --------------------------------------------------------------
 
     @classmethod
@@ -86,7 +80,7 @@ class Kube:
         return cls(ApiClient(config), timeout_s=timeout_s)
 
     async def close(self) -> None:
-        await self._client.close()  # type: ignore[no-untyped-call]
+        await self._client.close()
 
     async def __aenter__(self) -> Kube:
         return self
@@ -199,11 +193,14 @@ class Kube:
         return await self.request("PUT", res.path(namespace, name, subresource), body=body)
 
     async def delete(self, res: Resource, name: str, namespace: str | None = None, *,
-                     propagation: str | None = "Background") -> None:
+                     propagation: str | None = "Background",
+                     grace_period_s: int | None = None) -> None:
         """Delete; an object that is already gone is not an error."""
-        body = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
         if propagation:
             body["propagationPolicy"] = propagation
+        if grace_period_s is not None:
+            body["gracePeriodSeconds"] = grace_period_s
         try:
             await self.request("DELETE", res.path(namespace, name), body=body)
         except KubeError as exc:
@@ -344,7 +341,7 @@ def _unreachable(method: str, path: str, exc: BaseException) -> Unavailable:
 async def _from_file(path: str, config: Configuration,
                      context: str | None) -> None:
     _read_kubeconfig(path)
-    await load_kube_config(  # type: ignore[no-untyped-call]
+    await load_kube_config(
         config_file=path, context=context, client_configuration=config,
         persist_config=False)
 
@@ -385,7 +382,7 @@ async def _load_configuration(kubeconfig: str | None,
         try:
             if context:  # a context names a kubeconfig entry: never the in-cluster account
                 raise ConfigException(f"--context {context} needs a kubeconfig")
-            load_incluster_config(  # type: ignore[no-untyped-call]
+            load_incluster_config(
                 client_configuration=config)
         except ConfigException:
             if not home.exists():

@@ -20,6 +20,11 @@ DEFAULT_OWN_PREFIX = "healthd.io/"
 
 GPU_RESOURCE = "nvidia.com/gpu"
 
+# The AppWrapper operator's: the label on every pod an AppWrapper creates, and the
+# `spec.managedBy` value of AppWrappers it (not another controller) manages.
+APPWRAPPER_LABEL = "workload.codeflare.dev/appwrapper"
+OPERATOR_MANAGER = "workload.codeflare.dev/appwrapper-controller"
+
 # Multus publishes a pod's attachments (pod network and secondary networks) in this
 # annotation; OpenShift's older releases spell it `networks-status`. Read only.
 NETWORK_STATUS_ANNOTATIONS = (
@@ -121,6 +126,38 @@ class Keys:
     def clear(self) -> str:
         """Annotation written by admins: `true` re-runs what holds the node bad."""
         return f"{self.own_prefix}clear"
+
+    # -- labels on the objects the agent creates (diagnostic Jobs, pvc probes) -----
+
+    @property
+    def diagnostic(self) -> str:
+        """Label `true` on the agent's diagnostic Jobs and pods: never GPU holders."""
+        return f"{self.own_prefix}diagnostic"
+
+    @property
+    def node(self) -> str:
+        """Label: the node an object was created for (as a label value)."""
+        return f"{self.own_prefix}node"
+
+    @property
+    def node_name(self) -> str:
+        """Annotation: the node's full name, should the `node` label be shortened."""
+        return f"{self.own_prefix}node-name"
+
+    @property
+    def check(self) -> str:
+        """Label on a diagnostic Job: the check key it runs."""
+        return f"{self.own_prefix}check"
+
+    @property
+    def probe(self) -> str:
+        """Label on the pvc check's test PVCs and pods: `pvc`."""
+        return f"{self.own_prefix}probe"
+
+    @property
+    def storage_class(self) -> str:
+        """Label on the pvc check's test objects: the storage class probed."""
+        return f"{self.own_prefix}storage-class"
 
     def owns_label(self, key: str) -> bool:
         return key == self.gpuhealth or key.startswith(f"{self.label_prefix}dcgm.level.")

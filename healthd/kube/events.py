@@ -12,7 +12,7 @@ or fail because of, its paper trail.
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+import time
 from typing import Any
 
 from healthd.kube.client import Kube
@@ -29,6 +29,7 @@ from healthd.kube.objects import (
     Resource,
     meta,
 )
+from healthd.times import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +38,6 @@ _KINDS = {(r.api_version, r.kind): r for r in (
     NODES, PODS, JOBS, LEASES, APPWRAPPERS, CLUSTERQUEUES_V1BETA1, CLUSTERQUEUES_V1BETA2)}
 NORMAL = "Normal"
 WARNING = "Warning"
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _trim(message: str) -> str:
@@ -75,7 +72,7 @@ class EventRecorder:
         """The Event object `record` posts (namespace: the involved object's, or
         "default" for cluster-scoped objects such as Nodes)."""
         ref = involved_reference(involved, res)
-        now = _now()
+        now = rfc3339(time.time())
         source = {"component": self.component}
         if self.host:
             source["host"] = self.host

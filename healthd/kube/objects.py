@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -83,9 +84,9 @@ RESOURCEFLAVORS_V1BETA2 = Resource("kueue.x-k8s.io", "v1beta2", "resourceflavors
                                    "ResourceFlavor")
 
 
-def meta(obj: dict[str, Any]) -> dict[str, Any]:
+def meta(obj: Mapping[str, Any]) -> dict[str, Any]:
     """`obj["metadata"]`, or {} when absent or malformed."""
-    value = obj.get("metadata") if isinstance(obj, dict) else None
+    value = obj.get("metadata") if isinstance(obj, Mapping) else None
     return value if isinstance(value, dict) else {}
 
 
@@ -101,6 +102,32 @@ def namespace_of(obj: dict[str, Any]) -> str | None:
 def resource_version_of(obj: dict[str, Any]) -> str | None:
     rv = meta(obj).get("resourceVersion")
     return str(rv) if rv else None
+
+
+def _strings(value: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def labels_of(obj: Mapping[str, Any]) -> dict[str, str]:
+    """`metadata.labels`, {} when absent or malformed."""
+    return _strings(meta(obj).get("labels"))
+
+
+def annotations_of(obj: Mapping[str, Any]) -> dict[str, str]:
+    """`metadata.annotations`, {} when absent or malformed."""
+    return _strings(meta(obj).get("annotations"))
+
+
+def phase_of(obj: Mapping[str, Any]) -> str:
+    """`status.phase` of a pod (or an AppWrapper), "" when absent."""
+    status = obj.get("status")
+    return str(status.get("phase") or "") if isinstance(status, Mapping) else ""
+
+
+def node_name_of(pod: Mapping[str, Any]) -> str:
+    """`spec.nodeName`: the node a pod is bound to, "" while unbound."""
+    spec = pod.get("spec")
+    return str(spec.get("nodeName") or "") if isinstance(spec, Mapping) else ""
 
 
 def annotation_json(obj: dict[str, Any], key: str) -> dict[str, Any]:

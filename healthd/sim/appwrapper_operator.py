@@ -32,15 +32,14 @@ from __future__ import annotations
 import logging
 import random
 import string
+import time
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 import anyio
 
-from healthd.agent.busy import holds_gpus, pod_gpus
 from healthd.kube.client import Kube
-from healthd.kube.conventions import GPU_RESOURCE, Keys
+from healthd.kube.conventions import APPWRAPPER_LABEL, GPU_RESOURCE, Keys
 from healthd.kube.errors import Invalid, KubeError, NotFound
 from healthd.kube.objects import (
     APPWRAPPERS,
@@ -52,18 +51,15 @@ from healthd.kube.objects import (
     natural_name_key,
 )
 from healthd.kube.watching import DELETED, watch_forever
+from healthd.sim.podgpus import gpus_needed, keeps_gpus
+from healthd.times import rfc3339
 
 log = logging.getLogger(__name__)
 
-APPWRAPPER_LABEL = "workload.codeflare.dev/appwrapper"
 UNHEALTHY_VERDICTS = ("ERR", "TESTING", "EVICT")  # what the injected affinity keeps off
 RESUMING, RUNNING, RESETTING, SUCCEEDED = "Resuming", "Running", "Resetting", "Succeeded"
 RETRY_S = 1.0  # an AppWrapper with no room looks again this often
 Obj = dict[str, Any]
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def phase_of(aw: Obj) -> str:
@@ -118,8 +114,8 @@ def free_gpus(nodes: Iterable[Obj], pods: Iterable[Obj]) -> dict[str, int]:
             free[name_of(node)] = int(str(allocatable.get(GPU_RESOURCE, 0)))
     for pod in pods:
         where = (pod.get("spec") or {}).get("nodeName")
-        if where in free and holds_gpus(pod):
-            free[where] -= pod_gpus(pod)
+        if where in free and keeps_gpus(pod):
+            free[where] -= gpus_needed(pod)
     return free
 
 
@@ -129,7 +125,7 @@ def place(pod_specs: list[Obj], nodes: list[Obj], pods: list[Obj]) -> list[str] 
     free = free_gpus(nodes, pods)
     chosen: list[str] = []
     for spec in pod_specs:
-        need = pod_gpus({"spec": spec})
+        need = gpus_needed({"spec": spec})
         fits = [name_of(n) for n in sorted(nodes, key=lambda n: natural_name_key(name_of(n)))
                 if free.get(name_of(n), -1) >= need and affinity_allows(spec, n)]
         if not fits:
@@ -274,7 +270,7 @@ class AppWrapperOperator:
                                                   "controller": True}]},
                 "spec": {**spec, "nodeName": node}}
         pod = await self.kube.create(PODS, body, namespace)
-        status = {"status": {"phase": "Running", "startTime": _now(), "conditions": [
+        status = {"status": {"phase": "Running", "startTime": rfc3339(time.time()), "conditions": [
             {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}]}}
         await self.kube.merge_patch(PODS, name_of(pod), status, namespace, subresource="status")
 
@@ -287,7 +283,7 @@ class AppWrapperOperator:
         kind, value, reason = condition
         conditions = [c for c in status.get("conditions") or [] if c.get("type") != kind]
         conditions.append({"type": kind, "status": value, "reason": reason, "message": "",
-                           "lastTransitionTime": _now()})
+                           "lastTransitionTime": rfc3339(time.time())})
         ops: list[Obj] = []
         if "phase" in status:
             ops.append({"op": "test", "path": "/status/phase", "value": status["phase"]})

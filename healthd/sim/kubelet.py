@@ -48,11 +48,11 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from healthd.agent.busy import holds_gpus, pod_gpus
 from healthd.kube.conventions import GPU_RESOURCE
 from healthd.sim.apiserver.emulator import ApiEmulator, ThreadedEmulator
 from healthd.sim.apiserver.resources import Obj
 from healthd.sim.apiserver.store import now_text
+from healthd.sim.podgpus import gpus_needed, keeps_gpus
 
 TERMINATION_LIMIT = 4096  # bytes the kubelet keeps of a termination message
 LOG_FALLBACK_LIMIT = 2048  # bytes of log tail used by FallbackToLogsOnError
@@ -164,9 +164,9 @@ class FakeKubelet:
                 sub, initial = self.api.store.subscribe(jobs, None, since,
                                                         asyncio.get_running_loop())
                 try:
-                    for event in initial:
-                        since = str(event.rv)
-                        self._on_job(group, event.type, event.obj)
+                    for first in initial:
+                        since = str(first.rv)
+                        self._on_job(group, first.type, first.obj)
                     while (event := await sub.queue.get()) is not None:
                         since = str(event.rv)
                         self._on_job(group, event.type, event.obj)
@@ -258,9 +258,9 @@ class FakeKubelet:
         allocatable = (node.get("status") or {}).get("allocatable") or {}
         if GPU_RESOURCE not in allocatable:
             return None  # the node does not declare GPUs: no accounting to do
-        used = sum(pod_gpus(p) for p in self.api.list("Pod")
-                   if p["spec"].get("nodeName") == node_name and holds_gpus(p))
-        if pod_gpus(pod) > int(allocatable[GPU_RESOURCE]) - used:
+        used = sum(gpus_needed(p) for p in self.api.list("Pod")
+                   if p["spec"].get("nodeName") == node_name and keeps_gpus(p))
+        if gpus_needed(pod) > int(allocatable[GPU_RESOURCE]) - used:
             return f"0/1 nodes are available: 1 Insufficient {GPU_RESOURCE}."
         return None
 

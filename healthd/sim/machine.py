@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     field_validator,
@@ -24,6 +22,7 @@ from pydantic import (
 )
 
 from healthd import bundled
+from healthd.models import Frozen
 from healthd.sim.dcgm import DcgmSim
 from healthd.validation import explain
 
@@ -76,18 +75,14 @@ NvmlErrorName = Literal[
 ]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class PcieSpec(_Strict):
+class PcieSpec(Frozen):
     gen: int = Field(5, ge=1, le=7)
     width: int = Field(16, ge=1, le=32)
     max_gen: int | None = Field(None, ge=1, le=7, description="defaults to gen")
     max_width: int | None = Field(None, ge=1, le=32, description="defaults to width")
 
 
-class PcieLinkFault(_Strict):
+class PcieLinkFault(Frozen):
     """Link state of one GPU; unset fields keep the GPU's values."""
 
     gen: int | None = Field(None, ge=1, le=7)
@@ -96,12 +91,12 @@ class PcieLinkFault(_Strict):
     max_width: int | None = Field(None, ge=1, le=32)
 
 
-class PowerSpec(_Strict):
+class PowerSpec(Frozen):
     usage_w: float = Field(95.0, ge=0)
     limit_w: float = Field(700.0, gt=0)
 
 
-class BandwidthSpec(_Strict):
+class BandwidthSpec(Frozen):
     """Host<->device copy bandwidth the simulated pciebw measurement reports (GB/s).
     Unset: what the current link carries at a healthy 85% efficiency."""
 
@@ -109,7 +104,7 @@ class BandwidthSpec(_Strict):
     d2h: float | None = Field(None, gt=0)
 
 
-class GpuDefaults(_Strict):
+class GpuDefaults(Frozen):
     count: int = Field(8, ge=0, le=64)
     model: str = "NVIDIA H100 80GB HBM3"
     uuids: list[str] | None = Field(None, description="one per GPU; generated when unset")
@@ -142,31 +137,31 @@ class GpuDefaults(_Strict):
         return names
 
 
-class RemappedRowsFault(_Strict):
+class RemappedRowsFault(Frozen):
     correctable: int = Field(0, ge=0)
     uncorrectable: int = Field(0, ge=0)
     pending: bool = False
     failure: bool = False
 
 
-class EccFault(_Strict):
+class EccFault(Frozen):
     corrected_volatile: int = Field(0, ge=0)
     uncorrected_volatile: int = Field(0, ge=0)
     retired_pages_pending: bool = False
 
 
-class XidSpec(_Strict):
+class XidSpec(Frozen):
     code: int = Field(ge=1, le=0xFFFF)
     at: float = Field(0.0, ge=0, description="seconds after machine start")
 
 
-class NvmlErrorSpec(_Strict):
+class NvmlErrorSpec(Frozen):
     function: str = Field(pattern=r"^nvml[A-Za-z0-9_]+$")
     error: NvmlErrorName
     times: int | None = Field(None, ge=1, description="fail this many calls, then recover")
 
 
-class GpuFault(_Strict):
+class GpuFault(Frozen):
     """Faults on one GPU. Active from `at` until `until` seconds after start."""
 
     gpu: int = Field(ge=0)
@@ -191,7 +186,7 @@ class GpuFault(_Strict):
     nvml_errors: list[NvmlErrorSpec] = []
 
 
-class MachineSpec(_Strict):
+class MachineSpec(Frozen):
     """A simulated GPU node."""
 
     node: str = Field("sim-node", min_length=1)

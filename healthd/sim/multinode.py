@@ -14,7 +14,8 @@ Usage::
     with simulate_nodes({"n1": spec1, "n2": spec2}) as fleet:
         async with anyio.create_task_group() as tg:
             for name, sim in fleet.nodes.items():
-                tg.start_soon(fleet.run_bound, name, Agent(config, node=name, sim=sim).run)
+                tg.start_soon(fleet.run_bound, name, Agent(sim.adapt(config), node=name,
+                                                       probes=sim.probes()).run)
         fleet.nodes["n2"].nvml.emit_xid(3, 79)
 """
 

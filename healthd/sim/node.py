@@ -1,7 +1,9 @@
-"""A simulated GPU node for one-shot runs: the fake NVML library under the real
-pynvml, the simulated bandwidth probe and the fake dcgmi, all from one machine spec.
+"""A simulated GPU node: the fake NVML library under the real pynvml, the simulated
+bandwidth probe and the fake dcgmi, all from one machine spec.
 
-`healthd check --sim SPEC` uses it; so do tests that run checks end to end.
+`healthd check --sim SPEC` prepares its planned checks with it (`prepare`); an agent
+on the simulated machine is built from the adapted config (`adapt`) and handed the
+simulated probes (`probes`), so the product never knows it is simulated.
 """
 
 from __future__ import annotations
@@ -11,10 +13,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from checks.base import CheckContext
+from checks.base import CheckContext, Probes
 from checks.dcgm import DcgmCheck
-from checks.ping import PingCheck
-from healthd.once import Planned
+from healthd.config import Config
+from healthd.plans import Planned
 from healthd.sim.cuda import SimBandwidthProbe
 from healthd.sim.dcgm import DcgmSim, fake_dcgmi_command
 from healthd.sim.fakenvml import FakeNvml, install
@@ -35,27 +37,44 @@ class SimulatedNode:
     bandwidth: SimBandwidthProbe
     network: SimNetwork | None = None  # the simulated fleet's links (multinode only)
 
+    @property
+    def node(self) -> str:
+        return self.spec.node
+
+    def probes(self) -> Probes:
+        """The simulated bandwidth probe, and the fleet's links and pings if any."""
+        if self.network is None:
+            return Probes(bandwidth=self.bandwidth)
+        return Probes(bandwidth=self.bandwidth, links=self.network.links(self.spec.node),
+                      ping=self.network.prober(self.spec.node))
+
     def prepare(self, ctx: CheckContext, planned: Sequence[Planned]) -> list[Planned]:
         """Point the context and the planned checks at the simulated hardware."""
-        ctx.bandwidth_probe = self.bandwidth
-        if self.network is not None:
-            ctx.link_reader = self.network.links(self.spec.node)
+        self.probes().apply(ctx)
         ctx.node_name = ctx.node_name or self.spec.node
         if ctx.expected_gpus is None:
             ctx.expected_gpus = self.spec.gpus.count  # the machine should have them all
         return [self._simulated(item) for item in planned]
 
+    def adapt(self, config: Config) -> Config:
+        """`config` for an agent on this machine: `dcgmi` is the fake one, and the
+        machine should have all its GPUs (unless the config says how many)."""
+        dcgm = config.check_section("dcgm")
+        params = {**dcgm.params, "command": self._dcgmi()}
+        checks = {**config.checks, "dcgm": dcgm.model_copy(update={"params": params})}
+        expected = self.spec.gpus.count if config.expected_gpus is None else config.expected_gpus
+        return config.model_copy(update={"checks": checks, "expected_gpus": expected})
+
+    def _dcgmi(self) -> list[str]:
+        dcgm = self.spec.dcgm
+        if not self.spec.driver_present:  # no driver: DCGM cannot run either
+            dcgm = DcgmSim(output=NO_DRIVER_OUTPUT)
+        return fake_dcgmi_command(dcgm)
+
     def _simulated(self, item: Planned) -> Planned:
         if isinstance(item.check, DcgmCheck):
-            params = item.check.params.model_dump()
-            dcgm = self.spec.dcgm
-            if not self.spec.driver_present:  # no driver: DCGM cannot run either
-                dcgm = DcgmSim(output=NO_DRIVER_OUTPUT)
-            params["command"] = fake_dcgmi_command(dcgm)
+            params = {**item.check.params.model_dump(), "command": self._dcgmi()}
             return replace(item, check=DcgmCheck(params))
-        if isinstance(item.check, PingCheck) and self.network is not None:
-            prober = self.network.prober(self.spec.node)
-            return replace(item, check=PingCheck(item.check.params, prober=prober))
         return item
 
 

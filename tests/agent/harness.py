@@ -135,7 +135,8 @@ async def running_agent(api: ApiEmulator, tmp_path: Path, *,
     kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
     machine = spec if isinstance(spec, MachineSpec) else load_machine_spec(spec)
     with simulate(machine.model_copy(update={"node": NODE})) as sim:
-        agent = Agent(config or fast_config(), node=NODE, kubeconfig=str(kubeconfig), sim=sim,
+        agent = Agent(sim.adapt(config or fast_config()), node=NODE, kubeconfig=str(kubeconfig),
+                      probes=sim.probes(),
                       http_port=0, registry=CollectorRegistry())
         async with anyio.create_task_group() as group:
             group.start_soon(agent.run)

@@ -11,8 +11,9 @@ import pytest
 
 from checks.base import BaseCheck, CheckContext, CheckResult, Severity
 from checks.catalog import Catalog
-from healthd.agent.runner import Planned, Runner
+from healthd.agent.runner import Runner
 from healthd.agent.verdict import Trigger
+from healthd.plans import Planned
 
 pytestmark = pytest.mark.anyio
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from healthd.agent.busy import DIAGNOSTIC_LABEL, gpu_pods
 from healthd.kube.client import Kube
+from healthd.kube.conventions import Keys
 from healthd.kube.errors import Unavailable
+from healthd.kube.pods import gpu_pods
 from healthd.sim.apiserver import ApiEmulator
 
 from .conftest import NODE, container, node, pod
@@ -32,10 +33,10 @@ async def test_every_pod_shape(api: ApiEmulator, kube: Kube) -> None:
         pod("second-container", containers=[container("a"), container("b", limits=1)]),
         pod("other-node", node_name="gpu-node-2", containers=[container(limits=8)]),
         pod("unbound", node_name="", phase="Pending", containers=[container(limits=8)]),
-        pod("diag", namespace="healthd-system", labels={DIAGNOSTIC_LABEL: "true"},
+        pod("diag", namespace="healthd-system", labels={Keys().diagnostic: "true"},
             containers=[container(requests=8, limits=8)]),
     )
-    assert await gpu_pods(kube, NODE) == [
+    assert await gpu_pods(kube, NODE, Keys()) == [
         "work/init-gpu", "work/limits-only", "work/pending-bound", "work/running",
         "work/second-container", "work/terminating",
     ]
@@ -44,14 +45,14 @@ async def test_every_pod_shape(api: ApiEmulator, kube: Kube) -> None:
 async def test_idle_node_has_no_gpu_pods(api: ApiEmulator, kube: Kube) -> None:
     api.seed(node(), pod("done", phase="Succeeded", containers=[container(limits=8)]),
              pod("web", containers=[container()]))
-    assert await gpu_pods(kube, NODE) == []
+    assert await gpu_pods(kube, NODE, Keys()) == []
 
 
 async def test_garbage_quantities_do_not_crash(api: ApiEmulator, kube: Kube) -> None:
     weird = container()
     weird["resources"] = {"limits": {"nvidia.com/gpu": "lots"}, "requests": "nonsense"}
     api.seed(pod("weird", containers=[weird]), pod("real", containers=[container(limits=1)]))
-    assert await gpu_pods(kube, NODE) == ["work/real"]
+    assert await gpu_pods(kube, NODE, Keys()) == ["work/real"]
 
 
 async def test_api_failure_is_raised_not_taken_for_idle(api: ApiEmulator, kube: Kube) -> None:
@@ -59,4 +60,4 @@ async def test_api_failure_is_raised_not_taken_for_idle(api: ApiEmulator, kube: 
     # share GPUs with work the agent cannot see.
     api.fail("GET", "/api/v1/pods", 503)
     with pytest.raises(Unavailable):
-        await gpu_pods(kube, NODE)
+        await gpu_pods(kube, NODE, Keys())

@@ -16,7 +16,7 @@ import pytest
 
 from checks.base import Entity, Severity
 from healthd.agent.deepdiag import DeepDiagnostic, DiagOutcome
-from healthd.agent.settings import DeepDiagSettings
+from healthd.config.agent import DeepDiagSettings
 from healthd.kube.client import Kube
 from healthd.kube.conventions import COMPONENT, GPU_RESOURCE, Reason
 from healthd.kube.events import EventRecorder

@@ -13,7 +13,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from checks.base import CheckResult, Entity
-from checks.nvml import XidEvent
+from checks.snapshot import XidEvent
 from checks.xid import findings_for_xids
 from healthd.agent import verdict
 from healthd.agent.metrics import AgentMetrics, read_cpu_model

@@ -7,10 +7,11 @@ import anyio
 from prometheus_client import CollectorRegistry
 
 from checks.base import CheckContext, CheckResult
-from checks.nvml import NvmlGpuSource
+from checks.snapshot import NvmlGpuSource
 from healthd.agent.metrics import AgentMetrics
 from healthd.config import load_config
-from healthd.once import plan, run_planned
+from healthd.once import run_planned
+from healthd.plans import planned_check
 from healthd.sim.node import simulate
 
 CHECKS = ["remapped", "pciebw", "power", "pcie", "ecc"]
@@ -22,7 +23,7 @@ def run_on(machine: str) -> list[CheckResult]:
     async def main() -> list[CheckResult]:
         with simulate(machine) as sim:
             ctx = CheckContext(catalog=config.catalog())
-            planned = sim.prepare(ctx, plan(config, [(name, None) for name in CHECKS]))
+            planned = sim.prepare(ctx, [planned_check(config, name) for name in CHECKS])
             ctx.gpus = gpus = NvmlGpuSource()
             try:
                 return await run_planned(planned, ctx)

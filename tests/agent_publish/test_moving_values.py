@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 
 from checks.base import CheckContext, CheckResult
-from checks.nvml import NvmlGpuSource
+from checks.snapshot import NvmlGpuSource
 from healthd.agent.verdict import HealthState, Policy, Trigger, apply, initial
 from healthd.config import load_config
-from healthd.once import plan, run_planned
+from healthd.once import run_planned
+from healthd.plans import planned_check
 from healthd.sim.machine import MachineSpec
 from healthd.sim.node import simulate
 from tests.agent_publish.conftest import KEYS, running
@@ -33,7 +34,7 @@ async def test_500_rounds_of_a_held_warn_with_a_moving_value_write_nothing_after
     messages: set[str] = set()
     with simulate(REPLAYS) as sim:
         ctx = CheckContext(catalog=config.catalog())
-        planned = sim.prepare(ctx, plan(config, [("pcie", None)]))
+        planned = sim.prepare(ctx, [planned_check(config, "pcie")])
         ctx.gpus = gpus = NvmlGpuSource()
         try:
             async with running(api) as h:

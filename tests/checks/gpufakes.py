@@ -1,6 +1,6 @@
 """Hand-built NVML snapshots and a tiny GpuSource double for the NVML check tests.
 
-The double sits at our own seam (checks.nvml.GpuSource): unit tests judge exactly
+The double sits at our own seam (checks.snapshot.GpuSource): unit tests judge exactly
 the snapshot they describe. End-to-end tests use the fake NVML library under the
 real pynvml instead.
 """
@@ -21,7 +21,7 @@ from checks.base import (
     run_check,
 )
 from checks.catalog import Catalog, Override
-from checks.nvml import (
+from checks.snapshot import (
     Ecc,
     GpuSnapshot,
     NodeSnapshot,

@@ -7,7 +7,7 @@ import pytest
 
 from checks.base import Severity
 from checks.ecc import EccCheck
-from checks.nvml import Ecc, Failed, Ok, Unsupported
+from checks.snapshot import Ecc, Failed, Ok, Unsupported
 
 from .gpufakes import codes_by_gpu, context, entity_status, findings_on, healthy_gpu, node, run
 

@@ -14,10 +14,10 @@ from checks.ecc import EccCheck
 from checks.gpucheck import GpuCheck
 from checks.gpus import GpusCheck
 from checks.nvlink import NvlinkCheck
-from checks.nvml import DRIVER_NOT_FOUND, Failed, NodeSnapshot, Ok, Unsupported
 from checks.pcie import PcieCheck
 from checks.power import PowerCheck
 from checks.remapped import RemappedCheck
+from checks.snapshot import DRIVER_NOT_FOUND, Failed, NodeSnapshot, Ok, Unsupported
 from checks.xid import XidCheck
 
 from .gpufakes import codes_by_gpu, context, entity_status, healthy_gpu, node, run, status_of

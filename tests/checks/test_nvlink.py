@@ -6,7 +6,7 @@ import pytest
 
 from checks.base import Severity
 from checks.nvlink import NvlinkCheck
-from checks.nvml import NvLink, Ok
+from checks.snapshot import NvLink, Ok
 
 from .gpufakes import codes_by_gpu, context, entity_status, findings_on, healthy_gpu, node, run
 

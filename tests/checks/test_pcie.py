@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from checks.base import Severity
-from checks.nvml import Failed, Ok, PcieLink, Unsupported
 from checks.pcie import PcieCheck
+from checks.snapshot import Failed, Ok, PcieLink, Unsupported
 
 from .gpufakes import codes_by_gpu, context, entity_status, findings_on, healthy_gpu, node, run
 

@@ -7,8 +7,8 @@ import pytest
 
 from checks.base import Severity
 from checks.catalog import Override
-from checks.nvml import Ok, Unsupported
 from checks.power import PowerCheck, clock_event_names
+from checks.snapshot import Ok, Unsupported
 
 from .gpufakes import codes_by_gpu, context, entity_status, findings_on, healthy_gpu, node, run
 

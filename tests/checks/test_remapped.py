@@ -7,8 +7,8 @@ import pytest
 
 from checks.base import Severity
 from checks.catalog import Override
-from checks.nvml import Ok, RemappedRows
 from checks.remapped import RemappedCheck
+from checks.snapshot import Ok, RemappedRows
 
 from .gpufakes import codes_by_gpu, context, entity_status, findings_on, healthy_gpu, node, run
 

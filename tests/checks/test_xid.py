@@ -7,7 +7,7 @@ import pytest
 
 from checks.base import ResultBuilder, Severity
 from checks.catalog import Catalog, Override
-from checks.nvml import XidEvent
+from checks.snapshot import XidEvent
 from checks.xid import MAX_WINDOW_S, XidCheck, findings_for_xids
 
 from .gpufakes import (

@@ -10,7 +10,8 @@ import pytest
 from checks.base import Severity
 from checks.catalog import RaiseRule
 from healthd.cli import main
-from healthd.config import ConfigError, load_config, parse_duration
+from healthd.config import ConfigError, load_config
+from healthd.durations import parse_duration
 
 
 def write(tmp_path: Path, text: str) -> Path:

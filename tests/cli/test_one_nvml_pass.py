@@ -6,9 +6,10 @@ from __future__ import annotations
 import anyio
 
 from checks.base import CheckContext
-from checks.nvml import NvmlGpuSource
+from checks.snapshot import NvmlGpuSource
 from healthd.config import load_config
-from healthd.once import plan, run_planned
+from healthd.once import run_planned
+from healthd.plans import planned_check
 from healthd.sim.node import simulate
 
 NVML_CHECKS = ["gpus", "remapped", "power", "pcie", "ecc", "nvlink"]
@@ -20,7 +21,7 @@ def test_all_nvml_checks_share_one_pass() -> None:
     async def main() -> dict[str, int]:
         with simulate("healthy-8xh100") as sim:
             ctx = CheckContext(catalog=config.catalog())
-            planned = sim.prepare(ctx, plan(config, [(name, None) for name in NVML_CHECKS]))
+            planned = sim.prepare(ctx, [planned_check(config, name) for name in NVML_CHECKS])
             ctx.gpus = gpus = NvmlGpuSource()
             results = await run_planned(planned, ctx)
             await gpus.aclose()

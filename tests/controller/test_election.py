@@ -17,8 +17,10 @@ import anyio
 import anyio.abc
 import pytest
 
-from healthd.controller.election import LeaseElector, format_micro_time, is_expired
+from healthd.controller.election import LeaseElector
+from healthd.kube.leases import is_expired
 from healthd.sim.apiserver import ApiEmulator
+from healthd.times import rfc3339
 from tests.controller.conftest import KubeFactory
 
 pytestmark = pytest.mark.anyio
@@ -171,13 +173,13 @@ async def test_a_leader_whose_clock_runs_behind_is_not_taken_over(
 def test_a_status_report_judges_a_lease_by_its_renew_time() -> None:
     now = datetime(2025, 1, 1, tzinfo=UTC)
     held = {"spec": {"holderIdentity": "a", "leaseDurationSeconds": 15,
-                     "renewTime": format_micro_time(now - timedelta(seconds=5))}}
+                     "renewTime": rfc3339((now - timedelta(seconds=5)).timestamp(), digits=6)}}
     stale = {"spec": {**held["spec"],
-                      "renewTime": format_micro_time(now - timedelta(seconds=16))}}
-    assert not is_expired(held, now)
-    assert is_expired(stale, now)
-    assert is_expired({"spec": {"holderIdentity": ""}}, now)
-    assert is_expired({"spec": {"holderIdentity": "a", "renewTime": "garbage"}}, now)
+                      "renewTime": rfc3339((now - timedelta(seconds=16)).timestamp(), digits=6)}}
+    assert not is_expired(held, now.timestamp())
+    assert is_expired(stale, now.timestamp())
+    assert is_expired({"spec": {"holderIdentity": ""}}, now.timestamp())
+    assert is_expired({"spec": {"holderIdentity": "a", "renewTime": "garbage"}}, now.timestamp())
 
 
 def test_timings_that_allow_two_leaders_are_refused() -> None:

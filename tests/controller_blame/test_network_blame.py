@@ -20,7 +20,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from healthd.controller.blame import Assessment, NetworkBlame
+from healthd.controller.blame import NetworkBlame
+from healthd.network_blame import Assessment
 from healthd.sim.apiserver import ApiEmulator
 from tests.controller.conftest import (
     KubeFactory,

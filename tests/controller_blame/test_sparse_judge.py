@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from checks.blame import Row, SparseReport, Verdict, judge, judge_rows, to_matrix
+from checks.blame import Judgement, Row, SparseReport, judge, judge_rows, to_matrix
 
 NAMES = [f"n{i}" for i in range(9)]
 
@@ -73,7 +73,7 @@ def test_named_scenarios_read_as_the_dense_ones_do() -> None:
     assert judge_rows(down)["n2"].unreachable_from == ("n0", "n1", "n3", "n4")
     cut_off = {**down, "n2": Row(reached_none=True)}
     report = judge_rows(cut_off)
-    assert report.verdict_of("n2") is Verdict.ISOLATED and report.blamed == ("n2",)
+    assert report.verdict_of("n2") is Judgement.ISOLATED and report.blamed == ("n2",)
     assert report["n2"].unreachable_targets == ("n0", "n1", "n3", "n4")
     with pytest.raises(KeyError):
         report.verdict_of("zz")
@@ -106,6 +106,6 @@ def test_a_large_fleet_with_one_node_down_and_one_cut_off() -> None:
     rows = {n: Row(frozenset({down, cut_off})) for n in FLEET[2:]}
     rows[cut_off] = Row(reached_none=True)
     report = timed(rows, "2,000 nodes, one down, one cut off")
-    assert report.verdict_of(down) is Verdict.BLAMED
-    assert report.verdict_of(cut_off) is Verdict.ISOLATED
+    assert report.verdict_of(down) is Judgement.BLAMED
+    assert report.verdict_of(cut_off) is Judgement.ISOLATED
     assert report.at_fault == (down, cut_off) and not report.partitioned

@@ -11,9 +11,9 @@ from typing import Any
 
 import anyio
 
+from healthd.config.controller import ControllerSettings
 from healthd.controller.caches import Caches
 from healthd.controller.clusterqueues import QueueWriter
-from healthd.controller.settings import ControllerSettings
 from healthd.kube.client import Kube
 from healthd.kube.conventions import CONTROLLER_COMPONENT, Keys
 from healthd.kube.events import EventRecorder

@@ -12,16 +12,11 @@ from typing import Any
 import anyio
 import pytest
 
-from healthd.controller.caches import (
-    KUEUE_V1BETA1,
-    KUEUE_V1BETA2,
-    RESET_KINDS,
-    Caches,
-    choose_kueue,
-)
-from healthd.controller.resets import APPWRAPPER_LABEL
+from healthd.controller.caches import RESET_KINDS, Caches
 from healthd.kube.backoff import Backoff
 from healthd.kube.client import Kube
+from healthd.kube.conventions import APPWRAPPER_LABEL
+from healthd.kube.kueue import KUEUE_V1BETA1, KUEUE_V1BETA2, choose_kueue
 from healthd.sim.apiserver import ApiEmulator
 from tests.controller_lending.helpers import (
     flavor,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from healthd.controller.health import (
+from healthd.capacity.health import (
     CORDONED,
     NOT_READY,
     UNREACHABLE,

@@ -9,8 +9,8 @@ from __future__ import annotations
 import random
 from decimal import Decimal
 
-from healthd.controller.health import Unavailability
-from healthd.controller.lending import LendingModel, LimitChange
+from healthd.capacity.health import Unavailability
+from healthd.capacity.lending import LendingModel, LimitChange
 from tests.controller_lending.helpers import GPU, group, queue, resources
 
 H100 = {"gpu": "h100"}

@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from healthd.controller.quantities import format_quantity, parse_quantity, try_quantity
+from healthd.capacity.quantities import format_quantity, parse_quantity, try_quantity
 
 
 @pytest.mark.parametrize(("text", "value"), [

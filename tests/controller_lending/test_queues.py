@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from healthd.controller.caches import KUEUE_V1BETA1
-from healthd.controller.quantities import parse_quantity
+from healthd.capacity.quantities import parse_quantity
 from healthd.kube.client import Kube
+from healthd.kube.kueue import KUEUE_V1BETA1
 from healthd.sim.apiserver import ApiEmulator
 from tests.controller_lending.helpers import (
     GPU,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from healthd.controller.settings import ControllerSettings, parse_threshold
+from healthd.config.controller import ControllerSettings, parse_threshold
 from healthd.kube.conventions import Verdict
 
 

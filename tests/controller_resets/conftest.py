@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from healthd.capacity.health import evict_codes
+from healthd.config.controller import ControllerSettings
 from healthd.controller.appwrappers import Resetter
-from healthd.controller.health import evict_codes
 from healthd.controller.metrics import ControllerMetrics
-from healthd.controller.resets import APPWRAPPER_LABEL, decide
-from healthd.controller.settings import ControllerSettings
+from healthd.controller.resets import decide
 from healthd.kube.client import Kube
-from healthd.kube.conventions import CONTROLLER_COMPONENT, Keys, Verdict
+from healthd.kube.conventions import APPWRAPPER_LABEL, CONTROLLER_COMPONENT, Keys, Verdict
 from healthd.kube.events import EventRecorder
 from healthd.kube.objects import APPWRAPPERS, NODES, PODS, key_of, name_of
 from healthd.sim.apiserver import ApiEmulator

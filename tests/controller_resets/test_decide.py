@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from healthd.controller.health import evict_codes
+from healthd.capacity.health import evict_codes
 from healthd.controller.resets import affected, decide
 from healthd.kube.conventions import Keys, Verdict
 from tests.controller_resets.conftest import KEYS, NS, appwrapper, node, pod

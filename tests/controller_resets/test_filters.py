@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 
-from healthd.controller.resets import OPERATOR_MANAGER
 from healthd.kube.client import Kube
-from healthd.kube.conventions import Verdict
+from healthd.kube.conventions import OPERATOR_MANAGER, Verdict
 from healthd.sim.apiserver import ApiEmulator
 from tests.controller_resets.conftest import (
     NS,

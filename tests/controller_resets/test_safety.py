@@ -9,9 +9,9 @@ import logging
 
 import pytest
 
+from healthd.config.controller import ControllerSettings
 from healthd.controller.metrics import ControllerMetrics
 from healthd.controller.safety import Breaker, BreakerState, Spacing, TokenBucket
-from healthd.controller.settings import ControllerSettings
 from healthd.kube.client import Kube
 from healthd.kube.conventions import Verdict
 from healthd.kube.objects import LEASES

@@ -6,7 +6,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from checks.nvml import NvmlGpuSource, XidEvent
+from checks.snapshot import NvmlGpuSource, XidEvent
 from healthd.sim.machine import GpuFault, RemappedRowsFault, load_machine_spec
 from healthd.sim.multinode import simulate_nodes
 

@@ -22,6 +22,9 @@ from checks.base import CheckContext, Severity, run_check
 from checks.catalog import Catalog
 from checks.pvc import PvcCheck
 from healthd.config import Config
+from healthd.kube.client import Kube
+from healthd.kube.conventions import Keys
+from healthd.kube.pvc_probe import KubeProbeApi
 from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.kubelet import FakeKubelet, HealthdRunner
 from healthd.sim.machine import MachineSpec, load_machine_spec
@@ -149,8 +152,9 @@ async def test_the_pvc_probe_needs_its_rules_and_no_more(api: ApiEmulator) -> No
     modes: dict[str, provisioner.Mode] = {"fast": "bind", "local": "bind", "broken": "fail"}
     check = PvcCheck({"storage_classes": ["fast", "local", "broken"], "bind_timeout_s": 5})
     async with provisioner.running(api, NAMESPACE, modes, wait_for_consumer=frozenset({"local"})), \
-            api.async_client(user=AGENT) as client:
-        ctx = CheckContext(catalog=Catalog(), node_name=NODE, kube=client, namespace=NAMESPACE)
+            Kube(api.async_client(user=AGENT)) as kube:
+        ctx = CheckContext(catalog=Catalog(), node_name=NODE, namespace=NAMESPACE,
+                           pvc_api=KubeProbeApi.factory(kube, Keys()))
         result = await run_check(check, ctx, timeout_s=20)
     assert [str(r) for r in authz.denied] == []
     assert result.status is not Severity.UNKNOWN, result.reason

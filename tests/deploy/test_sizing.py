@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from checks.pciebw import PcieBwCheck
+from healthd.capacity.quantities import parse_quantity
 from healthd.config import Config, load_config
-from healthd.controller.quantities import parse_quantity
 from tests.deploy.manifests import OVERLAYS, Obj, find, one, render
 
 MIB = Decimal(2**20)

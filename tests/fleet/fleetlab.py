@@ -88,7 +88,8 @@ async def running_agents(api: ApiEmulator, tmp_path: Path,
     kubeconfig = str(api.write_kubeconfig(tmp_path / "agents.kubeconfig"))
     spec = load_machine_spec("healthy-8xh100")
     with simulate(spec) as sim:
-        agents = [Agent(quiet_config(), node=n, kubeconfig=kubeconfig, sim=sim, http_port=0,
+        agents = [Agent(sim.adapt(quiet_config()), node=n, kubeconfig=kubeconfig,
+                        probes=sim.probes(), http_port=0,
                         registry=CollectorRegistry()) for n in nodes]
         async with anyio.create_task_group() as group:
             for agent in agents:

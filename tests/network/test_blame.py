@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from checks.blame import Matrix, Verdict, judge
+from checks.blame import Judgement, Matrix, judge
 
 NAMES = [f"n{i:02d}" for i in range(12)]
 
@@ -54,16 +54,16 @@ def test_everything_fine() -> None:
 def test_one_node_down_is_blamed_by_everyone() -> None:
     report = judge(with_dead(NAMES[:5], "n02", reports=False))
     assert report.blamed == ("n02",) and report.isolated == ()
-    assert report["n02"].verdict is Verdict.BLAMED
+    assert report["n02"].verdict is Judgement.BLAMED
     assert report["n02"].unreachable_from == ("n00", "n01", "n03", "n04")
-    assert report["n00"].verdict is Verdict.OK
+    assert report["n00"].verdict is Judgement.OK
 
 
 def test_one_node_cut_off_is_isolated_and_both_views_agree() -> None:
     report = judge(with_dead(NAMES[:5], "n02", reports=True))
     assert report.at_fault == ("n02",)
     verdict = report["n02"]
-    assert verdict.verdict is Verdict.ISOLATED and verdict.blamed
+    assert verdict.verdict is Judgement.ISOLATED and verdict.blamed
     assert verdict.unreachable_targets == ("n00", "n01", "n03", "n04")
     assert not report.partitioned
 
@@ -107,7 +107,7 @@ def test_missing_rows_and_columns() -> None:
     report = judge(matrix)
     assert report.blamed == ("d",)
     assert report["d"].targets == 0
-    assert report["c"].reporters == 1 and report["c"].verdict is Verdict.OK
+    assert report["c"].reporters == 1 and report["c"].verdict is Judgement.OK
 
 
 def test_one_reporter_is_not_enough_to_blame() -> None:
@@ -122,7 +122,7 @@ def test_isolated_reporters_do_not_count_toward_blame() -> None:
     cut = {"n00", "n01"}
     report = judge(full(nodes, lambda r, t: not ({r, t} & cut)))
     assert report.isolated == ("n00", "n01")
-    assert report["n02"].verdict is Verdict.OK
+    assert report["n02"].verdict is Judgement.OK
     assert report["n02"].reporters == 3
 
 

@@ -27,8 +27,8 @@ import pytest
 from checks.base import Attachment, CheckContext, CheckResult, run_check
 from checks.catalog import Catalog
 from checks.nic import NetlinkReader, NicCheck
-from healthd.controller.blame import Assessment, assess_networks, ping_rows
 from healthd.kube.conventions import Keys
+from healthd.network_blame import Assessment, assess_networks, ping_rows
 from tests.conftest import require_binary
 from tests.network.netlab import INTERFACES, Fabric, FabricHost
 

@@ -16,13 +16,13 @@ from collections.abc import Callable
 
 import pytest
 
-from checks.nvml import (
+from checks.nvml_reader import NvmlReader
+from checks.snapshot import (
     DRIVER_NOT_FOUND,
     Ecc,
     Failed,
     GpuSnapshot,
     NvLink,
-    NvmlReader,
     Ok,
     PcieLink,
     Power,

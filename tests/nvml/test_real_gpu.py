@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from checks.nvml import Failed, NvmlReader
+from checks.nvml_reader import NvmlReader
+from checks.snapshot import Failed
 
 pytestmark = pytest.mark.gpu
 

@@ -17,7 +17,7 @@ import time
 import anyio
 import pytest
 
-from checks.nvml import NvmlGpuSource, RemappedRows, XidEvent
+from checks.snapshot import NvmlGpuSource, RemappedRows, XidEvent
 from healthd.sim.fakenvml import install
 from healthd.sim.machine import GpuFault, load_machine_spec
 from tests.sim.conftest import Machine

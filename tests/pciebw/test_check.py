@@ -10,8 +10,8 @@ import pytest
 
 from checks.base import CheckContext, CheckResult, Severity, run_check
 from checks.catalog import Catalog
-from checks.nvml import DRIVER_NOT_FOUND, Failed, NodeSnapshot, Ok, PcieLink, Unsupported
 from checks.pciebw import Bandwidth, PcieBwCheck, ProbeError, ProbeUnavailable
+from checks.snapshot import DRIVER_NOT_FOUND, Failed, NodeSnapshot, Ok, PcieLink, Unsupported
 from tests.checks.gpufakes import codes_by_gpu, context, entity_status, healthy_gpu, node, run
 
 from .fakes import BlockingProbe, FakeProbe

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from checks.base import CheckResult, Severity
-from checks.nvml import NodeSnapshot
 from checks.nvml_reader import NvmlReader
 from checks.pciebw import PcieBwCheck, ProbeError, ProbeUnavailable
+from checks.snapshot import NodeSnapshot
 from healthd.sim.cuda import SimBandwidthProbe
 from healthd.sim.fakenvml import install
 from healthd.sim.machine import (

@@ -1,5 +1,6 @@
-"""Fixtures for the `pvc` check: an emulated API server with storage classes, a client
-for the check, and a way to run the check the way the agent does."""
+"""Fixtures for the `pvc` check: an emulated API server with storage classes, the
+check's door to it (healthd's `KubeProbeApi` over the real client and HTTP), and a way
+to run the check the way the agent does."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from kubernetes.aio import client
 
 from checks.base import CheckContext, CheckResult, run_check
 from checks.catalog import Catalog
 from checks.pvc import PvcCheck
+from healthd.kube.client import Kube
+from healthd.kube.conventions import Keys
+from healthd.kube.pvc_probe import KubeProbeApi
 from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.apiserver.testing import api  # noqa: F401 - the emulator fixture
 
@@ -31,21 +34,22 @@ def storage_class(name: str, *, binding: str = "Immediate", reclaim: str = "Dele
 
 
 @pytest.fixture
-async def kube(api: ApiEmulator) -> AsyncIterator[client.ApiClient]:  # noqa: F811
-    """The check's client: the real `kubernetes.aio` ApiClient over HTTP."""
+async def kube(api: ApiEmulator) -> AsyncIterator[Kube]:  # noqa: F811
+    """healthd's client: the real `kubernetes.aio` ApiClient over HTTP."""
     api.seed(
         storage_class("fast"),
         storage_class("slow"),
         storage_class("local", binding="WaitForFirstConsumer"),
         storage_class("archive", reclaim="Retain"),
     )
-    async with api.async_client() as api_client:
-        yield api_client
+    async with Kube(api.async_client()) as client:
+        yield client
 
 
 @pytest.fixture
-def context(kube: client.ApiClient) -> CheckContext:
-    return CheckContext(catalog=Catalog(), node_name=NODE, kube=kube, namespace=NAMESPACE)
+def context(kube: Kube) -> CheckContext:
+    return CheckContext(catalog=Catalog(), node_name=NODE, namespace=NAMESPACE,
+                        pvc_api=KubeProbeApi.factory(kube, Keys()))
 
 
 async def run_pvc(ctx: CheckContext, **params: Any) -> CheckResult:

@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from checks.pvc import PvcCheck, PvcParams, label_value, probe_name
+from checks.pvc import PvcCheck, PvcParams, probe_name
+from healthd.kube.pvc_probe import label_value
 
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")

@@ -17,13 +17,16 @@ import anyio
 import pytest
 
 from checks.base import CheckContext, Entity, Severity
-from checks.pvc import NODE_LABEL, PROBE_LABEL, PvcCheck, label_value
+from checks.pvc import PvcCheck
+from healthd.kube.conventions import Keys
+from healthd.kube.pvc_probe import label_value
 from healthd.sim.apiserver import ApiEmulator
 from tests.pvc.conftest import NAMESPACE, NODE, run_pvc
 from tests.pvc.provisioner import FAILURE_MESSAGE, running
 
 pytestmark = pytest.mark.anyio
 
+PROBE_LABEL, NODE_LABEL = Keys().probe, Keys().node
 PVC_PATH = f"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims"
 POD_PATH = f"/api/v1/namespaces/{NAMESPACE}/pods"
 
@@ -224,6 +227,6 @@ async def test_unreachable_api_is_unknown(api: ApiEmulator, context: CheckContex
 
 async def test_without_a_client_or_node_name_is_unknown(context: CheckContext) -> None:
     no_client = CheckContext(catalog=context.catalog, node_name=NODE)
-    no_node = CheckContext(catalog=context.catalog, kube=context.kube)
+    no_node = CheckContext(catalog=context.catalog, pvc_api=context.pvc_api)
     assert (await run_pvc(no_client, storage_classes=["fast"])).status is Severity.UNKNOWN
     assert (await run_pvc(no_node, storage_classes=["fast"])).status is Severity.UNKNOWN

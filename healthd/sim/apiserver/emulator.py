@@ -9,6 +9,7 @@ stopping is plain synchronous methods on the shared `_Handle`, safe from any thr
 from __future__ import annotations
 
 import asyncio
+import builtins
 import re
 import threading
 from collections.abc import Coroutine, Mapping
@@ -87,7 +88,7 @@ class _Handle:
             raise KeyError(f"unknown kind {obj.get('apiVersion')}/{obj.get('kind')}")
         return self.store.put(rt, obj)
 
-    def seed(self, *objs: Obj) -> list[Obj]:
+    def seed(self, *objs: Obj) -> builtins.list[Obj]:
         return [self.put(obj) for obj in objs]
 
     def remove(self, kind: str, name: str, namespace: str | None = None, *,
@@ -106,15 +107,16 @@ class _Handle:
     # -- request log and faults ----------------------------------------------------
 
     @property
-    def requests(self) -> list[RecordedRequest]:
+    def requests(self) -> builtins.list[RecordedRequest]:
         return self.recorder.requests
 
-    def writes(self, method: str | None = None, path: str | None = None) -> list[RecordedRequest]:
+    def writes(self, method: str | None = None,
+               path: str | None = None) -> builtins.list[RecordedRequest]:
         """POST/PUT/PATCH/DELETE requests, by method and path regex (full match)."""
         return self.recorder.matching(method, path, writes_only=True)
 
     def requests_to(self, method: str | None = None,
-                    path: str | None = None) -> list[RecordedRequest]:
+                    path: str | None = None) -> builtins.list[RecordedRequest]:
         return self.recorder.matching(method, path)
 
     def clear_log(self) -> None:

@@ -98,7 +98,7 @@ def _merge_list_by_key(target: list[Any], patch: list[Any], key: str,
         if not isinstance(item, dict) or key not in item:
             raise ApiError.bad_request(f"{'.'.join(path)}: item {item!r} lacks merge key {key}")
         if item.get("$patch") == "replace":
-            return _strip_directives([i for i in patch if i.get("$patch") != "replace"])
+            return [_strip_directives(i) for i in patch if i.get("$patch") != "replace"]
         index = next((i for i, old in enumerate(out)
                       if isinstance(old, dict) and old.get(key) == item[key]), None)
         if item.get("$patch") == "delete":
@@ -114,7 +114,7 @@ def _merge_list_by_key(target: list[Any], patch: list[Any], key: str,
 def _merge_list(target: Any, patch: list[Any], path: tuple[str, ...]) -> list[Any]:
     key = MERGE_KEYS.get(path)
     if key is None or not isinstance(target, list):
-        return _strip_directives(patch)
+        return [_strip_directives(item) for item in patch]
     if key is _PRIMITIVE_SET:
         return list(target) + [v for v in patch if v not in target]
     return _merge_list_by_key(target, patch, key, path)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,7 +198,7 @@ class ApiHandler:
             record(200)
             return await serve_watch(request, self.store, watch,
                                      bookmark_interval=self.bookmark_interval)
-        handler = getattr(self, f"_{verb}")
+        handler: Callable[..., Awaitable[web.StreamResponse]] = getattr(self, f"_{verb}")
         return await handler(target, body, query, request.headers.get("Content-Type", ""))
 
     @staticmethod

@@ -14,13 +14,14 @@ callers pass and receive the shape of the resource version they speak.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import random
 import threading
+import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 from healthd.sim.apiserver.errors import ApiError
 from healthd.sim.apiserver.patching import apply_patch
@@ -33,6 +34,7 @@ from healthd.sim.apiserver.resources import (
     to_version,
 )
 from healthd.sim.apiserver.selectors import Selector
+from healthd.times import rfc3339
 
 _SYSTEM_METADATA = ("uid", "creationTimestamp", "deletionTimestamp",
                     "deletionGracePeriodSeconds", "generation", "namespace", "name")
@@ -42,7 +44,7 @@ Key = tuple[str, str]  # (namespace or "", name)
 
 
 def now_text() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(time.time())
 
 
 def _meta(obj: Obj) -> Obj:
@@ -159,7 +161,7 @@ class Store:
     def _name_for(self, rt: ResourceType, namespace: str, meta: Obj) -> str:
         if meta.get("name"):
             return str(meta["name"])
-        prefix = meta.get("generateName")
+        prefix = str(meta.get("generateName") or "")
         if not prefix:
             raise ApiError.invalid(f"{rt.kind} is invalid: metadata.name: Required value: "
                                    "name or generateName is required")
@@ -333,7 +335,8 @@ class Store:
     # -- watch ---------------------------------------------------------------------
 
     def subscribe(self, rt: ResourceType, namespace: str | None, since: str | None,
-                  loop: asyncio.AbstractEventLoop) -> tuple[Subscription, list[StoreEvent]]:
+                  loop: asyncio.AbstractEventLoop
+                  ) -> tuple[Subscription, builtins.list[StoreEvent]]:
         """Register a watcher; return it with the events it must see first."""
         with self._lock:
             if since in (None, "", "0"):

@@ -23,7 +23,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from healthd.models import Frozen
 
 FAKE_DCGMI = Path(__file__).resolve().parent / "fake_dcgmi.py"
 
@@ -38,10 +40,8 @@ def recorded_names() -> dict[str, dict[str, object]]:
     return fake_dcgmi.recorded_names()
 
 
-class DcgmSim(BaseModel):
+class DcgmSim(Frozen):
     """How the simulated machine's `dcgmi diag` behaves."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     output: str = Field(default="v4-pass-r1", description="a recorded output name, or a file path")
     exit: int | None = Field(

@@ -17,11 +17,13 @@ interval, cron, timeout, params); this section adds what only the agent needs:
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 import checks
+from healthd.durations import Duration
+from healthd.models import Frozen
 from healthd.selection import SelectionError, parse_selection
 
 DEFAULT_IMAGE = "ghcr.io/healthd/healthd:0.1.0"
@@ -29,21 +31,7 @@ DEFAULT_NAMESPACE = "healthd-system"
 AGENT_SELECTOR = "app.kubernetes.io/name=healthd-agent"
 
 
-def _seconds(value: object) -> float:
-    # Imported late: healthd.config imports this module to build its `agent:` field.
-    from healthd.config import parse_duration
-
-    return parse_duration(value)
-
-
-Duration = Annotated[float, BeforeValidator(_seconds), Field(gt=0)]
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class DeepDiagSettings(_Frozen):
+class DeepDiagSettings(Frozen):
     """How an exclusive diagnostic runs: a Job pinned to the node that requests all
     its GPUs (so the scheduler keeps other work off them while it runs)."""
 
@@ -65,14 +53,14 @@ class DeepDiagSettings(_Frozen):
     )
 
 
-class PeerSettings(_Frozen):
+class PeerSettings(Frozen):
     """Where the other agents are: their pods' IPs are the ping check's peers."""
 
     namespace: str = Field(DEFAULT_NAMESPACE, description="namespace of the agent pods")
     label_selector: str = Field(AGENT_SELECTOR, description="selects the agent pods")
 
 
-class ScheduleEntry(_Frozen):
+class ScheduleEntry(Frozen):
     """A check the agent runs on its own schedule beyond the `checks:` section: deep
     diagnostics (`dcgm:3`) run only when listed here."""
 
@@ -111,7 +99,7 @@ class ScheduleEntry(_Frozen):
         return self
 
 
-class AgentSettings(_Frozen):
+class AgentSettings(Frozen):
     """The `agent:` config section."""
 
     recover_after: int = Field(

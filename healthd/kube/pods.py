@@ -15,13 +15,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from healthd.kube.conventions import GPU_RESOURCE
-from healthd.kube.objects import PODS, meta
+from healthd.kube.conventions import GPU_RESOURCE, Keys
+from healthd.kube.objects import PODS, labels_of, meta, phase_of
 
 if TYPE_CHECKING:
     from healthd.kube.client import Kube
 
-DIAGNOSTIC_LABEL = "healthd.io/diagnostic"  # on the agent's own diagnostic Jobs and pods
 TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
 
 
@@ -62,35 +61,34 @@ def pod_gpus(pod: Mapping[str, Any]) -> int:
 
 
 def is_terminated(pod: Mapping[str, Any]) -> bool:
-    status = pod.get("status")
-    return isinstance(status, Mapping) and status.get("phase") in TERMINATED_PHASES
+    return phase_of(pod) in TERMINATED_PHASES
 
 
-def is_diagnostic(pod: Mapping[str, Any]) -> bool:
-    labels = meta(dict(pod)).get("labels")
-    return isinstance(labels, Mapping) and labels.get(DIAGNOSTIC_LABEL) == "true"
+def is_diagnostic(pod: Mapping[str, Any], keys: Keys) -> bool:
+    """One of the agent's own diagnostic pods (label `<own prefix>diagnostic=true`)."""
+    return labels_of(pod).get(keys.diagnostic) == "true"
 
 
-def holds_gpus(pod: Mapping[str, Any]) -> bool:
+def holds_gpus(pod: Mapping[str, Any], keys: Keys) -> bool:
     """A live (not terminated) workload pod that asks for at least one GPU."""
-    return not is_terminated(pod) and not is_diagnostic(pod) and pod_gpus(pod) > 0
+    return not is_terminated(pod) and not is_diagnostic(pod, keys) and pod_gpus(pod) > 0
 
 
-def gpu_holders(pods: Iterable[Any]) -> list[str]:
+def gpu_holders(pods: Iterable[Any], keys: Keys) -> list[str]:
     """`namespace/name` of the pods among `pods` that hold GPUs, sorted."""
     out = []
     for pod in pods:
-        if isinstance(pod, dict) and holds_gpus(pod):
+        if isinstance(pod, dict) and holds_gpus(pod, keys):
             m = meta(pod)
             out.append(f"{m.get('namespace', '')}/{m.get('name', '')}")
     return sorted(out)
 
 
-async def gpu_pods(kube: Kube, node: str) -> list[str]:
+async def gpu_pods(kube: Kube, node: str, keys: Keys) -> list[str]:
     """`namespace/name` of the non-terminated pods on `node` that hold GPUs.
 
     Raises `healthd.kube.errors.KubeError` when the pods cannot be listed: the caller
     must not start a diagnostic it cannot prove safe."""
     listed = await kube.list(PODS, field_selector=f"spec.nodeName={node}")
     items = listed.get("items") if isinstance(listed, dict) else None
-    return gpu_holders(items if isinstance(items, list) else [])
+    return gpu_holders(items if isinstance(items, list) else [], keys)

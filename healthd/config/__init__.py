@@ -13,13 +13,10 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import yaml
 from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
     Field,
     ValidationError,
     field_validator,
@@ -29,8 +26,11 @@ from pydantic import (
 import checks
 from checks.base import Check, Severity
 from checks.catalog import Catalog, Override, RaiseRule, is_known_code
-from healthd.agent.settings import AgentSettings
-from healthd.controller.settings import ControllerSettings
+from healthd.config.agent import AgentSettings
+from healthd.config.controller import ControllerSettings
+from healthd.durations import Duration
+from healthd.kube.conventions import DEFAULT_LABEL_PREFIX, DEFAULT_OWN_PREFIX
+from healthd.models import Frozen
 from healthd.validation import explain
 
 ENV_OVERRIDES = {
@@ -43,29 +43,8 @@ ENV_OVERRIDES = {
 # manifest, which a config file cannot (see deploy/daemonset/overlays/gpu-operator).
 DCGM_HOST_ENGINE_ENV = "DCGM_HOST_ENGINE"
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
-
-def parse_duration(value: object) -> float:
-    """Seconds from `30`, `30s`, `5m`, `1h`, `250ms`."""
-    if isinstance(value, bool):
-        raise ValueError("expected a duration like 30s, 5m or 1h")
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str) and (m := _DURATION.match(value)):
-        return float(m.group(1)) * _UNIT_S[m.group(2)]
-    raise ValueError(f"expected a duration like 30s, 5m or 1h, got {value!r}")
-
-
-Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class CodeOverride(_Frozen):
+class CodeOverride(Frozen):
     severity: Severity | None = None
     sticky: bool | None = None
     raise_seen: int | None = Field(
@@ -97,7 +76,7 @@ class CodeOverride(_Frozen):
         return value
 
 
-class CheckConfig(_Frozen):
+class CheckConfig(Frozen):
     """One check's schedule and parameters. Unset interval/timeout: the check's default."""
 
     enabled: bool = True
@@ -107,13 +86,13 @@ class CheckConfig(_Frozen):
     params: dict[str, Any] = {}
 
 
-class Config(_Frozen):
+class Config(Frozen):
     node_name: str = ""
     pod_name: str = ""  # the controller's Lease holder identity (POD_NAME)
     namespace: str = "healthd-system"
     expected_gpus: int | None = Field(None, ge=0, le=64)
-    label_prefix: str = "autopilot.ibm.com/"
-    own_prefix: str = "healthd.io/"
+    label_prefix: str = DEFAULT_LABEL_PREFIX
+    own_prefix: str = DEFAULT_OWN_PREFIX
     codes: dict[str, CodeOverride] = {}
     checks: dict[str, CheckConfig] = {}
     agent: AgentSettings = AgentSettings()

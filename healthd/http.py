@@ -1,4 +1,5 @@
-"""The agent's HTTP endpoint: `/metrics`, `/healthz` and `/readyz`, read-only.
+"""HTTP serving for the daemons (agent and controller): `/metrics`, `/healthz` and
+`/readyz`, read-only.
 
 - `GET /metrics`: the registry in Prometheus text format (or OpenMetrics when the
   scraper asks for it in `Accept`), with the matching content type;

@@ -1,8 +1,8 @@
-"""The one place that talks to NVML, through the real `pynvml` (nvidia-ml-py).
+"""What the NVML checks judge: one NVML pass per round, as plain values.
 
-One NVML pass per round: `NvmlReader.read()` walks every GPU once and returns a
-`NodeSnapshot` of plain values; the NVML checks judge that snapshot and never call
-NVML themselves. NVML outcomes are mapped here, once:
+`checks.nvml_reader.NvmlReader.read()` (the one place that talks to NVML, through
+the real `pynvml`) walks every GPU once and returns a `NodeSnapshot`; the NVML checks
+judge that snapshot and never call NVML themselves. NVML outcomes become values:
 
 - library or driver missing -> `NodeSnapshot.driver_error` = "NVIDIA driver not found"
   (the checks turn it into UNKNOWN with that one-line reason)
@@ -15,9 +15,8 @@ one at a time (a CapacityLimiter of 1 shared by every call of a source). XID wai
 are short (100 ms by default) and looped, so cancelling a caller never leaves a
 blocking C call running for long.
 
-The pass itself lives in checks.nvml_reader (`NvmlReader`, also importable from
-here); this module holds the snapshot types and `NvmlGpuSource`, the async
-`GpuSource` the agent and `healthd check` hand to checks.
+This module holds the snapshot types and `NvmlGpuSource`, the async `GpuSource`
+the agent and `healthd check` hand to checks (it runs the reader in a thread).
 """
 
 from __future__ import annotations
@@ -282,13 +281,3 @@ class NvmlGpuSource:
         if self._limiter is None:
             self._limiter = anyio.CapacityLimiter(1)
         return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
-
-
-def __getattr__(name: str) -> Any:
-    # NvmlReader lives in checks.nvml_reader (which imports this module's types);
-    # importing it lazily keeps `from checks.nvml import NvmlReader` working.
-    if name in ("NvmlReader", "XidUnavailable"):
-        from checks import nvml_reader
-
-        return getattr(nvml_reader, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

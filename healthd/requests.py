@@ -1,5 +1,8 @@
 """On-demand requests by annotation: reading them, taking each exactly once, answering.
 
+The format is shared: the agent serves requests, `healthd trigger` writes and
+watches them.
+
 Admins (or `healthd trigger`) ask for checks by writing `healthd.io/run` (`all`,
 `pciebw,remapped`, `dcgm:3`, optionally with `healthd.io/run-id`) or
 `healthd.io/clear=true` on the Node. The agent sees them on its node watch:
@@ -19,19 +22,16 @@ import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import ValidationError
 
-from checks.base import Check
-from healthd.agent.node_view import rfc3339
+from checks.base import BaseCheck
 from healthd.kube.conventions import Keys, Verdict
 from healthd.kube.errors import Invalid, KubeError, NotFound
 from healthd.kube.objects import meta, resource_version_of
 from healthd.selection import Selected, SelectionError, parse_selection
-
-if TYPE_CHECKING:
-    from healthd.agent.node_status import NodePublisher
+from healthd.times import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class Request:
 
 
 def read_requests(
-    node_obj: dict[str, Any], keys: Keys, registry: Mapping[str, type[Check]]
+    node_obj: dict[str, Any], keys: Keys, registry: Mapping[str, type[BaseCheck]]
 ) -> list[Request]:
     """The run and clear requests on the node, in that order (none: empty list)."""
     annotations = meta(node_obj).get("annotations")
@@ -75,7 +75,7 @@ def read_requests(
 
 
 def _run_request(annotations: Mapping[str, Any], keys: Keys,
-                 registry: Mapping[str, type[Check]], version: str) -> Request:
+                 registry: Mapping[str, type[BaseCheck]], version: str) -> Request:
     text = str(annotations[keys.run])
     given = annotations.get(keys.run_id)
     request_id = str(given) if given else derived_id("run", version, text)
@@ -102,7 +102,7 @@ def derived_id(kind: str, resource_version: str, text: str) -> str:
     return f"{kind}-{digest[:12]}"
 
 
-def _argument_error(selected: list[Selected], registry: Mapping[str, type[Check]]) -> str:
+def _argument_error(selected: list[Selected], registry: Mapping[str, type[BaseCheck]]) -> str:
     """Validate each `name:arg` with its check's Params (`dcgm:9`: level must be 1..4)."""
     for item in selected:
         cls = registry[item.name]
@@ -134,7 +134,13 @@ def take_ops(request: Request, keys: Keys) -> list[dict[str, Any]]:
     return ops
 
 
-async def take(publisher: NodePublisher, request: Request, keys: Keys) -> bool:
+class NodePatcher(Protocol):
+    """What `take` needs: a JSON patch on the node (the agent's node publisher)."""
+
+    async def patch_annotations(self, ops: list[dict[str, Any]]) -> dict[str, Any]: ...
+
+
+async def take(publisher: NodePatcher, request: Request, keys: Keys) -> bool:
     """Consume `request`: True when it was removed by this call. False when it changed
     meanwhile (a newer request is on the node: re-read it) or the server cannot be
     reached now (the request stays on the node and the next node event retries)."""

@@ -14,10 +14,11 @@ import contextvars
 import json
 import logging
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
+
+from healthd.times import rfc3339
 
 _check: contextvars.ContextVar[str] = contextvars.ContextVar("healthd_check", default="")
 _request: contextvars.ContextVar[str] = contextvars.ContextVar("healthd_request", default="")
@@ -52,7 +53,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "time": _timestamp(record.created),
+            "time": rfc3339(record.created, digits=3),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
@@ -66,11 +67,6 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             out["error"] = self.formatException(record.exc_info)
         return json.dumps(out, default=str, separators=(",", ":"))
-
-
-def _timestamp(created: float) -> str:
-    millis = int((created % 1) * 1000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{millis:03d}Z"
 
 
 def configure_logging(level: str | int = "INFO", node: str = "",

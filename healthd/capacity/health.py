@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from healthd.controller.quantities import Quantity, try_quantity
+from healthd.capacity.quantities import Quantity, try_quantity
 from healthd.kube.conventions import Keys, Verdict
-from healthd.kube.objects import annotation_json, meta, name_of
+from healthd.kube.objects import annotation_json, labels_of, name_of
 
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
@@ -58,11 +58,6 @@ class Unavailability:
     def reason(self) -> str:
         """The one reason metrics report it under (first in REASON_ORDER)."""
         return next((r for r in REASON_ORDER if r in self.reasons), min(self.reasons))
-
-
-def labels_of(node: dict[str, Any]) -> dict[str, str]:
-    labels = meta(node).get("labels")
-    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
 
 
 def verdict_of(node: dict[str, Any], keys: Keys) -> Verdict | None:

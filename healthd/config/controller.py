@@ -20,30 +20,18 @@ the field). Durations accept `30s`, `5m`, `1h` and are stored as seconds::
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from healthd.durations import Duration
 from healthd.kube.conventions import CONTROLLER_COMPONENT, GPU_RESOURCE, Verdict
+from healthd.models import Frozen
 
 DEFAULT_NAMESPACE = "healthd-system"
 DEFAULT_SLACK_QUEUE = "slack-cluster-queue"
 _COUNTABLE = (Verdict.ERR, Verdict.TESTING, Verdict.EVICT)
 _THRESHOLD = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(%?)\s*$")
-
-
-def _seconds(value: object) -> float:
-    # Imported late: healthd.config imports this module to build its `controller:` field.
-    from healthd.config import parse_duration
-
-    return parse_duration(value)
-
-
-Duration = Annotated[float, BeforeValidator(_seconds), Field(gt=0)]
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def parse_threshold(value: object) -> tuple[float, bool]:
@@ -71,7 +59,7 @@ def tolerated_bad_nodes(max_unhealthy: str, min_allowed: int, gpu_nodes: int) ->
     return max(threshold, min_allowed)
 
 
-class ResetSettings(_Frozen):
+class ResetSettings(Frozen):
     """How fast AppWrappers may be reset: a token bucket, and a minimum spacing per
     AppWrapper so a flapping node label cannot reset the same work over and over."""
 
@@ -82,7 +70,7 @@ class ResetSettings(_Frozen):
     )
 
 
-class BreakerSettings(_Frozen):
+class BreakerSettings(Frozen):
     """The circuit breaker: when too many GPU nodes turn bad together the health signal
     itself is suspect, so resets stop (lending still tracks the truth)."""
 
@@ -109,7 +97,7 @@ class BreakerSettings(_Frozen):
         return tolerated_bad_nodes(self.max_unhealthy, self.min_allowed, gpu_nodes)
 
 
-class ElectionSettings(_Frozen):
+class ElectionSettings(Frozen):
     """Leader election on a coordination.k8s.io/v1 Lease: one replica acts."""
 
     lease_name: str = Field(CONTROLLER_COMPONENT, min_length=1, description="the Lease's name")
@@ -126,7 +114,7 @@ class ElectionSettings(_Frozen):
         return self
 
 
-class ControllerSettings(_Frozen):
+class ControllerSettings(Frozen):
     """Everything `healthd controller` is told; built once by the config loader."""
 
     slack_queues: tuple[str, ...] = Field(

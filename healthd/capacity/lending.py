@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from healthd.controller.health import Unavailability
-from healthd.controller.quantities import format_quantity, parse_quantity, try_quantity
+from healthd.capacity.health import Unavailability
+from healthd.capacity.quantities import format_quantity, parse_quantity, try_quantity
 from healthd.kube.objects import name_of
 
 __all__ = ["LendingModel", "LimitChange", "flavor_path", "format_quantity", "lending_path",
