@@ -4,7 +4,7 @@ the metrics, and runs every activity of `healthd agent` until stopped.
 Activities (tasks of one task group, all children of `Agent.run`):
 
 - the schedule (healthd.agent.schedule): periodic rounds through the runner;
-- the node watch (`metadata.name=<node>` only): feeds the publisher what the Node
+- the node watch (healthd.agent.node_watch): feeds the publisher what the Node
   shows, the GPU capacity, and on-demand requests (healthd.agent.ondemand);
 - the XID consumer: every XID event NVML delivers triggers a run of the `xid` check
   at once (trigger `event`), so a fault reaches the label in seconds;
@@ -13,8 +13,9 @@ Activities (tasks of one task group, all children of `Agent.run`):
 
 Every result goes through `_on_result`: the pure verdict machine folds it into the
 state, the metrics record it, and the publisher gets the new desired Node. Exclusive
-checks run as Jobs (healthd.agent.deepdiag) only when no pod holds the node's GPUs;
-the node shows TESTING meanwhile and leaves it whatever happens.
+checks run as Jobs through healthd.agent.deepruns, only when no pod holds the node's
+GPUs; the node shows TESTING meanwhile and leaves it whatever happens. /readyz comes
+from the schedule's progress (healthd.agent.readiness).
 
 `stop()` is the graceful end (SIGTERM): cancel the checks (their subprocesses die
 with them), give the publisher `shutdown_flush_s` to write the last state, return.
@@ -33,11 +34,14 @@ from prometheus_client import CollectorRegistry
 
 from checks.base import Attachment, CheckContext, CheckResult, Probes, Severity
 from checks.snapshot import NvmlGpuSource, XidEvent
-from healthd.agent.deepdiag import DeepCheck, DeepDiagnostic
+from healthd.agent.deepdiag import DeepDiagnostic
+from healthd.agent.deepruns import DeepRuns, deep_job_env
 from healthd.agent.metrics import AgentMetrics, read_cpu_model
 from healthd.agent.node_status import NodePublisher, desired_from
+from healthd.agent.node_watch import NodeWatch
 from healthd.agent.ondemand import RequestHandler
 from healthd.agent.peers import PeerWatcher
+from healthd.agent.readiness import Readiness
 from healthd.agent.runner import Runner
 from healthd.agent.schedule import Job, Schedule, plan_jobs
 from healthd.agent.verdict import (
@@ -51,7 +55,7 @@ from healthd.agent.verdict import (
 )
 from healthd.agent.verdict import start_testing as testing_started
 from healthd.capacity.health import gpu_count
-from healthd.config import DCGM_HOST_ENGINE_ENV, Config
+from healthd.config import Config
 from healthd.http import serve_http
 from healthd.kube.client import Kube
 from healthd.kube.conventions import (
@@ -60,14 +64,10 @@ from healthd.kube.conventions import (
     Keys,
     Reason,
     Verdict,
-    dcgm_label_value,
 )
-from healthd.kube.errors import KubeError
 from healthd.kube.events import WARNING, EventRecorder
-from healthd.kube.objects import NODES
 from healthd.kube.pods import gpu_pods
 from healthd.kube.pvc_probe import KubeProbeApi
-from healthd.kube.watching import watch_forever
 from healthd.plans import Planned, planned_check
 from healthd.requests import Request, take
 
@@ -75,10 +75,6 @@ log = logging.getLogger(__name__)
 
 PUBLISHER_REPORT_S = 1.0  # how often the publisher's health reaches the metrics
 LABEL_WAIT_S = 60.0  # fault-to-label: give up measuring after this long
-# /readyz fails once a periodic job has not ended a turn for this many intervals plus
-# its longest deadline: the scheduler or a round is stuck (e.g. NVML hung in the
-# driver), though the last published state still looks fresh.
-STALE_TURNS = 3
 
 
 def effective_config(config: Config) -> Config:
@@ -121,17 +117,10 @@ class Agent:
         self.state: HealthState = initial(clock())
         self.port: int | None = None  # the bound HTTP port, once serving
         self.last_run: str | None = None  # the answer to the latest on-demand request
-        self.node_obj: dict[str, Any] | None = None
-        self.dcgm_levels: dict[int, str | None] = {}
+        self.node_watch = NodeWatch(node, self._observe_node)
         self._kubeconfig, self._context, self._given_kube = kubeconfig, context, kube
-        self._deep_levels: dict[str, int | None] = {}  # exclusive key -> DCGM level
-        self._first_round: set[str] = set()  # jobs whose first turn is still to come
-        self._first_round_done = anyio.Event()
-        self._turn_ended: dict[str, float] = {}  # periodic job -> when its last turn ended
-        self._stale_after_s: dict[str, float] = {}  # periodic job -> /readyz allowance
+        self.readiness = Readiness()
         self._told_unavailable: set[str] = set()  # checks whose setup problem was told
-        self._node_seen = anyio.Event()
-        self._node_changed = anyio.Event()
         self._stopping = False
         self._work: anyio.CancelScope | None = None
         self._tasks: anyio.abc.TaskGroup | None = None
@@ -141,7 +130,6 @@ class Agent:
                                 namespace=self.config.namespace)
         (probes or Probes()).apply(self.ctx)
         self.runner = Runner(self.ctx, on_result=self._on_result)
-        self._expected_from_node = self.config.expected_gpus is None
 
     # -- probes ------------------------------------------------------------------------
 
@@ -149,15 +137,7 @@ class Agent:
         return (False, "shutting down") if self._stopping else (True, "ok")
 
     def ready(self) -> tuple[bool, str]:
-        if not self._first_round_done.is_set():
-            return False, "the first round of checks has not finished"
-        now = self.clock()
-        for name, allowance in self._stale_after_s.items():
-            ended = self._turn_ended.get(name)
-            if ended is not None and now - ended > allowance:
-                return False, (f"periodic checks stopped: {name} last ended a turn "
-                               f"{now - ended:.0f} s ago (allowed {allowance:.0f} s)")
-        return True, "ok"
+        return self.readiness.ready(self.clock())
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -187,9 +167,10 @@ class Agent:
         self.events = EventRecorder(kube, component=COMPONENT, host=self.node)
         self.publisher = NodePublisher(kube, self.node, self.keys, self.events,
                                        clock=self.clock)
-        self.diag = DeepDiagnostic(kube, self.node, self.settings.deep_diagnostics,
-                                   self.events, catalog=self.ctx.catalog, keys=self.keys,
-                                   job_env=self._deep_job_env())
+        diag = DeepDiagnostic(kube, self.node, self.settings.deep_diagnostics, self.events,
+                              catalog=self.ctx.catalog, keys=self.keys,
+                              job_env=deep_job_env(self.config))
+        self.deep = DeepRuns(self, self.runner, diag)
         peers = PeerWatcher(kube, self.node, namespace=self.settings.peers.namespace,
                             label_selector=self.settings.peers.label_selector,
                             on_change=self._peers_changed,
@@ -206,7 +187,7 @@ class Agent:
                 if self._stopping:
                     self._work.cancel()
                 async with anyio.create_task_group() as self._tasks:
-                    self._tasks.start_soon(self._watch_node)
+                    self._tasks.start_soon(self.node_watch.run, kube)
                     self._tasks.start_soon(requests.serve)
                     self._tasks.start_soon(peers.run)
                     self._tasks.start_soon(self._report_publisher)
@@ -222,16 +203,8 @@ class Agent:
     async def _start_schedule(self, jobs: list[Job]) -> None:
         # The GPU count may come from the Node: wait briefly for it before the first round.
         with anyio.move_on_after(self.settings.api_timeout_s):
-            await self._node_seen.wait()
-        self._first_round = {job.name for job in jobs if job.at_start}
-        if not self._first_round:
-            self._first_round_done.set()
-        started = self.clock()
-        for job in jobs:
-            if job.at_start and job.interval_s is not None:
-                deadline = max(p.timeout_s for p in job.planned)
-                self._stale_after_s[job.name] = STALE_TURNS * job.interval_s + deadline
-                self._turn_ended[job.name] = started
+            await self.node_watch.seen.wait()
+        self.readiness.start(jobs, self.clock())
         await Schedule(jobs).run(self._fire)
 
     # -- plans -------------------------------------------------------------------------
@@ -254,10 +227,7 @@ class Agent:
                 return
             await self.run_planned(job.planned, Trigger.PERIODIC)
         finally:
-            self._turn_ended[job.name] = self.clock()  # a skipped turn counts: it was due
-            self._first_round.discard(job.name)
-            if not self._first_round:
-                self._first_round_done.set()
+            self.readiness.turn_ended(job.name, self.clock())  # a skipped turn counts too
 
     # -- running -----------------------------------------------------------------------
 
@@ -271,52 +241,31 @@ class Agent:
             out.update(await self.runner.run_round(shared, trigger))
         for item in planned:
             if item.exclusive:
-                out[item.key] = await self.run_deep(item, trigger)
+                out[item.key] = await self.deep.run(item, trigger)
         return out
 
     async def busy_pods(self) -> list[str]:
         """Pods holding this node's GPUs (KubeError when the API cannot tell)."""
         return await gpu_pods(self.kube, self.node, self.keys)
 
-    async def run_deep(self, item: Planned, trigger: Trigger) -> CheckResult | str:
-        """One exclusive check as a Job, if the GPUs are free: TESTING while it runs."""
-        if item.key in self.runner.running():  # join it; its owner keeps TESTING
-            return await self.runner.run(item.key, item.check, trigger, item.timeout_s)
-        try:
-            busy = await self.busy_pods()
-        except KubeError as exc:
-            return f"cannot tell whether the GPUs are free: {exc}"
-        if busy:
-            return f"GPUs are busy: held by {', '.join(busy)}"
-        level = getattr(item.check, "level", None) if item.check.NAME == "dcgm" else None
-        self._deep_levels[item.key] = level
-        self.set_state(testing_started(self.state, item.key, at=self.clock()))
-        deep = DeepCheck(item.check, self.diag, item.key, self._gpu_count())
-        try:
-            return await self.runner.run(item.key, deep, trigger, deep.timeout_s)
-        finally:
-            self._deep_levels.pop(item.key, None)
-            self.set_state(end_testing(self.state, item.key, at=self.clock()))
+    # -- what deep runs use (healthd.agent.deepruns.DeepHost) ---------------------------
 
-    def _deep_job_env(self) -> dict[str, str]:
-        """What the diagnostic Jobs need from the agent's config: its DCGM host engine."""
-        host_engine = self.config.check_section("dcgm").params.get("host_engine")
-        return {DCGM_HOST_ENGINE_ENV: str(host_engine)} if host_engine else {}
-
-    def _gpu_count(self) -> int:
-        capacity = _node_gpus(self.node_obj)
+    def gpu_count(self) -> int:
+        capacity = _node_gpus(self.node_watch.obj)
         return capacity or self.ctx.expected_gpus or 1
+
+    def start_testing(self, key: str) -> None:
+        self.set_state(testing_started(self.state, key, at=self.clock()))
+
+    def end_testing(self, key: str) -> None:
+        self.set_state(end_testing(self.state, key, at=self.clock()))
 
     # -- results and state -------------------------------------------------------------
 
     async def _on_result(self, key: str, result: CheckResult, trigger: Trigger) -> None:
         at = self.clock()
         state = apply(self.state, key, result, trigger=trigger, at=at, policy=self.policy)
-        if key in self._deep_levels:
-            level = self._deep_levels[key]
-            if level is not None and result.status.ordered:
-                passed = result.status.rank < Severity.ERR.rank
-                self.dcgm_levels[level] = dcgm_label_value(passed, at)
+        if self.deep.finished(key, result, at):
             state = end_testing(state, key, at=at)  # one write: result and end of TESTING
         self.metrics.observe_result(key, result)
         self._tell_unavailable(key, result)
@@ -342,7 +291,7 @@ class Agent:
 
     async def node_event(self, type_: str, reason: str, message: str) -> None:
         """Post an Event about this agent's Node (never raises)."""
-        node: dict[str, Any] = self.node_obj or {
+        node: dict[str, Any] = self.node_watch.obj or {
             "apiVersion": "v1", "kind": "Node", "metadata": {"name": self.node}}
         involved = {"apiVersion": "v1", "kind": "Node", "metadata": node.get("metadata", {})}
         await self.events.record(involved, type=type_, reason=reason, message=message)
@@ -358,26 +307,16 @@ class Agent:
 
     def publish(self) -> None:
         desired = desired_from(self.state, self.keys, node=self.node,
-                               dcgm_levels=self.dcgm_levels, last_run=self.last_run)
+                               dcgm_levels=self.deep.dcgm_levels, last_run=self.last_run)
         self.publisher.want(desired, self.state)
 
     # -- watches and streams -----------------------------------------------------------
 
-    async def _watch_node(self) -> None:
-        async for event in watch_forever(self.kube, NODES,
-                                         field_selector=f"metadata.name={self.node}"):
-            if event.type == "DELETED":
-                log.warning("node %s was deleted; waiting for it to come back", self.node)
-                continue
-            self.node_obj = event.object
-            self.publisher.observe(event.object)
-            if self._expected_from_node and (count := _node_gpus(event.object)):
-                self.ctx.expected_gpus = count
-            self._node_seen.set()
-            self.node_changed()
-
-    def node_changed(self) -> None:
-        self._node_changed.set()
+    def _observe_node(self, node: dict[str, Any]) -> None:
+        """A new copy of the Node from the watch: the publisher's view, the GPU count."""
+        self.publisher.observe(node)
+        if self.config.expected_gpus is None and (count := _node_gpus(node)):
+            self.ctx.expected_gpus = count
 
     # -- what on-demand requests use (healthd.agent.ondemand.RequestHost) -------------
 
@@ -389,10 +328,7 @@ class Agent:
         return self.state.verdict
 
     async def next_node(self) -> dict[str, Any] | None:
-        """Wait for the next node event (or one not yet consumed); the node as seen."""
-        await self._node_changed.wait()
-        self._node_changed = anyio.Event()
-        return self.node_obj
+        return await self.node_watch.next()
 
     async def take(self, request: Request) -> bool:
         return await take(self.publisher, request, self.keys)

@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 import pytest
 
-from healthd.agent.agent import STALE_TURNS
+from healthd.agent.readiness import STALE_TURNS
 from healthd.config import Config
 from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.machine import load_machine_spec
