@@ -180,3 +180,86 @@ async def test_interrupt_stops_issuing_and_reports_what_came_back(
     states = [n["state"] for n in json.loads(run.out)["nodes"]]
     assert states == ["interrupted"] * 2 + ["not-asked"] * 4
     assert len(run_writes(api)) == 2
+
+
+OTHER = {KEYS.run: "dcgm:3", KEYS.run_id: "admin-42"}  # someone else's, not yet taken
+
+
+def run_annotations(api: ApiEmulator, node: str) -> dict[str, str]:
+    annotations = api.get("Node", node)["metadata"].get("annotations") or {}
+    return {k: v for k, v in annotations.items() if k in (KEYS.run, KEYS.run_id)}
+
+
+async def test_a_request_still_pending_on_a_node_is_not_overwritten(
+        api: ApiEmulator, tmp_path: Path) -> None:
+    # gpu-1's agent is busy (its pod runs, but it has not taken the request waiting
+    # there); gpu-2's agent answers.
+    api.seed(gpu_node("gpu-1", annotations=OTHER), gpu_node("gpu-2"),
+             agent_pod("gpu-1"), agent_pod("gpu-2"))
+    async with running_agents(api, tmp_path, ["gpu-2"]):
+        api.clear_log()
+        run = await healthd(api, tmp_path, "trigger", "--nodes", "gpu-1,gpu-2",
+                            "--checks", "remapped", "--wait", "--timeout", "5s")
+    assert run.code == 3, run.out  # gpu-1 was not asked: UNKNOWN
+    row = next(line for line in run.out.splitlines() if line.startswith("gpu-1 "))
+    assert "another request is pending" in row and "not asked" in row
+    assert "1 another request pending (gpu-1)" in run.out and "1 PASS" in run.out
+    assert run_annotations(api, "gpu-1") == OTHER  # neither overwritten nor withdrawn
+    assert api.writes("PATCH", "/api/v1/nodes/gpu-1") == []
+
+
+async def test_a_request_written_while_trigger_waits_for_its_turn_is_kept(
+        api: ApiEmulator, tmp_path: Path) -> None:
+    # --batch 1: `late` is asked only when `silent` times out. Meanwhile another admin
+    # asks `late` for something else: trigger's write (resourceVersion from its first
+    # listing) conflicts, it re-reads the node and leaves that request alone.
+    api.seed(gpu_node("silent"), gpu_node("late"), agent_pod("silent"), agent_pod("late"))
+
+    async def another_admin_asks_late() -> None:
+        while KEYS.run not in run_annotations(api, "silent"):
+            await anyio.sleep(0.01)
+        node = api.get("Node", "late")
+        node["metadata"]["annotations"].update(OTHER)
+        api.put(node)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(another_admin_asks_late)
+        run = await healthd(api, tmp_path, "trigger", "--nodes", "silent,late", "--checks",
+                            "remapped", "--batch", "1", "--timeout", "1s", "-o", "json")
+    late = next(n for n in json.loads(run.out)["nodes"] if n["node"] == "late")
+    assert late["state"] == "occupied" and "'dcgm:3' (admin-42)" in late["error"]
+    assert run_annotations(api, "late") == OTHER
+    attempts = api.writes("PATCH", "/api/v1/nodes/late")
+    assert [r.status for r in attempts] == [409]  # the one write, refused as stale
+    assert run_annotations(api, "silent") == {}  # its own request withdrawn on timeout
+
+
+async def test_on_timeout_only_its_own_request_is_withdrawn(
+        api: ApiEmulator, tmp_path: Path) -> None:
+    api.seed(gpu_node("silent"), agent_pod("silent"))
+
+    async def another_admin_replaces_it() -> None:
+        while KEYS.run not in run_annotations(api, "silent"):
+            await anyio.sleep(0.01)
+        node = api.get("Node", "silent")
+        node["metadata"]["annotations"].update(OTHER)
+        api.put(node)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(another_admin_replaces_it)
+        run = await healthd(api, tmp_path, "trigger", "--nodes", "silent", "--checks",
+                            "remapped", "--wait", "--timeout", "1s", "-o", "wide")
+    assert run.code == 3
+    assert "another request replaced it before the agent took it: left in place" in run.out
+    assert run_annotations(api, "silent") == OTHER
+
+
+async def test_a_silent_testing_node_says_its_agent_is_busy(
+        api: ApiEmulator, tmp_path: Path) -> None:
+    api.seed(gpu_node("diagnosing", verdict="TESTING"), agent_pod("diagnosing"))
+    run = await healthd(api, tmp_path, "trigger", "--nodes", "diagnosing", "--checks",
+                        "remapped", "--wait", "--timeout", "1s", "-o", "wide")
+    assert run.code == 3
+    assert ("no agent answered within 1s; the node is TESTING: its agent is busy with a "
+            "deep diagnostic and takes one request at a time (request withdrawn)") in run.out
+    assert run_annotations(api, "diagnosing") == {}
