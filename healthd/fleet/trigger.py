@@ -282,9 +282,10 @@ class FleetTrigger:
                                field_selector=self._targets.field_selector)
         async for event in events:
             outcome = self.report.outcomes.get(name_of(event.object))
+            if outcome is not None and event.type != DELETED:
+                self._latest[outcome.node] = event.object  # a fresh resourceVersion to ask on
             if outcome is None or outcome.state != REQUESTED:
                 continue
-            self._latest[outcome.node] = event.object
             if event.type == DELETED:
                 outcome.state, outcome.error = FAILED, "the node was deleted"
             else:
