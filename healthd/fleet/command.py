@@ -241,13 +241,13 @@ async def status_command(args: argparse.Namespace, *, out: TextIO = sys.stdout,
         return Frame(text, json.dumps(steady_part(doc), sort_keys=True))
 
     async with await _connect(args) as kube:
-        if args.watch:
-            await _watch(kube, config, args.selector, frame, out)
-            return 0
-        try:
+        try:  # with --watch too: a bad selector or no API at the start is an answer
             snap = await read_snapshot(kube, config, args.selector)
         except KubeError as exc:
             raise _cannot_read("list nodes", exc, args.selector) from None
+        if args.watch:
+            await _watch(kube, config, args.selector, frame, out)
+            return 0
         out.write(frame(snap).text + "\n")
     return 0
 

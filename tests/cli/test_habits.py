@@ -167,7 +167,7 @@ def test_status_and_trigger_agree_on_exit_codes(cluster: tuple[ThreadedEmulator,
         gone = healthd(*argv, "--context", "broken")
         assert gone.returncode == 3, gone.stderr  # the API server cannot be reached
         assert gone.stderr.startswith("healthd: cannot ") and "127.0.0.1:9" in gone.stderr
-    for command in (["status", *at], trigger):
+    for command in (["status", *at], ["status", "--watch", *at], trigger):
         bad = healthd(*command, "-l", "!!bad")  # the API server cannot parse it
         assert bad.returncode == 64, bad.stderr
         assert bad.stderr.startswith(f"usage: healthd {command[0]}"), bad.stderr
