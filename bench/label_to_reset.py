@@ -3,13 +3,11 @@ the work on it, at fleet scale.
 
 The real controller (`healthd.controller.Controller`: Lease, caches from list+watch,
 eviction reactor, safety rails, lending) runs in this process against the API
-emulator over HTTP. The cluster is seeded straight into the emulator's store:
-
-- N nodes with 8 GPUs each, all PASS;
-- N AppWrappers `Running`, AppWrapper j with 4 GPU pods (2 GPUs each) on nodes
-  j..j+3, so every node runs pods of 4 AppWrappers;
-- 16 more pods per node that belong to no AppWrapper (20 pods per node: 100,000 at
-  5,000 nodes), the slack ClusterQueue and its flavor.
+emulator over HTTP, on the cluster `reset_cluster` seeds (20 pods per node, 4 of
+them GPU pods of 4 different AppWrappers). By default the emulator runs in a
+process of its own, as a real API server would (`--emulator own-process`); with
+`--emulator in-process` it shares this process and event loop, as it used to, so
+every request costs this process twice (`--emulator both` runs each).
 
 Latency: one node at a time turns EVICT (the label and the agent's health
 annotation, as the agent writes them); timed from that write to the arrival of
@@ -17,114 +15,57 @@ each of its AppWrappers' status PATCH at the server (the request log's clock).
 Throughput: 100 other nodes turn EVICT at once; nodes per second until every
 AppWrapper on them is reset. The breaker is off (`max_unhealthy: 100%`) and the
 rate limit out of the way, as the goals ask; everything else is the default.
+Cost: the controller process's own CPU seconds (getrusage) for the burst, from
+the label writes until its last Event is posted, per reset and per node; the
+requests the server saw; the controller's RSS, and what its caches add.
 
 Run at 500, 1,000 and 5,000 nodes, with the scaling exponent between the ends
 (figure ~ N^k). Goals: p99 <= 1 s at 5,000 nodes; >= 100 nodes/s.
 
     python bench/label_to_reset.py                     # 500, 1000, 5000 nodes
     python bench/label_to_reset.py --quick             # 200 nodes, fewer faults
-    python bench/label_to_reset.py --nodes 500 1000
+    python bench/label_to_reset.py --nodes 500 20000 --emulator both
+    python bench/label_to_reset.py --nodes 5000 --profile burst.pstats
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import cProfile
+import gc
 import math
-import re
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
 from common import Goal, main, parser, summary
 from prometheus_client import CollectorRegistry
+from reset_cluster import (
+    PODS_PER_AW,
+    Cluster,
+    InlineCluster,
+    ProcessCluster,
+    own_cpu_s,
+    owners_on,
+    pods,
+    rss_mib,
+)
 
 from healthd.config import Config
 from healthd.controller.controller import Controller
 from healthd.controller.metrics import ControllerMetrics
-from healthd.kube.client import Kube
-from healthd.kube.conventions import GPU_RESOURCE, Keys
-from healthd.sim.apiserver import ApiEmulator, RecordedRequest
 
 NAME = "label_to_reset"
-KEYS = Keys()
-AW_LABEL = "workload.codeflare.dev/appwrapper"
-PODS_PER_AW = 4
-OTHER_PODS_PER_NODE = 16
-NAMESPACES = 10
 THROUGHPUT_NODES = 100
-WAIT_S = 120.0
+WAIT_S = 600.0
 P99_GOAL_S = 1.0
 RATE_GOAL = 100.0
-STATUS_PATH = re.compile(r"/apis/workload\.codeflare\.dev/v1beta2/namespaces/[^/]+/"
-                         r"appwrappers/[^/]+/status")
-Obj = dict[str, Any]
-
-
-# -- the cluster ----------------------------------------------------------------------
-
-def node(i: int, verdict: str = "PASS") -> Obj:
-    capacity = {GPU_RESOURCE: "8", "cpu": "96", "memory": "1Ti", "pods": "110"}
-    annotations = {}
-    if verdict == "EVICT":
-        annotations[KEYS.health] = json.dumps({"verdict": "EVICT", "top": "XID_79", "held": [
-            {"code": "XID_79", "severity": "EVICT"}]})
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": f"node-{i:05d}", "labels": {KEYS.gpuhealth: verdict},
-                         "annotations": annotations},
-            "spec": {}, "status": {"capacity": capacity, "allocatable": capacity}}
-
-
-def namespace(j: int) -> str:
-    return f"team-{j % NAMESPACES}"
-
-
-def appwrapper(j: int) -> Obj:
-    return {"apiVersion": "workload.codeflare.dev/v1beta2", "kind": "AppWrapper",
-            "metadata": {"name": f"aw-{j:05d}", "namespace": namespace(j)},
-            "spec": {"suspend": False, "components": []},
-            "status": {"phase": "Running", "conditions": [
-                {"type": "QuotaReserved", "status": "True", "reason": "Resuming",
-                 "message": "", "lastTransitionTime": "2025-01-01T00:00:00Z"}]}}
-
-
-def pod(name: str, ns: str, node_index: int, *, owner: str | None, gpus: int) -> Obj:
-    resources = {"requests": {GPU_RESOURCE: str(gpus)}, "limits": {GPU_RESOURCE: str(gpus)}} \
-        if gpus else {"requests": {"cpu": "100m"}}
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": ns,
-                         "labels": {AW_LABEL: owner} if owner else {"app": "daemon"}},
-            "spec": {"nodeName": f"node-{node_index:05d}", "containers": [
-                {"name": "main", "image": "trainer", "resources": resources}]},
-            "status": {"phase": "Running"}}
-
-
-def cluster(n: int) -> Iterable[Obj]:
-    for i in range(n):
-        yield node(i)
-    for j in range(n):
-        aw = appwrapper(j)
-        yield aw
-        for k in range(PODS_PER_AW):
-            yield pod(f"aw-{j:05d}-{k}", namespace(j), (j + k) % n,
-                      owner=aw["metadata"]["name"], gpus=2)
-        for k in range(OTHER_PODS_PER_NODE):
-            yield pod(f"daemon-{j:05d}-{k}", "kube-system", j, owner=None, gpus=0)
-    flavor = "default-flavor"
-    yield {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
-           "metadata": {"name": flavor}, "spec": {}}
-    yield {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
-           "metadata": {"name": "slack-cluster-queue"},
-           "spec": {"cohortName": "default-cohort", "namespaceSelector": {}, "resourceGroups": [
-               {"coveredResources": [GPU_RESOURCE], "flavors": [{"name": flavor, "resources": [
-                   {"name": GPU_RESOURCE, "nominalQuota": str(8 * n // 10)}]}]}]}}
-
-
-def owners_on(i: int, n: int) -> list[tuple[str, str]]:
-    """(namespace, name) of the AppWrappers with pods on node i."""
-    return [(namespace(j), f"aw-{j:05d}") for j in ((i - k) % n for k in range(PODS_PER_AW))]
+EVENTS_QUIET_S = 0.3  # no Event for this long after the last reset: the burst is over
+WHERE = ("own-process", "in-process")
 
 
 def bench_config() -> Config:
@@ -136,111 +77,167 @@ def bench_config() -> Config:
 
 # -- measuring ------------------------------------------------------------------------
 
-class ResetLog:
-    """Accepted AppWrapper status PATCHes as the server records them: name -> arrival
-    (epoch seconds). Hooks the emulator's request log, so waiting costs the event
-    loop nothing (reading objects back would copy them and slow the controller)."""
-
-    def __init__(self, api: ApiEmulator) -> None:
-        self.times: dict[str, float] = {}
-        self._changed = anyio.Event()
-        record = api.recorder.record
-
-        def recording(entry: RecordedRequest) -> None:
-            record(entry)
-            if entry.method == "PATCH" and entry.status == 200 and STATUS_PATH.fullmatch(
-                    entry.path):
-                self.times.setdefault(entry.path.split("/")[-2], entry.time)
-                self._changed.set()
-
-        api.recorder.record = recording
-
-    async def wait_for(self, names: Iterable[str]) -> None:
-        """Until every AppWrapper in `names` has been reset."""
-        pending = set(names)
-        with anyio.fail_after(WAIT_S):
-            while pending := pending - self.times.keys():
-                await self._changed.wait()
-                self._changed = anyio.Event()
+@asynccontextmanager
+async def open_cluster(where: str, n: int) -> AsyncIterator[Cluster]:
+    if where == "in-process":
+        from healthd.sim.apiserver import ApiEmulator  # only this mode has it here
+        async with ApiEmulator() as api:
+            yield InlineCluster(api, n)
+    else:
+        async with ProcessCluster(n, history_limit=max(1000, n)) as remote:
+            yield remote
 
 
-class Scale:
-    """One cluster of N nodes with the controller running on it."""
-
-    def __init__(self, api: ApiEmulator, n: int) -> None:
-        self.api, self.n = api, n
-        self.resets = ResetLog(api)
-
-    def evict(self, indexes: Iterable[int]) -> float:
-        """Label nodes EVICT as their agents would; the epoch time of the writes."""
-        at = time.time()
-        for i in indexes:
-            stored = self.api.get("Node", f"node-{i:05d}")
-            assert stored is not None
-            fresh = node(i, "EVICT")
-            stored["metadata"]["labels"] = fresh["metadata"]["labels"]
-            stored["metadata"]["annotations"] = fresh["metadata"]["annotations"]
-            self.api.put(stored)
-        return at
-
-
-async def run_scale(n: int, faults: int, burst: int) -> dict[str, Any]:
-    async with ApiEmulator() as api:
-        started = time.monotonic()
-        api.seed(*cluster(n))
-        seeded_s = time.monotonic() - started
-        scale = Scale(api, n)
-        kube = Kube(api.async_client(), timeout_s=30)
+async def run_scale(n: int, faults: int, burst: int, where: str,
+                    profile: Path | None) -> dict[str, Any]:
+    async with open_cluster(where, n) as cluster:
+        rss_before = rss_mib()
+        kube = await cluster.connect()
         controller = Controller(bench_config(), kube=kube, identity="bench",
                                 metrics=ControllerMetrics(CollectorRegistry()))
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(controller.run)
-                start = time.monotonic()
+                start, cpu_start = time.monotonic(), own_cpu_s()
                 with anyio.fail_after(WAIT_S):
                     while not (controller.term and controller.term.caches.synced):
                         await anyio.sleep(0.01)
-                synced_s = time.monotonic() - start
+                synced_s, sync_cpu_s = time.monotonic() - start, own_cpu_s() - cpu_start
                 await anyio.sleep(0.5)  # the first evaluation and lending pass
-                latencies = await one_at_a_time(scale, faults)
-                rate, burst_s, resets = await at_once(scale, burst)
+                memory = cache_memory(controller, rss_before)
+                idle = await idle_cpu(1.0)
+                latencies = await one_at_a_time(cluster, faults)
+                throughput = await at_once(cluster, burst, profile)
                 group.cancel_scope.cancel()
         finally:
             await kube.close()
-    return {"nodes": n, "pods": n * (PODS_PER_AW + OTHER_PODS_PER_NODE), "appwrappers": n,
-            "seed_s": round(seeded_s, 2), "controller_sync_s": round(synced_s, 3),
-            "latency_s": summary(latencies), "burst_nodes": burst,
-            "burst_all_reset_s": round(burst_s, 3), "burst_appwrappers_reset": resets,
-            "nodes_per_s": round(rate, 1),
-            "appwrapper_resets_per_s": round(resets / max(burst_s, 1e-6), 1)}
+    return {"nodes": n, "pods": pods(n), "appwrappers": n, "emulator": cluster.where,
+            "seed_s": round(cluster.seed_s, 2), "controller_sync_s": round(synced_s, 3),
+            "controller_sync_cpu_s": round(sync_cpu_s, 3), "memory": memory,
+            "idle_cpu_pct_of_core": idle, "latency_s": summary(latencies), **throughput}
 
 
-async def one_at_a_time(scale: Scale, faults: int) -> list[float]:
+def cache_memory(controller: Controller, rss_before: float) -> dict[str, Any]:
+    """The controller's RSS and what its caches hold, per object kind."""
+    assert controller.term is not None
+    caches = controller.term.caches
+    rss = rss_mib()
+    stores = {"nodes": caches.nodes, "pods": caches.pods, "appwrappers": caches.appwrappers}
+    kib_each = {kind: round(deep_size(store.values()) / max(len(store), 1) / 1024, 2)
+                for kind, store in stores.items()}
+    return {"controller_rss_mib": round(rss, 1),
+            "rss_added_by_sync_mib": round(rss - rss_before, 1),
+            "cached": {kind: len(store) for kind, store in stores.items()},
+            "kib_per_cached_object": kib_each}
+
+
+def deep_size(objects: Any) -> int:
+    """Bytes of the JSON-shaped objects (dicts, lists, strings, numbers), each counted
+    once however often it is referenced."""
+    seen: set[int] = set()
+    total = 0
+    stack = list(objects)
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        total += sys.getsizeof(obj)
+        if isinstance(obj, dict):
+            stack.extend(obj.keys())
+            stack.extend(obj.values())
+        elif isinstance(obj, list):
+            stack.extend(obj)
+    return total
+
+
+async def idle_cpu(seconds: float) -> float:
+    """% of a core the controller uses with nothing to do (watches open)."""
+    cpu = own_cpu_s()
+    await anyio.sleep(seconds)
+    return round(100 * (own_cpu_s() - cpu) / seconds, 2)
+
+
+async def one_at_a_time(cluster: Cluster, faults: int) -> list[float]:
     """Latency samples: nodes in the first half, far enough apart that no
     AppWrapper has pods on two of them."""
-    stride = max(PODS_PER_AW + 1, (scale.n // 2) // faults)
+    stride = max(PODS_PER_AW + 1, (cluster.n // 2) // faults)
     samples: list[float] = []
     for f in range(faults):
         i = f * stride + PODS_PER_AW
-        owners = [name for _, name in owners_on(i, scale.n)]
-        at = scale.evict([i])
-        await scale.resets.wait_for(owners)
-        samples.extend(scale.resets.times[name] - at for name in owners)
+        owners = [name for _, name in owners_on(i, cluster.n)]
+        at = await cluster.evict([i])
+        times = await cluster.reset_times(owners, WAIT_S)
+        samples.extend(times[name] - at for name in owners)
         await anyio.sleep(0.05)
+    await cluster.events_quiet(EVENTS_QUIET_S, WAIT_S)
     return samples
 
 
-async def at_once(scale: Scale, count: int) -> tuple[float, float, int]:
-    """(nodes per second, seconds, AppWrappers reset) for `count` nodes of the second
-    half at once."""
-    first = scale.n // 2 + PODS_PER_AW
-    stride = max(1, (scale.n - first) // count)
+async def at_once(cluster: Cluster, count: int, profile: Path | None) -> dict[str, Any]:
+    """`count` nodes of the second half turn EVICT at once: nodes per second, and
+    what the burst cost the controller and the server."""
+    first = cluster.n // 2 + PODS_PER_AW
+    stride = max(1, (cluster.n - first) // count)
     indexes = [first + k * stride for k in range(count)]
-    owners = {name for i in indexes for _, name in owners_on(i, scale.n)}
-    at = scale.evict(indexes)
-    await scale.resets.wait_for(owners)
-    took = max(max(scale.resets.times[name] for name in owners) - at, 1e-6)
-    return count / took, took, len(owners)
+    owners = sorted({name for i in indexes for _, name in owners_on(i, cluster.n)})
+    requests_before, server_before = await cluster.counts(), await cluster.server_usage()
+    # CPU time, not wall time: other processes on the machine must not show up in it.
+    profiler = cProfile.Profile(time.thread_time) if profile else None
+    cpu_before = own_cpu_s()
+    if profiler:
+        profiler.enable()
+    with GcTime() as collecting:
+        at = await cluster.evict(indexes)
+        times = await cluster.reset_times(owners, WAIT_S)
+        last_event = await cluster.events_quiet(EVENTS_QUIET_S, WAIT_S)
+    cpu = own_cpu_s() - cpu_before
+    if profiler and profile:
+        profiler.disable()
+        profiler.dump_stats(profile)
+    took = max(max(times.values()) - at, 1e-6)
+    requests = _difference(await cluster.counts(), requests_before)
+    server_after = await cluster.server_usage()
+    server_cpu = None if server_before is None or server_after is None else \
+        round(server_after["cpu_s"] - server_before["cpu_s"], 3)
+    return {"burst_nodes": count, "burst_all_reset_s": round(took, 3),
+            "burst_appwrappers_reset": len(owners), "nodes_per_s": round(count / took, 1),
+            "appwrapper_resets_per_s": round(len(owners) / took, 1),
+            "burst_last_event_s": round(last_event - at, 3),
+            "burst_requests": requests,
+            "controller_cpu_s": round(cpu, 3),
+            "controller_cpu_ms_per_reset": round(1000 * cpu / len(owners), 3),
+            "controller_cpu_ms_per_node": round(1000 * cpu / count, 3),
+            "controller_gc_s": round(collecting.seconds, 3),
+            "server_cpu_s": server_cpu,
+            "server_rss_mib": None if server_after is None else round(server_after["rss_mib"], 1)}
+
+
+class GcTime:
+    """CPU seconds the controller's thread spends in the cyclic garbage collector
+    (gc.callbacks)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._started = 0.0
+
+    def __enter__(self) -> GcTime:
+        gc.callbacks.append(self._note)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._note)
+
+    def _note(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.thread_time()
+        else:
+            self.seconds += time.thread_time() - self._started
+
+
+def _difference(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {key: after[key] - before.get(key, 0) for key in sorted(after)
+            if after[key] != before.get(key, 0)}
 
 
 def exponent(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -259,29 +256,62 @@ def _get(row: dict[str, Any], key: str) -> float | None:
     return value if isinstance(value, (int, float)) else None
 
 
+SCALED = ("latency_s.p50", "latency_s.p99", "controller_sync_s", "nodes_per_s",
+          "controller_cpu_ms_per_reset", "memory.controller_rss_mib",
+          "memory.rss_added_by_sync_mib")
+PROJECT_TO = 50_000
+
+
+def scaling(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The exponents between the smallest and largest size, and each figure projected
+    to PROJECT_TO nodes along its exponent."""
+    exponents = {key: exponent(rows, key) for key in SCALED}
+    largest = rows[-1]
+    projected: dict[str, float | None] = {}
+    for key, k in exponents.items():
+        value = _get(largest, key)
+        projected[key] = None if k is None or value is None else \
+            round(value * (PROJECT_TO / largest["nodes"]) ** k, 3)
+    return {"scaling_exponent": exponents, f"projected_to_{PROJECT_TO}_nodes": projected}
+
+
 def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Goal], list[str]]:
-    sizes = args.nodes or ([200] if args.quick else [500, 1000, 5000])
+    sizes = sorted(args.nodes or ([200] if args.quick else [500, 1000, 5000]))
     faults, burst = (5, 20) if args.quick else (25, THROUGHPUT_NODES)
     smallest = 2 * (burst + faults * (PODS_PER_AW + 1))
     if min(sizes) < smallest:
         raise ValueError(f"--nodes must be at least {smallest} (got {min(sizes)}): the "
                          "faults and the burst need nodes that share no AppWrapper")
-    rows = [anyio.run(run_scale, n, faults, burst) for n in sorted(sizes)]
-    largest = rows[-1]
-    figures = {"scales": rows, "scaling_exponent": {
-        key: exponent(rows, key) for key in
-        ("latency_s.p50", "latency_s.p99", "controller_sync_s", "nodes_per_s")}}
+    modes = WHERE if args.emulator == "both" else (args.emulator,)
+    figures: dict[str, Any] = {}
+    for where in modes:
+        rows = []
+        for n in sizes:
+            profile = args.profile if n == sizes[-1] and where == modes[0] else None
+            rows.append(anyio.run(run_scale, n, faults, burst, where, profile))
+            gc.collect()  # the next size starts from a clean heap
+        key = "scales" if where == modes[0] else f"scales_{where.replace('-', '_')}"
+        figures[key] = rows
+        if where == modes[0]:
+            figures.update(scaling(rows))
+    largest = figures["scales"][-1]
     goals = {"latency_p99_s_at_largest": Goal(largest["latency_s"]["p99"], P99_GOAL_S),
              "nodes_per_s_at_largest": Goal(largest["nodes_per_s"], RATE_GOAL, ">=")}
     return figures, goals, [
         f"{faults} single-node faults x {PODS_PER_AW} AppWrappers each, then {burst} nodes "
         "at once; breaker off, rate limit raised, other settings default (settle 0.1 s)",
-        "the emulator, the controller and the timing loop share one process and event "
-        "loop: every request is served by the same core that decides",
+        "own-process: the emulator serves from a process of its own; controller CPU is "
+        "this process's getrusage over the burst (label writes to the last Event, plus "
+        f"{EVENTS_QUIET_S} s of quiet); in-process: the emulator shares this process and "
+        "event loop, so every request is also served by the core that decides",
     ]
 
 
 if __name__ == "__main__":
     cli = parser(__doc__.splitlines()[0])
     cli.add_argument("--nodes", type=int, nargs="+", help="cluster sizes (default 500 1000 5000)")
+    cli.add_argument("--emulator", choices=(*WHERE, "both"), default="own-process",
+                     help="where the API emulator runs (default: %(default)s)")
+    cli.add_argument("--profile", type=Path,
+                     help="write a cProfile of the controller during the largest burst here")
     sys.exit(main(NAME, measure, cli.parse_args()))

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
-from pyroute2 import AsyncIPRoute
 
 from checks.base import Attachment, BaseCheck, CheckContext, CheckResult, Entity, ResultBuilder
 
@@ -77,6 +76,11 @@ class NetlinkReader:
     sysfs: Path = SYSFS_NET
 
     async def read(self, interfaces: Sequence[str]) -> Mapping[str, LinkState]:
+        # Imported on the first read, not with the check: pyroute2 costs ~10 MiB of
+        # memory, and a node with no secondary interface (or a simulated one) never
+        # reads a link.
+        from pyroute2 import AsyncIPRoute
+
         wanted = set(interfaces)
         found: dict[str, LinkState] = {}
         async with AsyncIPRoute(netns=self.netns) as ipr:

@@ -15,54 +15,121 @@ server down.
 
 from __future__ import annotations
 
+import http.server
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+import threading
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
-from aiohttp import web
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 log = logging.getLogger(__name__)
 
 Probe = Callable[[], tuple[bool, str]]
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Answer = tuple[int, str, bytes]  # status, content type, body
+Route = Callable[[str], Answer]  # the request's Accept header -> the answer
+TEXT = "text/plain; charset=utf-8"
+IDLE_CONNECTION_S = 60  # a scraper's kept-alive connection idle this long is closed
 
 
-def _metrics_handler(registry: CollectorRegistry) -> Handler:
-    async def metrics(request: web.Request) -> web.Response:
-        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+def _metrics_route(registry: CollectorRegistry) -> Route:
+    def metrics(accept: str) -> Answer:
+        encoder, content_type = choose_encoder(accept)
         try:
-            body = encoder(registry)
+            return 200, content_type, encoder(registry)
         except Exception as exc:  # a broken collector must not take the endpoint down
             log.exception("metrics: a collector failed")
-            return web.Response(status=500, text=f"cannot collect metrics: {exc}\n")
-        return web.Response(body=body, headers={"Content-Type": content_type})
+            return 500, TEXT, f"cannot collect metrics: {exc}\n".encode()
 
     return metrics
 
 
-def _probe_handler(name: str, probe: Probe) -> Handler:
-    async def answer(request: web.Request) -> web.Response:
+def _probe_route(name: str, probe: Probe) -> Route:
+    def answer(_accept: str) -> Answer:
         try:
             ok, reason = probe()
         except Exception as exc:
             log.exception("%s: the probe failed", name)
             ok, reason = False, f"{name} probe failed: {type(exc).__name__}: {exc}"
         if ok:
-            return web.Response(text="ok\n")
-        return web.Response(status=503, text=f"{reason or f'not {name}'}\n")
+            return 200, TEXT, b"ok\n"
+        return 503, TEXT, f"{reason or f'not {name}'}\n".encode()
 
     return answer
 
 
-def build_app(registry: CollectorRegistry, *, healthy: Probe, ready: Probe) -> web.Application:
-    """The aiohttp application (GET and HEAD only; aiohttp answers 404 and 405)."""
-    app = web.Application()
-    app.router.add_get("/metrics", _metrics_handler(registry))
-    app.router.add_get("/healthz", _probe_handler("healthy", healthy))
-    app.router.add_get("/readyz", _probe_handler("ready", ready))
-    return app
+def routes(registry: CollectorRegistry, *, healthy: Probe, ready: Probe) -> dict[str, Route]:
+    """Path -> what answers it (GET and HEAD only)."""
+    return {"/metrics": _metrics_route(registry), "/healthz": _probe_route("healthy", healthy),
+            "/readyz": _probe_route("ready", ready)}
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True  # a scrape in flight must not hold up the daemon's stop
+    block_on_close = False
+
+    def __init__(self, address: tuple[str, int], routes: dict[str, Route],
+                 token: Any) -> None:
+        super().__init__(address, _Handler)
+        self.routes = routes
+        self.token = token  # the event loop the routes run on
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """Parses HTTP on the server's thread; the routes run on the daemon's event loop,
+    where the state they read lives."""
+
+    server: _Server
+    protocol_version = "HTTP/1.1"  # keep-alive for scrapers
+    timeout = IDLE_CONNECTION_S
+
+    def do_GET(self) -> None:
+        self._answer(with_body=True)
+
+    def do_HEAD(self) -> None:
+        self._answer(with_body=False)
+
+    def _refuse(self) -> None:
+        if self._path() in self.server.routes:
+            self._send((405, TEXT, b"method not allowed\n"), allow="GET, HEAD")
+        else:
+            self._send((404, TEXT, b"not found\n"))
+
+    do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = _refuse
+
+    def _path(self) -> str:
+        return self.path.split("?", 1)[0]
+
+    def _answer(self, *, with_body: bool) -> None:
+        route = self.server.routes.get(self._path())
+        if route is None:
+            self._send((404, TEXT, b"not found\n"), with_body=with_body)
+            return
+        try:
+            answer = anyio.from_thread.run_sync(route, self.headers.get("Accept", ""),
+                                                token=self.server.token)
+        except RuntimeError:  # the event loop is gone: the daemon is stopping
+            answer = 503, TEXT, b"stopping\n"
+        self._send(answer, with_body=with_body)
+
+    def _send(self, answer: Answer, *, with_body: bool = True, allow: str = "") -> None:
+        status, content_type, body = answer
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        if allow:
+            self.send_header("Allow", allow)
+        self.end_headers()
+        if with_body:
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # no access log: scrapes every few seconds would drown the daemon's own
 
 
 @asynccontextmanager
@@ -76,24 +143,23 @@ async def serve_http(
 ) -> AsyncIterator[int]:
     """Serve the endpoints on host:port while the context is open; yields the bound
     port (port 0 picks a free one). A port that cannot be bound raises OSError with a
-    message naming the address."""
-    app = build_app(registry, healthy=healthy, ready=ready)
-    # A scrape in flight must not hold up the agent's 10 s stop.
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
-    await runner.setup()
+    message naming the address.
+
+    The standard library's server on a thread of its own (as prometheus_client's
+    own `start_http_server`): it is loaded already for the exposition format, where
+    aiohttp's web server would add over 1 MiB to every agent for three read-only
+    paths."""
     try:
-        site = web.TCPSite(runner, host, port)
-        try:
-            await site.start()
-        except OSError as exc:
-            raise OSError(exc.errno, f"cannot serve HTTP on {host}:{port}: {exc.strerror}") from exc
-        yield _bound_port(runner, port)
+        server = _Server((host, port), routes(registry, healthy=healthy, ready=ready),
+                         anyio.lowlevel.current_token())
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot serve HTTP on {host}:{port}: {exc.strerror}") from exc
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                              name="http", daemon=True)
+    thread.start()
+    try:
+        yield int(server.server_address[1])
     finally:
-        await runner.cleanup()
-
-
-def _bound_port(runner: web.AppRunner, default: int) -> int:
-    for address in runner.addresses:
-        if isinstance(address, tuple) and len(address) >= 2:
-            return int(address[1])
-    return default
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(server.shutdown)
+        server.server_close()

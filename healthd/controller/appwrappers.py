@@ -8,10 +8,13 @@ nodes (its injected node affinity keeps them off EVICT ones). The status counter
 `resettingCount` is left alone, as the operator does for node-health resets.
 
 Events do not hold up the next reset: inside `sending_events()` (the reset loop
-runs in it) they are posted by background tasks, at most `EVENT_BACKLOG` resets'
-worth at a time (a full backlog makes the next reset wait for room), and leaving the
-block sends what is pending, for at most `DRAIN_S`, even when it is cancelled.
-Outside it (a one-off reset) they are posted before `reset` returns.
+runs in it) they are posted by background tasks, at most `EVENT_BACKLOG` at a time
+(a full backlog makes the next reset wait for room), and leaving the block sends
+what is pending, for at most `DRAIN_S`, even when it is cancelled. Outside it (a
+one-off reset) they are posted before `reset` returns. Each reset gets its Warning
+Event on the AppWrapper; the Normal Event on an EVICT node is one per node per
+burst (`one_burst()`, which the reset loop enters per batch): a node carrying the
+pods of 40 AppWrappers gets one Event naming them, not 40.
 
 The write is one JSON patch guarded by `test` ops on the phase and on the
 conditions list as read, so a stale cache or a concurrent writer can never be
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
@@ -48,6 +51,7 @@ from healthd.controller.resets import (
     APPWRAPPER_RESET,
     BREAKER_CLOSED,
     BREAKER_OPEN,
+    MESSAGE_NODES,
     NODE_EVICTED,
     RESETTING,
     RUNNING,
@@ -120,6 +124,18 @@ def reset_ops(decision: ResetDecision, aw: dict[str, Any], at: float) -> list[di
             {"op": "replace", "path": "/status/conditions", "value": kept}]
 
 
+def node_event_message(resets: list[tuple[str, str]]) -> str:
+    """What a node's Event says about the AppWrappers (`ns/name`, codes) reset on it."""
+    names = [name for name, _ in resets]
+    codes = ", ".join(dict.fromkeys(c for _, c in resets))  # each code once, in order
+    if len(names) == 1:
+        return f"Reset AppWrapper {names[0]}: its pods use GPUs on this EVICT node ({codes})"
+    listed = ", ".join(names[:MESSAGE_NODES])
+    more = f" and {len(names) - MESSAGE_NODES} more" if len(names) > MESSAGE_NODES else ""
+    return (f"Reset {len(names)} AppWrappers ({listed}{more}): their pods use GPUs on this "
+            f"EVICT node ({codes})")
+
+
 class Resetter:
     """Resets AppWrappers under the safety rails; see the module docstring.
 
@@ -149,6 +165,7 @@ class Resetter:
         self._event_tasks: anyio.abc.TaskGroup | None = None
         self._event_slots = anyio.Semaphore(EVENT_BACKLOG)
         self._event_scopes: set[anyio.CancelScope] = set()
+        self._node_resets: dict[str, list[tuple[str, str]]] | None = None  # in one_burst
 
     # -- the fleet -------------------------------------------------------------------
 
@@ -274,34 +291,60 @@ class Resetter:
                 for scope in self._event_scopes:
                     scope.deadline = min(scope.deadline, drain_by)
 
+    @asynccontextmanager
+    async def one_burst(self) -> AsyncIterator[None]:
+        """Resets inside share their node Events: each EVICT node gets one, naming
+        every AppWrapper reset because of it in the block, posted when it ends."""
+        self._node_resets = {}
+        try:
+            yield
+        finally:
+            pending, self._node_resets = self._node_resets, None
+            # Shielded like the Events themselves (a lost Lease right after the writes
+            # still reports them), for at most DRAIN_S.
+            with anyio.move_on_after(DRAIN_S, shield=True):
+                for node, resets in pending.items():
+                    await self._post(self._record_node_event, node, resets)
+
     async def _send_events(self, decision: ResetDecision, aw: dict[str, Any]) -> None:
+        await self._post(self._record_appwrapper_event, decision, aw)
+        for node, codes in zip(decision.nodes, decision.codes, strict=True):
+            if self._node_resets is not None:
+                self._node_resets.setdefault(node, []).append((decision.appwrapper, codes))
+            else:
+                await self._post(self._record_node_event, node, [(decision.appwrapper, codes)])
+
+    async def _post(self, record: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """`record(*args)` in the background inside `sending_events`, else now."""
         if self._event_tasks is None:
-            await self._record_events(decision, aw)
+            await record(*args)
             return
         await self._event_slots.acquire()
-        self._event_tasks.start_soon(self._record_in_background, decision, aw)
+        self._event_tasks.start_soon(self._in_background, record, args)
 
-    async def _record_in_background(self, decision: ResetDecision, aw: dict[str, Any]) -> None:
+    async def _in_background(self, record: Callable[..., Awaitable[None]],
+                             args: tuple[Any, ...]) -> None:
         # Shielded: a shutdown lets the Events of resets already written go out, until
         # `sending_events` sets the drain deadline.
         with anyio.CancelScope(shield=True) as scope:
             self._event_scopes.add(scope)
             try:
-                await self._record_events(decision, aw)
+                await record(*args)
             finally:
                 self._event_scopes.discard(scope)
                 self._event_slots.release()
 
-    async def _record_events(self, decision: ResetDecision, aw: dict[str, Any]) -> None:
+    async def _record_appwrapper_event(self, decision: ResetDecision,
+                                       aw: dict[str, Any]) -> None:
         await self._events.record(aw, type=WARNING, reason=NODE_EVICTED,
                                   message=f"Reset: {decision.message}", res=APPWRAPPERS)
-        for node, codes in zip(decision.nodes, decision.codes, strict=True):
-            subject = (self._node_lookup(node) if self._node_lookup else None) \
-                or {"metadata": {"name": node}}
-            await self._events.record(
-                subject, type=NORMAL, reason=APPWRAPPER_RESET, res=NODES,
-                message=f"Reset AppWrapper {decision.appwrapper}: its pods use GPUs on this "
-                        f"EVICT node ({codes})")
+
+    async def _record_node_event(self, node: str, resets: list[tuple[str, str]]) -> None:
+        """The Event on `node` for the AppWrappers (`ns/name`, its codes) reset on it."""
+        subject = (self._node_lookup(node) if self._node_lookup else None) \
+            or {"metadata": {"name": node}}
+        await self._events.record(subject, type=NORMAL, reason=APPWRAPPER_RESET, res=NODES,
+                                  message=node_event_message(resets))
 
     # -- when to look again ----------------------------------------------------------
 

@@ -25,6 +25,7 @@ the replica acts alone, deciding, logging and counting, writing nothing.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import socket
@@ -96,9 +97,20 @@ class Term:
                 group.start_soon(self.blame.run)
                 for kind in KINDS:
                     group.start_soon(self._report_synced, kind)
+                group.start_soon(self._freeze_when_synced)
         finally:
+            gc.unfreeze()  # this term's objects may be collected again (see below)
             for kind in KINDS:
                 self.metrics.set_synced(kind, False)
+
+    async def _freeze_when_synced(self) -> None:
+        """Once the caches hold the fleet, hide what is in memory from the cyclic
+        garbage collector: millions of small dicts that never form cycles, which each
+        full collection walked again (a third of the CPU of a 100-node burst at 5,000
+        nodes). Reference counting still frees them; the term unfreezes on its way
+        out, so the cycles it leaves (its handlers and caches) are collected."""
+        await self.caches.wait_synced()
+        gc.freeze()
 
     async def _report_synced(self, kind: str) -> None:
         await self.caches.store(kind).synced.wait()

@@ -34,7 +34,7 @@ from healthd.capacity.health import CORDONED, evict_codes, gpu_count, is_evict, 
 from healthd.config.controller import ControllerSettings
 from healthd.controller.appwrappers import Resetter
 from healthd.controller.caches import APPWRAPPERS_KIND, NODES_KIND, PODS_KIND, RESET_KINDS, Caches
-from healthd.controller.resets import affected, decide, owner_of
+from healthd.controller.resets import affected, decide, eligible, owner_of
 from healthd.controller.safety import BreakerState
 from healthd.kube.conventions import Keys
 from healthd.kube.objects import key_of, name_of
@@ -135,7 +135,9 @@ class EvictionReactor:
             owner = owner_of(pod)
             if owner and _node_of(pod) in self.evict:
                 self._work.mark(owner)
-        elif kind == APPWRAPPERS_KIND and new is not None:
+        elif kind == APPWRAPPERS_KIND and new is not None and eligible(new):
+            # Only a Running AppWrapper can be due: our own reset (now Resetting) and
+            # the operator's later steps are not looked at again until it runs again.
             key = key_of(new)
             if any(_node_of(p) in self.evict for p in self._caches.pods_of_appwrapper(key)):
                 self._work.mark(key)
@@ -179,7 +181,7 @@ class EvictionReactor:
             async with self._limiter:
                 await self._evaluate(key, since)
 
-        async with anyio.create_task_group() as group:
+        async with self._resetter.one_burst(), anyio.create_task_group() as group:
             for key, since in batch.items():
                 group.start_soon(one, key, since)
 

@@ -32,7 +32,7 @@ NODE_EVICTED = Reason.NODE_EVICTED.value  # the Unhealthy reason and the AppWrap
 APPWRAPPER_RESET = Reason.APPWRAPPER_RESET.value  # the Event on each EVICT node
 BREAKER_OPEN = Reason.RESET_BREAKER_OPEN.value
 BREAKER_CLOSED = Reason.RESET_BREAKER_CLOSED.value
-MESSAGE_NODES = 10  # nodes named in a message; the rest are counted
+MESSAGE_NODES = 10  # nodes (or AppWrappers) named in a message; the rest are counted
 
 
 @dataclass(frozen=True)

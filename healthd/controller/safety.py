@@ -97,14 +97,20 @@ class Spacing:
 
     def record(self, key: str) -> None:
         """`key` was reset (or would have been, in a dry run) now."""
+        self._last.pop(key, None)  # re-inserted last: the dict stays in time order
         self._last[key] = self._clock()
         self._forget_old()
 
     def _forget_old(self) -> None:
-        # Keep memory bounded on clusters that churn through many AppWrappers.
+        # Keep memory bounded on clusters that churn through many AppWrappers. The
+        # oldest entries come first, so this stops at the first one still needed:
+        # a burst of resets costs O(1) each, not a scan of every one remembered.
         horizon = self._clock() - self.min_s
-        for key in [k for k, t in self._last.items() if t < horizon]:
-            del self._last[key]
+        while self._last:
+            oldest = next(iter(self._last))
+            if self._last[oldest] >= horizon:
+                return
+            del self._last[oldest]
 
 
 class BreakerState(enum.StrEnum):

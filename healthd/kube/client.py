@@ -30,14 +30,20 @@ from typing import Any
 
 import aiohttp
 import anyio
-import kubernetes.aio.client as aio_client
-import kubernetes.aio.config as aio_config
 import yaml
-from kubernetes.aio.client.exceptions import ApiException
-from kubernetes.aio.client.rest import RESTResponse
-from kubernetes.aio.config.config_exception import ConfigException
+from aiohttp.helpers import get_env_proxy_for_url
+from yarl import URL
 
 from healthd.kube.errors import KubeError, Unavailable, from_status
+from healthd.kube.narrow import (
+    ApiClient,
+    ApiException,
+    ConfigException,
+    Configuration,
+    RESTResponse,
+    load_incluster_config,
+    load_kube_config,
+)
 from healthd.kube.objects import Resource
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -57,7 +63,8 @@ class Kube:
     answer); a request that passes it raises `Unavailable`.
     """
 
-    def __init__(self, api_client: aio_client.ApiClient, *, timeout_s: float = 10) -> None:
+    def __init__(self, api_client: ApiClient, *, timeout_s: float = 10) -> None:
+        _environment_once(api_client)
         self._client = api_client
         self.timeout_s = timeout_s
 
@@ -70,7 +77,7 @@ class Kube:
         service account (in-cluster); else ~/.kube/config. `context` picks a kubeconfig
         context other than its current one. KubeError when none works."""
         config = await _load_configuration(kubeconfig, context)
-        return cls(aio_client.ApiClient(config), timeout_s=timeout_s)
+        return cls(ApiClient(config), timeout_s=timeout_s)
 
     async def close(self) -> None:
         await self._client.close()
@@ -143,9 +150,11 @@ class Kube:
             headers["Content-Type"] = content_type
         params = [(k, _query_value(v)) for k, v in (query or {}).items() if v is not None]
         try:
-            _, url, headers, body, _ = await self._client.param_serialize(
+            # The body is JSON already (plain dicts and lists): the generated client's
+            # deep walk over it (for its model classes) would only copy it.
+            _, url, headers, _, _ = await self._client.param_serialize(
                 method=method, resource_path=path, query_params=params,
-                header_params=headers, body=body, auth_settings=_AUTH)
+                header_params=headers, auth_settings=_AUTH)
             return await self._client.call_api(method, url, header_params=headers, body=body,
                                                _request_timeout=timeout)
         except ApiException as exc:
@@ -226,6 +235,35 @@ class Kube:
 # -- helpers -------------------------------------------------------------------------
 
 
+def _environment_once(api_client: ApiClient) -> None:
+    """Read the proxy settings of the environment once, not on every request; keep
+    no cookies.
+
+    The generated client opens its aiohttp session with `trust_env=True`, which looks
+    up ~/.netrc and the proxy variables in a worker thread for every request: two
+    thread hand-offs each, a large part of a small request's cost. Credentials come
+    from the kubeconfig or the service account, never from .netrc; the proxy for the
+    API server (HTTPS_PROXY, NO_PROXY) does not change while the process runs, so it
+    is resolved here and the per-request lookups are switched off.
+    """
+    rest = api_client.rest_client
+    config = api_client.configuration
+    if rest.pool_manager is not None:  # the session exists already: nothing to change
+        return
+    # No cookie jar either, as client-go keeps none: filtering one costs every request.
+    config.client_session_kwargs = {"trust_env": False, "cookie_jar": aiohttp.DummyCookieJar(),
+                                    **(config.client_session_kwargs or {})}
+    if rest.proxy is None:
+        try:
+            proxy, auth = get_env_proxy_for_url(URL(str(config.host)))
+        except (LookupError, ValueError):
+            return  # no proxy for this host
+        rest.proxy = str(proxy)
+        if auth is not None:
+            rest.proxy_headers = {**(rest.proxy_headers or {}),
+                                  "Proxy-Authorization": auth.encode()}
+
+
 def _query_value(value: str | int | bool) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
@@ -300,10 +338,10 @@ def _unreachable(method: str, path: str, exc: BaseException) -> Unavailable:
     return Unavailable(f"{method} {path}: {detail}", reason="Unreachable")
 
 
-async def _from_file(path: str, config: aio_client.Configuration,
+async def _from_file(path: str, config: Configuration,
                      context: str | None) -> None:
     _read_kubeconfig(path)
-    await aio_config.load_kube_config(
+    await load_kube_config(
         config_file=path, context=context, client_configuration=config,
         persist_config=False)
 
@@ -331,9 +369,9 @@ def _read_kubeconfig(path: str) -> dict[str, Any]:
 
 
 async def _load_configuration(kubeconfig: str | None,
-                              context: str | None = None) -> aio_client.Configuration:
+                              context: str | None = None) -> Configuration:
     # Bypass the generated class's "default copy" construction: a fresh, private config.
-    config: aio_client.Configuration = type.__call__(aio_client.Configuration)
+    config: Configuration = type.__call__(Configuration)
     # $KUBECONFIG is the kubernetes client's own convention, honoured like kubectl does.
     path = kubeconfig or os.environ.get("KUBECONFIG")
     home = Path.home() / ".kube" / "config"
@@ -344,7 +382,7 @@ async def _load_configuration(kubeconfig: str | None,
         try:
             if context:  # a context names a kubeconfig entry: never the in-cluster account
                 raise ConfigException(f"--context {context} needs a kubeconfig")
-            aio_config.load_incluster_config(
+            load_incluster_config(
                 client_configuration=config)
         except ConfigException:
             if not home.exists():

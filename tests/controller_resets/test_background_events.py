@@ -61,6 +61,19 @@ async def test_events_of_resets_in_the_block_are_all_posted(
     assert len(reset_writes(api)) == 3
 
 
+async def test_in_one_burst_a_node_gets_one_event_naming_every_appwrapper(
+        api: ApiEmulator, kube: Kube, make_resetter: MakeResetter) -> None:
+    resetter = make_resetter()
+    seed(api)
+    async with resetter.sending_events(), resetter.one_burst():
+        assert await reset_all(kube, resetter) == ["reset"] * 3
+    assert sorted(e["involvedObject"]["name"] for e in events(api, "NodeEvicted")) == list(NAMES)
+    (on_node,) = events(api, "AppWrapperReset")
+    assert on_node["involvedObject"]["name"] == "n1"
+    assert on_node["message"] == (f"Reset 3 AppWrappers ({NS}/a, {NS}/b, {NS}/c): their pods "
+                                  "use GPUs on this EVICT node (XID_79)")
+
+
 async def test_a_cancelled_block_still_drains_the_pending_events(
         api: ApiEmulator, kube: Kube, make_resetter: MakeResetter) -> None:
     resetter = make_resetter()

@@ -13,12 +13,12 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import jsonpatch
 
 from healthd.sim.apiserver.errors import ApiError
+from healthd.sim.apiserver.resources import copy_json
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -54,7 +54,7 @@ MERGE_KEYS = _merge_keys()
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386: returns the patched copy."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return copy_json(patch)
     out = dict(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if value is None:
@@ -73,7 +73,7 @@ def json_patch(target: Any, ops: Any) -> Any:
     except (jsonpatch.InvalidJsonPatch, TypeError, KeyError) as exc:
         raise ApiError.bad_request(f"invalid JSON patch: {exc}") from exc
     try:
-        return patch.apply(copy.deepcopy(target))
+        return patch.apply(copy_json(target), in_place=True)
     except jsonpatch.JsonPatchTestFailed as exc:
         raise ApiError.invalid(f"the server rejected our request due to an error in our "
                                f"request: testing value failed: {exc}") from exc
@@ -93,7 +93,7 @@ def _strip_directives(value: Any) -> Any:
 
 def _merge_list_by_key(target: list[Any], patch: list[Any], key: str,
                        path: tuple[str, ...]) -> list[Any]:
-    out = [copy.deepcopy(item) for item in target]
+    out = [copy_json(item) for item in target]
     for item in patch:
         if not isinstance(item, dict) or key not in item:
             raise ApiError.bad_request(f"{'.'.join(path)}: item {item!r} lacks merge key {key}")
@@ -125,7 +125,7 @@ def strategic_merge(target: Any, patch: Any, path: tuple[str, ...] = ()) -> Any:
     if isinstance(patch, list):
         return _merge_list(target, patch, path)
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return copy_json(patch)
     if patch.get("$patch") == "replace":
         return _strip_directives(patch)
     if patch.get("$patch") == "delete":

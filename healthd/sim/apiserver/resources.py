@@ -9,9 +9,10 @@ version uses, which is all the conversion those pairs need.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 Obj = dict[str, Any]
+J = TypeVar("J")
 
 # Field selectors every resource supports, like the real server.
 COMMON_FIELDS = ("metadata.name", "metadata.namespace")
@@ -136,6 +137,16 @@ def _move(obj: Obj, src: str, dst: str) -> None:
     for part in parents:
         holder = holder.setdefault(part, {})
     holder[leaf] = value
+
+
+def copy_json(value: J) -> J:
+    """A deep copy of JSON-shaped data (dicts, lists, scalars): several times faster
+    than `copy.deepcopy`, which the store's every read and write would pay."""
+    if isinstance(value, dict):
+        return cast(J, {key: copy_json(item) for key, item in value.items()})
+    if isinstance(value, list):
+        return cast(J, [copy_json(item) for item in value])
+    return value
 
 
 def to_version(obj: Obj, rt: ResourceType) -> Obj:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-import copy
 import random
 import threading
 import time
@@ -30,6 +29,7 @@ from healthd.sim.apiserver.resources import (
     RESOURCES,
     Obj,
     ResourceType,
+    copy_json,
     from_version,
     to_version,
 )
@@ -56,7 +56,7 @@ def _meta(obj: Obj) -> Obj:
 
 def render(obj: Obj, rt: ResourceType) -> Obj:
     """A copy of a stored object as `rt` serves it."""
-    return to_version(copy.deepcopy(obj), rt)
+    return to_version(copy_json(obj), rt)
 
 
 @dataclass
@@ -125,8 +125,14 @@ class Store:
              selector: Selector | None = None) -> tuple[list[Obj], int]:
         """Matching objects as `rt` serves them (sorted by namespace/name), and the rv."""
         with self._lock:
-            items = [render(obj, rt) for key, obj in sorted(self._bucket(rt).items())
-                     if namespace is None or key[0] == namespace]
+            stored = [obj for key, obj in sorted(self._bucket(rt).items())
+                      if namespace is None or key[0] == namespace]
+            if selector is not None and not rt.renames:
+                # Select before copying: a selective list of a large collection (a
+                # controller's pods) copies only what it returns.
+                stored = [obj for obj in stored if selector.matches(obj)]
+                selector = None
+            items = [render(obj, rt) for obj in stored]
             return [o for o in items if selector is None or selector.matches(o)], self._rv
 
     # -- the one write path --------------------------------------------------------
@@ -140,15 +146,15 @@ class Store:
             self._bucket(rt).pop(key, None)
         else:
             self._bucket(rt)[key] = obj
-        event = StoreEvent(kind, self._rv, rt.storage_key, copy.deepcopy(obj),
-                           copy.deepcopy(prev))
+        event = StoreEvent(kind, self._rv, rt.storage_key, copy_json(obj),
+                           copy_json(prev))
         if len(self._history) >= self._history_limit:
             self._floor = self._history.popleft().rv
         self._history.append(event)
         for sub in list(self._subs):
             if sub.storage == event.storage:
                 sub.push(event)
-        return copy.deepcopy(obj)
+        return copy_json(obj)
 
     # -- create --------------------------------------------------------------------
 
@@ -167,7 +173,7 @@ class Store:
 
     def create(self, rt: ResourceType, namespace: str, body: Obj) -> Obj:
         """POST: fills in uid, timestamps, generation, name from generateName."""
-        obj = from_version(copy.deepcopy(body), rt)
+        obj = from_version(copy_json(body), rt)
         meta = _meta(obj)
         namespace = namespace if rt.namespaced else ""
         if rt.namespaced and meta.get("namespace") not in (None, "", namespace):
@@ -185,7 +191,7 @@ class Store:
             if rt.status and not rt.keeps_status_on_create:
                 obj.pop("status", None)
                 if rt.initial_status is not None:
-                    obj["status"] = copy.deepcopy(rt.initial_status)
+                    obj["status"] = copy_json(rt.initial_status)
             return render(self._commit(rt, "ADDED", obj, None), rt)
 
     @staticmethod
@@ -205,7 +211,7 @@ class Store:
         """PUT on the object or on its `/status`."""
         with self._lock:
             old = self._current(rt, namespace, name)
-            return self._update(rt, old, from_version(copy.deepcopy(body), rt), subresource)
+            return self._update(rt, old, from_version(copy_json(body), rt), subresource)
 
     def patch(self, rt: ResourceType, namespace: str, name: str, content_type: str,
               patch: object, *, subresource: str = "") -> Obj:
@@ -236,7 +242,7 @@ class Store:
 
     @staticmethod
     def _only_status(old: Obj, new: Obj) -> Obj:
-        out = copy.deepcopy(old)
+        out = copy_json(old)
         if "status" in new:
             out["status"] = new["status"]
         else:
@@ -253,7 +259,7 @@ class Store:
                 new_meta.pop(key, None)
         if rt.status:
             if "status" in old:
-                new["status"] = copy.deepcopy(old["status"])
+                new["status"] = copy_json(old["status"])
             else:
                 new.pop("status", None)
         body_of = {k: v for k, v in new.items() if k not in ("metadata", "status")}
@@ -273,11 +279,11 @@ class Store:
             if old["metadata"].get("finalizers"):
                 if old["metadata"].get("deletionTimestamp"):
                     return render(old, rt), False
-                new = copy.deepcopy(old)
+                new = copy_json(old)
                 new["metadata"]["deletionTimestamp"] = now_text()
                 new["metadata"]["deletionGracePeriodSeconds"] = 0
                 return render(self._commit(rt, "MODIFIED", new, old), rt), False
-            return render(self._commit(rt, "DELETED", copy.deepcopy(old), old), rt), True
+            return render(self._commit(rt, "DELETED", copy_json(old), old), rt), True
 
     @staticmethod
     def _check_preconditions(rt: ResourceType, old: Obj, pre: Obj) -> None:
@@ -301,7 +307,7 @@ class Store:
 
     def put(self, rt: ResourceType, body: Obj) -> Obj:
         """Create or overwrite an object as given, status included (no API rules)."""
-        obj = from_version(copy.deepcopy(body), rt)
+        obj = from_version(copy_json(body), rt)
         meta = _meta(obj)
         namespace = (meta.get("namespace") or "default") if rt.namespaced else ""
         with self._lock:
@@ -318,7 +324,7 @@ class Store:
         """Remove an object at once, finalizers or not (a DELETED event still goes out)."""
         with self._lock:
             old = self._current(rt, namespace, name)
-            self._commit(rt, "DELETED", copy.deepcopy(old), old)
+            self._commit(rt, "DELETED", copy_json(old), old)
 
     def compact(self) -> None:
         """Forget the history, like etcd compaction: older watches get 410 Expired."""
@@ -335,7 +341,7 @@ class Store:
         with self._lock:
             if since in (None, "", "0"):
                 initial = [StoreEvent("ADDED", int(o["metadata"]["resourceVersion"]),
-                                      rt.storage_key, copy.deepcopy(o))
+                                      rt.storage_key, copy_json(o))
                            for key, o in sorted(self._bucket(rt).items())
                            if namespace is None or key[0] == namespace]
             else:
