@@ -16,13 +16,19 @@
 
 Exit codes of `healthd check` follow the Nagios convention: 0 PASS, 1 WARN, 2 ERR or
 EVICT, 3 UNKNOWN; 64 for a usage error (unknown check, bad argument), 78 for a bad
-config or machine spec. A usage error prints the usage of the subcommand it is in.
+config or machine spec. A usage error prints the usage of the subcommand it is in,
+whichever part found it (argparse, or a command raising `healthd.exits.UsageError`).
+Every command whose reader goes away early (`healthd check | head -1`) stops quietly
+with 141, the status a shell gives a writer stopped by SIGPIPE.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
+import os
+import signal
 import sys
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -35,7 +41,7 @@ from checks.base import CheckContext, CheckResult, Peer, Severity
 from checks.snapshot import DRIVER_NOT_FOUND, NvmlGpuSource
 from healthd import __version__
 from healthd.config import Config, ConfigError, load_config
-from healthd.exits import EX_CONFIG, EX_USAGE
+from healthd.exits import EX_CONFIG, ExitError, UsageError, UsageParser, port_number
 from healthd.fleet.arguments import add_fleet_parsers
 from healthd.once import Report, node_name, plan, run_planned
 from healthd.output import WIDE, add_output_argument, dump, is_document
@@ -43,9 +49,7 @@ from healthd.report import render_problems, render_results
 from healthd.selection import SelectionError, parse_selection
 from healthd.termination import write_summary
 
-
-class UsageError(Exception):
-    """A mistake on the command line: printed as one line, exit 64."""
+EX_BROKEN_PIPE = 128 + signal.SIGPIPE  # what a shell reports for a writer whose reader left
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -61,15 +65,6 @@ def _check_help() -> str:
     return "\n".join(lines)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse exits 2 on a usage error, which reads as ERR under the Nagios
-    convention; usage errors exit 64 (EX_USAGE) instead."""
-
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        _fail(message, EX_USAGE)
-
-
 def _add_kube_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubeconfig", metavar="FILE", help="default: $KUBECONFIG or in-cluster")
     parser.add_argument("--context", metavar="NAME",
@@ -77,10 +72,10 @@ def _add_kube_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="healthd", description="GPU node health for Kubernetes")
+    parser = UsageParser(prog="healthd", description="GPU node health for Kubernetes")
     parser.add_argument("--version", action="version", version=f"healthd {__version__}")
     sub = parser.add_subparsers(
-        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+        dest="command", required=True, metavar="COMMAND", parser_class=UsageParser
     )
 
     check = sub.add_parser(
@@ -115,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_kube_arguments(agent)
     agent.add_argument("--sim", metavar="SPEC", help="run on a simulated machine (YAML or name)")
     agent.add_argument("--node", metavar="NAME", help="this node's name (default: NODE_NAME)")
-    agent.add_argument("--http-port", type=int, metavar="N", help="/metrics, /healthz, /readyz")
+    agent.add_argument("--http-port", type=port_number, metavar="N",
+                       help="/metrics, /healthz, /readyz")
     agent.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING"))
 
     ctl = sub.add_parser(
@@ -124,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--config", metavar="FILE", help="healthd config YAML")
     _add_kube_arguments(ctl)
     ctl.add_argument("--dry-run", action="store_true", help="decide and log, write nothing")
-    ctl.add_argument("--http-port", type=int, metavar="N", help="/metrics, /healthz, /readyz")
+    ctl.add_argument("--http-port", type=port_number, metavar="N",
+                     help="/metrics, /healthz, /readyz")
     ctl.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING"))
 
     from healthd.demo.command import add_arguments as add_demo_arguments
@@ -149,12 +146,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_peers(values: Sequence[str]) -> list[Peer]:
+    """`--peer NAME=ADDR[,ADDR]`: a peer's IPv4/IPv6 addresses (the ping check pings
+    addresses, never names); UsageError for anything else."""
     peers = []
     for value in values:
         name, sep, addresses = value.partition("=")
         addrs = [a.strip() for a in addresses.split(",") if a.strip()]
         if not sep or not name.strip() or not addrs:
             raise UsageError(f"bad --peer {value!r}: expected NAME=ADDR[,ADDR]")
+        for addr in addrs:
+            try:
+                ipaddress.ip_address(addr)
+            except ValueError:
+                raise UsageError(f"bad --peer {value!r}: {addr!r} is not an IPv4 or IPv6 "
+                                 "address") from None
         peers.append(Peer(name.strip(), addrs))
     return peers
 
@@ -172,8 +177,8 @@ async def _run_check(args: argparse.Namespace) -> Report:
         selection = parse_selection(args.checks, checks.REGISTRY)
         peers = parse_peers(args.peer)
         planned = plan(config, selection)
-    except (SelectionError, UsageError, ValueError) as exc:
-        _fail(str(exc), EX_USAGE)
+    except (SelectionError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
 
     with ExitStack() as stack:
         ctx = CheckContext(
@@ -214,7 +219,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if is_document(args.output):
         print(dump(report.to_json(), args.output))
         return report.exit_code
-    shown = report.results
+    shown, blocked = report.results, []
     if report.driver_error and not report.simulated:
         # No GPU stack here: one line for the GPU checks, not a row of UNKNOWN each;
         # the checks that need no GPU (ping, pvc) are shown and judged as usual.
@@ -229,7 +234,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                   "on this machine: UNKNOWN", file=sys.stderr)
     wide = args.output == WIDE
     print(render_results(shown, wide=wide))
-    print(f"\nProblems:\n{render_problems(shown, wide=wide)}")
+    print(f"\nProblems:\n{render_problems(shown, wide=wide, cannot_run=blocked)}")
     print(f"\n{report.node}: {report.status.value} (exit {report.exit_code})")
     return report.exit_code
 
@@ -267,7 +272,36 @@ def _innermost(parser: argparse.ArgumentParser,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(build_parser(), argv)
+    """Run one `healthd` command and return its exit status. Output whose reader went
+    away early (`| head`) ends any command quietly with EX_BROKEN_PIPE."""
+    try:
+        try:
+            return _run_command(argv)
+        finally:
+            sys.stdout.flush()  # a reader that left shows here, not at interpreter exit
+    except (BrokenPipeError, BaseExceptionGroup) as exc:
+        if isinstance(exc, BaseExceptionGroup) and exc.split(BrokenPipeError)[1] is not None:
+            raise
+        # What is still buffered goes nowhere: no second complaint at interpreter exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EX_BROKEN_PIPE
+
+
+def _run_command(argv: Sequence[str] | None) -> int:
+    """Parse, dispatch, and print a command's ExitError: a usage error after the
+    usage of its subcommand, any other as one line."""
+    parser = build_parser()
+    args = parse_args(parser, argv)
+    try:
+        return _dispatch(args)
+    except UsageError as exc:
+        _innermost(parser, args).error(str(exc))
+    except ExitError as exc:
+        print(f"healthd: {exc}", file=sys.stderr)
+        return exc.code
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "version":
         print(f"healthd {__version__}")
         return 0

@@ -3,10 +3,17 @@
 Each command (`healthd agent`, `healthd controller`, `healthd trigger`/`status`)
 raises `ExitError` wherever it learns it cannot go on, and its `main` turns it into
 the message and the status. The numbers follow sysexits.h where one fits: 64 for a
-bad command line, 78 for a config or kubeconfig that cannot be used.
+bad command line, 78 for a config or kubeconfig that cannot be used. A `UsageError`
+(64) reaches `healthd.cli.main`, which prints it after the subcommand's usage, as
+argparse does for the mistakes it finds itself. `UsageParser` is argparse with that
+status, for every command line healthd has (the emulator's included).
 """
 
 from __future__ import annotations
+
+import argparse
+import sys
+from typing import NoReturn
 
 from healthd.config import Config, ConfigError, load_config
 
@@ -23,9 +30,41 @@ class ExitError(Exception):
         self.code = code
 
 
+class UsageError(ExitError):
+    """A mistake on the command line that argparse cannot see (an unknown check, a
+    bad duration): exit 64, printed after the usage of the subcommand."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, EX_USAGE)
+
+
 def config_or_exit(path: str | None) -> Config:
     """The config file (or the defaults); ExitError(EX_CONFIG) naming what is wrong."""
     try:
         return load_config(path)
     except ConfigError as exc:
         raise ExitError(str(exc), EX_CONFIG) from exc
+
+
+class UsageParser(argparse.ArgumentParser):
+    """argparse exits 2 on a usage error, which reads as ERR under the Nagios
+    convention; usage errors exit 64 (EX_USAGE) instead, after the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        print(f"healthd: {message}", file=sys.stderr)
+        sys.exit(EX_USAGE)
+
+
+MAX_PORT = 65535
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0 (any free one) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}: expected a number") from None
+    if not 0 <= port <= MAX_PORT:
+        raise argparse.ArgumentTypeError(f"invalid port {port}: expected 0 to {MAX_PORT}")
+    return port

@@ -25,7 +25,7 @@ from checks.pciebw import MIB, BandwidthProbe, CudaBandwidthProbe, PcieBwCheck
 from healthd import __version__
 from healthd.config import Config
 from healthd.durations import parse_duration
-from healthd.exits import EX_CONFIG, EX_USAGE, ExitError, config_or_exit
+from healthd.exits import EX_CONFIG, ExitError, UsageError, config_or_exit
 from healthd.once import node_name
 from healthd.record import NothingToRecord, machine_spec, read_machine
 
@@ -61,25 +61,22 @@ def parse_includes(values: list[str]) -> Includes:
             try:
                 window = parse_duration(arg)
             except ValueError as exc:
-                raise ExitError(f"--include {value}: {exc}", EX_USAGE) from exc
+                raise UsageError(f"--include {value}: {exc}") from exc
         elif name == "pciebw" and not arg:
             pciebw = True
         elif name == "dcgm" and not arg:
             dcgm = True
         else:
-            raise ExitError(f"--include {value!r}: expected xid-window=D, pciebw or dcgm",
-                            EX_USAGE)
+            raise UsageError(f"--include {value!r}: expected xid-window=D, pciebw or dcgm")
     return Includes(window, pciebw, dcgm)
 
 
 def run_record(args: argparse.Namespace) -> int:
+    """`healthd record`; its ExitError goes to healthd.cli, which prints it."""
+    includes = parse_includes(args.include)
+    config = config_or_exit(args.config)
     try:
-        includes = parse_includes(args.include)
-        config = config_or_exit(args.config)
         document = anyio.run(_record, args, includes, config)
-    except ExitError as exc:
-        print(f"healthd: {exc}", file=sys.stderr)
-        return exc.code
     except NothingToRecord as exc:
         print(f"healthd: {exc}: nothing to record on this machine", file=sys.stderr)
         return EX_NO_DRIVER

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from checks.base import CheckResult, EntityStatus, Severity, Value
+from checks.snapshot import DRIVER_NOT_FOUND
 
 HEADERS = ("CHECK", "ENTITY", "STATUS", "CODE", "VALUES", "MESSAGE")
 _MAX_VALUES = 60
@@ -77,15 +78,19 @@ def render_results(results: Sequence[CheckResult], *, wide: bool = False) -> str
     return render_table(row for r in results for row in result_rows(r, wide=wide))
 
 
-def render_problems(results: Sequence[CheckResult], *, wide: bool = False) -> str:
-    """The rows a person must look at (anything but PASS and SKIPPED), or a line
-    saying there are none."""
+def render_problems(results: Sequence[CheckResult], *, wide: bool = False,
+                    cannot_run: Sequence[str] = ()) -> str:
+    """The rows a person must look at (anything but PASS and SKIPPED), and a line
+    for the checks in `cannot_run` (GPU checks without a driver: UNKNOWN, shown
+    without rows); "no problems found" only when there is neither."""
     rows = [
         row
         for r in results
         for row in result_rows(r, wide=wide)
         if row[2] not in (Severity.PASS.value, Severity.SKIPPED.value) or row[3]
     ]
-    if not rows:
-        return "no problems found"
-    return render_table(rows)
+    lines = [render_table(rows)] if rows else []
+    if cannot_run:
+        lines.append(f"{', '.join(cannot_run)}: {Severity.UNKNOWN.value} "
+                     f"({DRIVER_NOT_FOUND}: GPU checks cannot run on this machine)")
+    return "\n".join(lines) or "no problems found"

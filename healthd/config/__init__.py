@@ -31,6 +31,7 @@ from healthd.config.controller import ControllerSettings
 from healthd.durations import Duration
 from healthd.kube.conventions import DEFAULT_LABEL_PREFIX, DEFAULT_OWN_PREFIX
 from healthd.models import Frozen
+from healthd.selection import parse_selection
 from healthd.validation import explain
 
 ENV_OVERRIDES = {
@@ -127,6 +128,19 @@ class Config(Frozen):
                 cls.Params.model_validate(section.params)
             except ValidationError as exc:
                 raise ValueError(f"checks.{name}.params: {explain(exc)}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _diagnostics_build(self) -> Config:
+        """Each scheduled diagnostic's argument with its check's params, by the rule
+        `healthd check --checks dcgm:9` uses: a bad one fails here, not at 3 a.m."""
+        for index, entry in enumerate(self.agent.diagnostics):
+            (selected,) = parse_selection(entry.check, checks.REGISTRY)  # one, known
+            try:
+                self.build_check(selected.name, selected.arg)
+            except ValueError as exc:
+                raise ValueError(f"agent.diagnostics.{index}.check: {entry.check}: "
+                                 f"{exc}") from None
         return self
 
     def catalog(self) -> Catalog:

@@ -11,8 +11,9 @@ emulated API on PORT and every component running after the story, prints a
 kubeconfig and the /metrics addresses, and stops on Ctrl-C.
 
 Exit codes: 0 every expectation held; 1 one failed (the message names the step,
-the expectation and what was seen); 64 a usage error; 78 a scenario that cannot
-be played (the message names the field).
+the expectation and what was seen); 64 a usage error (a port out of range, a node
+count the scenario cannot be played on: fewer than it needs, or more than 64); 78
+a scenario that cannot be played (the message names the field).
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ from healthd.demo.scenario import (
     bundled_scenarios,
     check_fits,
     load_scenario,
+    minimum_nodes,
 )
 from healthd.demo.view import LiveView, line, summary
+from healthd.exits import UsageError, port_number
 from healthd.output import add_output_argument, dump, is_document
 
 if TYPE_CHECKING:
@@ -46,7 +49,6 @@ if TYPE_CHECKING:
     from healthd.demo.player import Recorder
 
 EX_FAILED = 1
-EX_USAGE = 64
 EX_CONFIG = 78
 MAX_NODES = 64  # what a scenario may ask for, too
 Hold = Callable[["DemoCluster"], Awaitable[None]]
@@ -57,10 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", default=DEFAULT_SCENARIO, metavar="FILE|NAME",
                         help=f"a scenario YAML or a bundled one: {', '.join(bundled_scenarios())}")
     parser.add_argument("--nodes", type=int, metavar="N",
-                        help=f"simulated GPU nodes, 1 to {MAX_NODES} (default: the "
-                             "scenario's, 3)")
+                        help=f"simulated GPU nodes, up to {MAX_NODES} and at least what the "
+                             "scenario needs (default: the scenario's, 3)")
     add_output_argument(parser)
-    parser.add_argument("--serve", type=int, metavar="PORT",
+    parser.add_argument("--serve", type=port_number, metavar="PORT",
                         help="keep the emulated API on PORT (and /metrics) up after the story")
 
 
@@ -152,19 +154,31 @@ async def play(scenario: Scenario, *, nodes: int, stream: TextIO, live: bool = F
 async def _serve(cluster: DemoCluster, stream: TextIO, hold: Hold | None) -> None:
     folder = Path(tempfile.mkdtemp(prefix="healthd-demo-"))
     kubeconfig = cluster.api.write_kubeconfig(folder / "kubeconfig")
+    free = await _free_node(cluster)
+    diagnose = (f"healthd trigger --kubeconfig {kubeconfig} --nodes {free} --checks dcgm:3 "
+                "--wait" if free else "every node's GPUs are busy: a deep diagnostic would "
+                "be refused")
     out = ["", "The demo cluster stays up; Ctrl-C stops it.",
            f"  API server  {cluster.api.url}",
            f"  kubeconfig  {kubeconfig}",
            f"  try         kubectl --kubeconfig {kubeconfig} get nodes "
            f"-L {cluster.keys.gpuhealth}",
            f"  status      healthd status --kubeconfig {kubeconfig}",
-           f"  diagnose    healthd trigger --kubeconfig {kubeconfig} "
-           f"--nodes {cluster.nodes[0]} --checks dcgm:3 --wait",
+           f"  diagnose    {diagnose}",
            f"  controller  http://127.0.0.1:{cluster.controller_port}/metrics"]
     out += [f"  {name:<11} http://127.0.0.1:{port}/metrics"
             for name, port in cluster.agent_ports().items()]
     print("\n".join(out), file=stream, flush=True)
     await (hold or wait_for_signal)(cluster)
+
+
+async def _free_node(cluster: DemoCluster) -> str | None:
+    """The first node whose GPUs no pod holds now: where the hint's deep diagnostic
+    (`trigger --checks dcgm:3`) will not be refused. None when every node is busy."""
+    from healthd.fleet.targets import busy_nodes
+
+    busy = await busy_nodes(cluster.admin, cluster.keys, cluster.nodes)
+    return next((node for node in cluster.nodes if node not in busy), None)
 
 
 async def wait_for_signal(cluster: DemoCluster) -> None:
@@ -173,16 +187,24 @@ async def wait_for_signal(cluster: DemoCluster) -> None:
             return
 
 
+def _node_count(scenario: Scenario, asked: int | None) -> int:
+    """The cluster's size: `--nodes`, else the scenario's; UsageError for a count the
+    scenario cannot be played on."""
+    if asked is None:
+        return scenario.nodes
+    least, why = minimum_nodes(scenario)
+    if not least <= asked <= MAX_NODES:
+        raise UsageError(f"--nodes {asked}: scenario {scenario.name} plays on {least} to "
+                         f"{MAX_NODES} GPU nodes ({why})")
+    return asked
+
+
 def run_demo(args: argparse.Namespace, stream: TextIO | None = None) -> int:
-    """The `healthd demo` subcommand."""
+    """The `healthd demo` subcommand; UsageError for a bad command line."""
     stream = stream or sys.stdout
     try:
-        if args.nodes is not None and not 1 <= args.nodes <= MAX_NODES:
-            print(f"healthd: --nodes {args.nodes}: the demo cluster has 1 to {MAX_NODES} "
-                  "GPU nodes", file=sys.stderr)
-            return EX_USAGE
         scenario = load_scenario(args.scenario)
-        nodes = scenario.nodes if args.nodes is None else args.nodes
+        nodes = _node_count(scenario, args.nodes)
         check_fits(scenario, nodes, origin=str(args.scenario))
         build_config(scenario)
     except ScenarioError as exc:
@@ -196,6 +218,8 @@ def run_demo(args: argparse.Namespace, stream: TextIO | None = None) -> int:
                                         notices=sys.stderr if as_json else None))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        raise  # the reader of our output left: healthd.cli ends quietly
     except OSError as exc:  # the --serve port is taken, most likely
         print(f"healthd: cannot start the demo cluster: {exc}", file=sys.stderr)
         return EX_FAILED

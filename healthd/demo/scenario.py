@@ -16,6 +16,7 @@ Models are frozen pydantic models; `load_scenario` turns every problem into a
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,6 +31,7 @@ from healthd.sim.machine import GpuFault, MachineSpecError, load_machine_spec
 from healthd.validation import explain
 
 NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+NODE_PREFIX = "gpu-node-"  # the simulated nodes are gpu-node-1..N
 BUNDLED_DIR = Path(__file__).parent / "scenarios"
 DEFAULT_SCENARIO = "fault-tolerance"
 NVML_CHECKS = ("gpus", "remapped", "power", "pcie", "ecc", "nvlink", "xid")
@@ -256,6 +258,10 @@ class Scenario(Frozen):
     name: str = Field(pattern=NAME)
     description: str = ""
     nodes: int = Field(3, ge=1, le=64, description="simulated GPU nodes gpu-node-1..N")
+    min_nodes: int | None = Field(
+        None, ge=1, le=64,
+        description="the fewest nodes the story works on, when that is more than the "
+                    "highest node its steps name (a reset job needs somewhere to go)")
     machine: str = Field("healthy-8xh100", description="machine spec of every node")
     config: dict[str, Any] = Field({}, description="healthd config merged over the demo's")
     appwrappers: list[AppWrapperSpec] = Field([], description="running when the story starts")
@@ -270,12 +276,19 @@ class Scenario(Frozen):
             raise ValueError(f"appwrappers: {', '.join(dupes)} listed twice")
         return self
 
+    @model_validator(mode="after")
+    def _plays_on_its_own_nodes(self) -> Scenario:
+        if self.min_nodes is not None and self.min_nodes > self.nodes:
+            raise ValueError(f"min_nodes ({self.min_nodes}) cannot exceed nodes "
+                             f"({self.nodes})")
+        return self
+
 
 # -- loading --------------------------------------------------------------------------
 
 
 def node_names(count: int) -> list[str]:
-    return [f"gpu-node-{i}" for i in range(1, count + 1)]
+    return [f"{NODE_PREFIX}{i}" for i in range(1, count + 1)]
 
 
 def bundled_scenarios() -> list[str]:
@@ -308,6 +321,20 @@ def parse_scenario(raw: object, origin: str = "<scenario>") -> Scenario:
     except MachineSpecError as exc:
         raise ScenarioError(f"scenario {origin}: machine: {exc}") from exc
     return scenario
+
+
+def minimum_nodes(scenario: Scenario) -> tuple[int, str]:
+    """The fewest nodes `scenario` can be played on, and why: the highest-numbered
+    node its steps name (`gpu-node-3` needs 3), or its `min_nodes` when larger."""
+    least, why = 1, "any cluster has a node"
+    for step in scenario.steps:
+        for name in step.nodes_named():
+            number = re.fullmatch(rf"{NODE_PREFIX}([1-9][0-9]*)", name)
+            if number and int(number[1]) > least:
+                least, why = int(number[1]), f"its steps name {name}"
+    if scenario.min_nodes is not None and scenario.min_nodes > least:
+        least, why = scenario.min_nodes, f"its min_nodes: {scenario.min_nodes}"
+    return least, why
 
 
 def check_fits(scenario: Scenario, nodes: int, origin: str = "") -> None:

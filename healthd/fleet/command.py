@@ -4,9 +4,10 @@ code out, Ctrl-C handled.
 Exit codes of `trigger`: the Nagios convention over all nodes (0 PASS, 1 WARN,
 2 ERR/EVICT, 3 UNKNOWN: a node that was refused, never answered or could not be
 asked counts as UNKNOWN); 3 as well when the API cannot be reached; 64 for a bad
-command line or request (nothing is written); 78 for an unusable config or
-kubeconfig. `status` exits 0 (also when Ctrl-C ends `--watch`), 1 when the API
-cannot be reached, 64 or 78 as above.
+command line or request (nothing is written), a selector the API server cannot
+parse included; 78 for an unusable config or kubeconfig. `status` exits 0 (also
+when Ctrl-C ends `--watch`), and 3, 64 or 78 for the same causes as `trigger`.
+Usage errors (64) are `UsageError`s: healthd.cli prints them after the usage.
 
 `-o table|wide|json|yaml` picks the output (healthd.output). Output that is not a
 terminal gets no progress line and no redraws: `trigger` prints one line per node
@@ -30,7 +31,7 @@ import anyio
 
 from healthd.config import Config
 from healthd.durations import parse_duration
-from healthd.exits import EX_CONFIG, EX_USAGE, ExitError, config_or_exit
+from healthd.exits import EX_CONFIG, ExitError, UsageError, config_or_exit
 from healthd.fleet import render
 from healthd.fleet.sources import Snapshot, follow, read_snapshot
 from healthd.fleet.status import VERDICTS, agent_nodes, build
@@ -49,8 +50,8 @@ from healthd.kube.errors import KubeError
 from healthd.kube.objects import PODS
 from healthd.output import WIDE, dump, is_document
 
-EX_UNREACHABLE_TRIGGER = 3  # UNKNOWN under the Nagios convention
-EX_UNREACHABLE_STATUS = 1
+EX_UNREACHABLE = 3  # UNKNOWN under the Nagios convention (trigger and status alike)
+HTTP_BAD_REQUEST = 400
 DEFAULT_TIMEOUT_S = 300.0
 EXCLUSIVE_TIMEOUT_S = 7200.0  # a deep diagnostic: scheduling plus up to an hour of tests
 REDRAW_EVERY_S = 30.0  # ages move even when nothing changes
@@ -65,6 +66,14 @@ async def _connect(args: argparse.Namespace) -> Kube:
         raise ExitError(str(exc), EX_CONFIG) from exc
 
 
+def _cannot_read(what: str, exc: KubeError, selector: str | None) -> ExitError:
+    """Reading the nodes failed: a label selector the API server cannot parse is a
+    mistake on the command line (64); anything else, an API that cannot be read (3)."""
+    if selector and exc.status == HTTP_BAD_REQUEST:
+        return UsageError(f"--selector {selector!r}: {exc.message}")
+    return ExitError(f"cannot {what}: {exc}", EX_UNREACHABLE)
+
+
 # -- trigger ---------------------------------------------------------------------------
 
 
@@ -74,20 +83,20 @@ def _timeout(args: argparse.Namespace, plan: Plan) -> float:
     try:
         return parse_duration(args.timeout)
     except ValueError as exc:
-        raise ExitError(f"--timeout: {exc}", EX_USAGE) from None
+        raise UsageError(f"--timeout: {exc}") from None
 
 
 def _prepare(args: argparse.Namespace, config: Config) -> tuple[Plan, Targets, float]:
     """Everything that can be checked before touching the API."""
     if args.batch is not None and args.batch < 1:
-        raise ExitError("--batch must be at least 1", EX_USAGE)
+        raise UsageError("--batch must be at least 1")
     keys = Keys(config.label_prefix, config.own_prefix)
     try:
         plan = plan_request(args.checks, keys, config)
         targets = Targets.from_args(selector=args.selector, nodes=args.nodes, job=args.job,
                                     namespace=args.namespace)
     except (RequestError, TargetError) as exc:
-        raise ExitError(str(exc), EX_USAGE) from None
+        raise UsageError(str(exc)) from None
     return plan, targets, _timeout(args, plan)
 
 
@@ -126,12 +135,11 @@ async def trigger_command(args: argparse.Namespace, *, out: TextIO = sys.stdout,
             refused = await _refusals(kube, keys, plan, resolved, args.force_queue)
             agentless = await _agentless(kube, config, resolved)
         except TargetError as exc:
-            raise ExitError(str(exc), EX_USAGE) from None
+            raise UsageError(str(exc)) from None
         except KubeError as exc:
-            raise ExitError(f"cannot read the target nodes: {exc}",
-                               EX_UNREACHABLE_TRIGGER) from None
+            raise _cannot_read("read the target nodes", exc, args.selector) from None
         if not resolved.nodes and not resolved.missing:
-            raise ExitError(f"no node matches: {targets.describe()}", EX_UNREACHABLE_TRIGGER)
+            raise ExitError(f"no node matches: {targets.describe()}", EX_UNREACHABLE)
         engine = FleetTrigger(kube, plan, resolved, keys=keys, batch=args.batch,
                               timeout_s=timeout_s, wait=args.wait or args.batch is not None,
                               refused=refused, agentless=agentless,
@@ -199,7 +207,7 @@ def _verdicts(text: str | None) -> list[str] | None:
     wanted = [v.strip().upper() for v in text.split(",") if v.strip()]
     wrong = [v for v in wanted if v not in VERDICTS]
     if wrong or not wanted:
-        raise ExitError(f"--verdict {text!r}: choose among {', '.join(VERDICTS)}", EX_USAGE)
+        raise UsageError(f"--verdict {text!r}: choose among {', '.join(VERDICTS)}")
     return wanted
 
 
@@ -233,13 +241,13 @@ async def status_command(args: argparse.Namespace, *, out: TextIO = sys.stdout,
         return Frame(text, json.dumps(steady_part(doc), sort_keys=True))
 
     async with await _connect(args) as kube:
+        try:  # with --watch too: a bad selector or no API at the start is an answer
+            snap = await read_snapshot(kube, config, args.selector)
+        except KubeError as exc:
+            raise _cannot_read("list nodes", exc, args.selector) from None
         if args.watch:
             await _watch(kube, config, args.selector, frame, out)
             return 0
-        try:
-            snap = await read_snapshot(kube, config, args.selector)
-        except KubeError as exc:
-            raise ExitError(f"cannot list nodes: {exc}", EX_UNREACHABLE_STATUS) from None
         out.write(frame(snap).text + "\n")
     return 0
 
@@ -319,14 +327,12 @@ def _leaf(exc: BaseException) -> BaseException:
 
 
 def _run(main: Callable[[anyio.Event], Awaitable[int]]) -> int:
+    """Run a command; its ExitError goes to healthd.cli, which prints it."""
     try:
         try:
             return anyio.run(_until_sigint, main)
         except BaseExceptionGroup as group:  # raised inside a task group
             raise _leaf(group) from None
-    except ExitError as exc:
-        print(f"healthd: {exc}", file=sys.stderr)
-        return exc.code
     except KeyboardInterrupt:
         return 130
 

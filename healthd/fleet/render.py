@@ -16,6 +16,7 @@ from healthd.fleet.trigger import (
     MISSING,
     NO_ANSWER,
     NOT_ASKED,
+    OCCUPIED,
     PENDING,
     REFUSED,
     REQUESTED,
@@ -67,7 +68,8 @@ def _duration(o: NodeOutcome) -> str:
 def _checks_text(o: NodeOutcome) -> str:
     checks = " ".join(f"{k}={_short_status(v)}" for k, v in o.checks.items())
     return checks or {REQUESTED: "requested", NOT_ASKED: "not asked", REFUSED: "refused",
-                      MISSING: "-", INTERRUPTED: "running"}.get(o.state, "-")
+                      OCCUPIED: "not asked", MISSING: "-",
+                      INTERRUPTED: "running"}.get(o.state, "-")
 
 
 def outcome_row(o: NodeOutcome, *, wide: bool = False) -> tuple[str, ...]:
@@ -124,6 +126,7 @@ def _group(o: NodeOutcome, waited: bool) -> str:
     if o.state == ANSWERED:
         return o.status.value if o.accepted else "refused by the agent"
     return {NO_ANSWER: "no agent answered", REFUSED: "refused (GPUs busy)",
+            OCCUPIED: "another request pending",
             MISSING: "no such node", FAILED: "failed", INTERRUPTED: "interrupted",
             NOT_ASKED: "not asked", REQUESTED: "requested" if not waited else "waiting",
             }.get(o.state, o.state)

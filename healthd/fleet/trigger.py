@@ -9,11 +9,15 @@ answers in `healthd.io/last-run` carrying that id. This module drives it for a f
 2. refuse exclusive checks (`dcgm:3`) on nodes whose GPUs are busy, naming the
    pods, unless the admin forces them (the agent still has the last word);
 3. write requests with at most `batch` outstanding: the next node is asked when an
-   outstanding one answers or times out;
+   outstanding one answers or times out. A node where another request still waits
+   (someone else's, not yet taken: its agent may be busy with an earlier one) is
+   not asked: the write is guarded by the node's resourceVersion, so a request
+   written meanwhile is never overwritten;
 4. follow the answers with ONE watch over the target nodes (never polling); a node
    is done when its last-run carries our id, or when `timeout_s` passes: then a
-   request the agent never took is withdrawn (JSON-patch `test` on our id), so a
-   node whose agent comes back later does not run a stale request;
+   request the agent never took is withdrawn (JSON-patch `test` on our text and
+   id: only ours), so a node whose agent comes back later does not run a stale
+   request;
 5. `interrupt()` (Ctrl-C) stops issuing and waiting at once: the report says what
    came back, and which nodes were asked but had not answered.
 """
@@ -36,9 +40,16 @@ from checks.base import Severity, worst
 from healthd.config import Config
 from healthd.fleet.targets import Resolved
 from healthd.kube.client import Kube
-from healthd.kube.conventions import Keys
-from healthd.kube.errors import Invalid, KubeError, NotFound
-from healthd.kube.objects import NODES, annotation_json, labels_of, name_of
+from healthd.kube.conventions import Keys, Verdict
+from healthd.kube.errors import Conflict, Invalid, KubeError, NotFound
+from healthd.kube.objects import (
+    NODES,
+    annotation_json,
+    annotations_of,
+    labels_of,
+    name_of,
+    resource_version_of,
+)
 from healthd.kube.watching import DELETED, watch_forever
 from healthd.plans import planned_check
 from healthd.requests import Request, read_requests, take_ops
@@ -52,12 +63,14 @@ PENDING = "pending"  # not asked yet
 REQUESTED = "requested"  # asked, no answer yet
 ANSWERED = "answered"
 REFUSED = "refused"  # not asked: busy GPUs (or the agent refused it: see `accepted`)
+OCCUPIED = "occupied"  # not asked: another request waits on the node, not yet taken
 NO_ANSWER = "no-answer"  # timed out
 FAILED = "failed"  # the request could not be written, or the node went away
 MISSING = "missing"  # no such node
 INTERRUPTED = "interrupted"  # asked, then the admin stopped waiting
 NOT_ASKED = "not-asked"  # the admin stopped before this node was asked
 OPEN_STATES = frozenset({PENDING, REQUESTED})
+WRITE_ATTEMPTS = 5  # a node that changes under the request write is re-read this often
 
 
 class RequestError(ValueError):
@@ -180,6 +193,7 @@ class FleetTrigger:
         self._on_answer = on_answer or (lambda outcome: None)  # a node's request is over
         self._wake = anyio.Event()
         self._interrupted = False
+        self._latest = dict(targets.nodes)  # each node as last read or watched
         outcomes = {name: NodeOutcome(name, before=_verdict(obj, keys))
                     for name, obj in targets.nodes.items()}
         for name, why in (refused or {}).items():
@@ -227,17 +241,38 @@ class FleetTrigger:
     async def _ask(self, node: str) -> None:
         outcome = self.report.outcomes[node]
         outcome.state, outcome.asked_at = REQUESTED, self._clock()
-        plan = self.report.plan
-        patch = {"metadata": {"annotations": {self._keys.run: plan.text,
-                                              self._keys.run_id: plan.request_id}}}
         try:
-            await self._kube.merge_patch(NODES, node, patch)
+            pending = await self._place(node)
         except NotFound:
             outcome.state, outcome.error = MISSING, "no such node"
-            self._on_answer(outcome)
         except KubeError as exc:
             outcome.state, outcome.error = FAILED, f"cannot write the request: {exc}"
+        else:
+            if pending:
+                outcome.state, outcome.error = OCCUPIED, pending
+        if outcome.state != REQUESTED:
             self._on_answer(outcome)
+
+    async def _place(self, node: str) -> str:
+        """Write our request on `node` unless another one waits there: "" when
+        written, else that request in words. The merge patch carries the
+        resourceVersion read, so a request written since is never overwritten: a
+        conflict re-reads the node and looks again."""
+        plan = self.report.plan
+        for _ in range(WRITE_ATTEMPTS):
+            current = self._latest[node]
+            pending = _pending_request(current, self._keys)
+            if pending:
+                return pending
+            patch = {"metadata": {"resourceVersion": resource_version_of(current),
+                                  "annotations": {self._keys.run: plan.text,
+                                                  self._keys.run_id: plan.request_id}}}
+            try:
+                await self._kube.merge_patch(NODES, node, patch)
+                return ""
+            except Conflict:
+                self._latest[node] = await self._kube.get(NODES, node)
+        raise KubeError(f"the node changed under each of {WRITE_ATTEMPTS} attempts")
 
     # -- following the answers ---------------------------------------------------------
 
@@ -247,6 +282,8 @@ class FleetTrigger:
                                field_selector=self._targets.field_selector)
         async for event in events:
             outcome = self.report.outcomes.get(name_of(event.object))
+            if outcome is not None and event.type != DELETED:
+                self._latest[outcome.node] = event.object  # a fresh resourceVersion to ask on
             if outcome is None or outcome.state != REQUESTED:
                 continue
             if event.type == DELETED:
@@ -289,25 +326,46 @@ class FleetTrigger:
             if outcome.asked_at is not None and now - outcome.asked_at >= self._timeout_s:
                 outcome.state = NO_ANSWER
                 withdrawn = await self._withdraw(outcome.node)
-                hint = "; no agent pod runs there" if outcome.node in self._agentless else ""
-                outcome.error = (f"no agent answered within {_human(self._timeout_s)}{hint}"
-                                 + (" (request withdrawn)" if withdrawn else
-                                    " (the request was taken: its answer may still come)"))
+                outcome.error = (f"no agent answered within {_human(self._timeout_s)}"
+                                 f"{self._why_silent(outcome.node)} ({withdrawn})")
                 self._on_answer(outcome)
 
-    async def _withdraw(self, node: str) -> bool:
-        """Remove our request if it is still there untaken (a `test` on our id)."""
+    def _why_silent(self, node: str) -> str:
+        """What the node shows about why its agent did not answer, if anything."""
+        if node in self._agentless:
+            return "; no agent pod runs there"
+        if _verdict(self._latest[node], self._keys) == Verdict.TESTING.value:
+            return ("; the node is TESTING: its agent is busy with a deep diagnostic and "
+                    "takes one request at a time")
+        return ""
+
+    async def _withdraw(self, node: str) -> str:
+        """Remove our request if it is still there untaken (a `test` on our text and
+        id: a request someone wrote since is left alone); what happened, in words."""
         plan = self.report.plan
         request = Request(plan.request_id, plan.text, "run", annotation=self._keys.run,
                           explicit_id=True)
         try:
             await self._kube.json_patch(NODES, node, take_ops(request, self._keys))
-        except (Invalid, NotFound):
-            return False  # taken meanwhile (or gone)
+        except NotFound:
+            return "the node is gone"
+        except Invalid:  # not ours any more: taken, or replaced by someone else's
+            return await self._not_withdrawn(node)
         except KubeError as exc:
             log.warning("could not withdraw the request on %s: %s", node, exc)
-            return False
-        return True
+            return f"could not withdraw the request, it may still run: {exc}"
+        return "request withdrawn"
+
+    async def _not_withdrawn(self, node: str) -> str:
+        try:
+            current = await self._kube.get(NODES, node)
+        except KubeError:
+            current = self._latest[node]
+        now = annotations_of(current)
+        ours = (self.report.plan.text, self.report.plan.request_id)
+        if self._keys.run in now and (now[self._keys.run], now.get(self._keys.run_id)) != ours:
+            return "another request replaced it before the agent took it: left in place"
+        return "the request was taken: its answer may still come"
 
     def _finish(self, queue: deque[str]) -> None:
         for outcome in self._outstanding():
@@ -322,6 +380,18 @@ class FleetTrigger:
 
 def _verdict(node: Obj, keys: Keys) -> str | None:
     return labels_of(node).get(keys.gpuhealth) or None
+
+
+def _pending_request(node: Obj, keys: Keys) -> str:
+    """The request waiting on `node` for its agent, in words ("" when none)."""
+    annotations = annotations_of(node)
+    if keys.run not in annotations:
+        return ""
+    given = annotations.get(keys.run_id)
+    return (f"another request is pending: {keys.run}={annotations[keys.run]!r}"
+            + (f" ({given})" if given else "")
+            + ", not yet taken by the node's agent (busy with an earlier one?); not "
+            f"overwritten: wait for its answer in {keys.last_run}, then ask again")
 
 
 def _last_run(node: Obj, keys: Keys) -> dict[str, Any]:

@@ -122,6 +122,15 @@ def test_without_driver_gpu_checks_are_one_line_and_count_as_unknown() -> None:
                                    "cannot run on this machine: UNKNOWN")
 
 
+def test_without_driver_the_problems_never_say_none() -> None:
+    proc = _check_without_driver("--checks", "remapped,power,pvc")
+    assert proc.returncode == 3
+    problems = proc.stdout.split("Problems:\n", 1)[1].split("\n\n", 1)[0]
+    assert "no problems found" not in problems  # the result is UNKNOWN, not clean
+    assert problems.startswith("remapped, power: UNKNOWN (NVIDIA driver not found")
+    assert proc.stdout.rstrip().endswith(": UNKNOWN (exit 3)")
+
+
 def test_table_output_shows_rows_and_problems(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "--sim", "hw-slowdown", "--checks", "power"]) == 1
     out = capsys.readouterr().out
@@ -139,7 +148,9 @@ def test_unknown_check_exit_64_lists_known(capsys: pytest.CaptureFixture[str]) -
 
 
 @pytest.mark.parametrize(
-    "argv", [["check", "--output", "xml"], ["check", "--peer", "n2"], ["bogus"]]
+    "argv", [["check", "--output", "xml"], ["check", "--peer", "n2"], ["bogus"],
+             ["check", "--checks", "ping", "--peer", "n2=notanip"],
+             ["check", "--checks", "ping", "--peer", "n2=10.0.0.2,gpu-node-3"]]
 )
 def test_usage_errors_exit_64(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:

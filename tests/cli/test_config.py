@@ -3,6 +3,8 @@ overrides, and `healthd config validate`."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,6 +98,31 @@ def test_validate_command_rejects_bad_file(
         main(["config", "validate", str(bad)])
     assert exit_info.value.code == 78
     assert "checks.remapped.timeout" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("entry", "expected"), [
+    ('{check: "dcgm:9", cron: "0 3 * * 0"}',
+     "agent.diagnostics.0.check: dcgm:9: check dcgm: level: Input should be less than or "
+     "equal to 4"),
+    ('{check: "dcgm:0", interval: 1h}', "agent.diagnostics.0.check: dcgm:0"),
+])
+def test_a_scheduled_diagnostic_is_checked_like_the_command_line(
+        tmp_path: Path, entry: str, expected: str) -> None:
+    path = write(tmp_path, f"agent: {{diagnostics: [{entry}]}}\n")
+    proc = subprocess.run([sys.executable, "-m", "healthd.cli", "config", "validate", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 78
+    assert expected in proc.stderr
+    assert proc.stdout == ""  # nothing printed as "valid"
+    check = subprocess.run([sys.executable, "-m", "healthd.cli", "check", "--checks",
+                            entry.split('"')[1]], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 64  # the same argument, refused the same way
+
+
+def test_a_good_scheduled_diagnostic_validates(tmp_path: Path) -> None:
+    path = write(tmp_path, 'agent: {diagnostics: [{check: "dcgm:3", cron: "0 3 * * 0"}]}\n'
+                           "checks: {dcgm: {params: {timeout_s: 600}}}\n")
+    assert load_config(path, env={}).agent.diagnostics[0].check == "dcgm:3"
 
 
 def test_missing_file(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from healthd.sim.apiserver import ApiEmulator
-from tests.fleet.fleetlab import KEYS, agent_pod, gpu_node, healthd, pod, running_agents
+from tests.fleet.fleetlab import KEYS, Run, agent_pod, gpu_node, healthd, pod, running_agents
 
 pytestmark = pytest.mark.anyio
 
@@ -27,15 +27,21 @@ def annotations_set(request: Any) -> dict[str, Any]:
     return (body.get("metadata") or {}).get("annotations") or {}
 
 
+def applied_writes(api: ApiEmulator) -> list[Any]:
+    """Node patches the server applied (one refused as stale, 409, changed nothing:
+    trigger then re-reads the node and writes again)."""
+    return [r for r in api.writes("PATCH", NODE_PATH) if r.status < 300]
+
+
 def run_writes(api: ApiEmulator) -> list[Any]:
     """The trigger's request writes: merge patches that set healthd.io/run."""
-    return [r for r in api.writes("PATCH", NODE_PATH) if KEYS.run in annotations_set(r)]
+    return [r for r in applied_writes(api) if KEYS.run in annotations_set(r)]
 
 
 def outstanding_profile(api: ApiEmulator, request_id: str) -> list[int]:
     """Requests written and not yet answered, after each relevant write in log order."""
     outstanding, profile = 0, []
-    for r in api.writes("PATCH", NODE_PATH):
+    for r in applied_writes(api):
         annotations = annotations_set(r)
         if annotations.get(KEYS.run_id) == request_id:
             outstanding += 1
@@ -180,3 +186,113 @@ async def test_interrupt_stops_issuing_and_reports_what_came_back(
     states = [n["state"] for n in json.loads(run.out)["nodes"]]
     assert states == ["interrupted"] * 2 + ["not-asked"] * 4
     assert len(run_writes(api)) == 2
+
+
+OTHER = {KEYS.run: "dcgm:3", KEYS.run_id: "admin-42"}  # someone else's, not yet taken
+
+
+def run_annotations(api: ApiEmulator, node: str) -> dict[str, str]:
+    annotations = api.get("Node", node)["metadata"].get("annotations") or {}
+    return {k: v for k, v in annotations.items() if k in (KEYS.run, KEYS.run_id)}
+
+
+def another_admin_asks(api: ApiEmulator, node: str) -> None:
+    """OTHER's request written on `node`, as `kubectl annotate` would."""
+    obj = api.get("Node", node)
+    obj["metadata"]["annotations"].update(OTHER)
+    api.put(obj)
+
+
+async def trigger_racing_another_admin(api: ApiEmulator, tmp_path: Path, *argv: str,
+                                      asks: str, once_trigger_asked: str) -> Run:
+    """`healthd trigger ARGV` while another admin writes OTHER's request on `asks` as
+    soon as trigger's own request is on `once_trigger_asked`."""
+    async def other_admin() -> None:
+        while KEYS.run not in run_annotations(api, once_trigger_asked):
+            await anyio.sleep(0.01)
+        another_admin_asks(api, asks)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(other_admin)
+        run = await healthd(api, tmp_path, "trigger", *argv)
+        group.cancel_scope.cancel()
+    return run
+
+
+async def test_a_request_still_pending_on_a_node_is_not_overwritten(
+        api: ApiEmulator, tmp_path: Path) -> None:
+    # gpu-1's agent is busy (its pod runs, but it has not taken the request waiting
+    # there); gpu-2's agent answers.
+    api.seed(gpu_node("gpu-1", annotations=OTHER), gpu_node("gpu-2"),
+             agent_pod("gpu-1"), agent_pod("gpu-2"))
+    async with running_agents(api, tmp_path, ["gpu-2"]):
+        api.clear_log()
+        run = await healthd(api, tmp_path, "trigger", "--nodes", "gpu-1,gpu-2",
+                            "--checks", "remapped", "--wait", "--timeout", "5s")
+    assert run.code == 3, run.out  # gpu-1 was not asked: UNKNOWN
+    row = next(line for line in run.out.splitlines() if line.startswith("gpu-1 "))
+    assert "another request is pending" in row and "not asked" in row
+    assert "1 another request pending (gpu-1)" in run.out and "1 PASS" in run.out
+    assert run_annotations(api, "gpu-1") == OTHER  # neither overwritten nor withdrawn
+    assert api.writes("PATCH", "/api/v1/nodes/gpu-1") == []
+
+
+async def test_a_request_written_while_trigger_waits_for_its_turn_is_kept(
+        api: ApiEmulator, tmp_path: Path) -> None:
+    # --batch 1: `late` is asked only when `silent` times out. Meanwhile another admin
+    # asks `late` for something else: trigger sees it (its watch keeps the nodes
+    # fresh) and leaves that request alone.
+    api.seed(gpu_node("silent"), gpu_node("late"), agent_pod("silent"), agent_pod("late"))
+    run = await trigger_racing_another_admin(
+        api, tmp_path, "--nodes", "silent,late", "--checks", "remapped", "--batch", "1",
+        "--timeout", "1s", "-o", "json", asks="late", once_trigger_asked="silent")
+    late = next(n for n in json.loads(run.out)["nodes"] if n["node"] == "late")
+    assert late["state"] == "occupied" and "'dcgm:3' (admin-42)" in late["error"]
+    assert run_annotations(api, "late") == OTHER
+    assert [r.path for r in run_writes(api)] == ["/api/v1/nodes/silent"]
+    assert run_annotations(api, "silent") == {}  # its own request withdrawn on timeout
+
+
+async def test_a_request_written_just_before_trigger_writes_is_kept(
+        api: ApiEmulator, tmp_path: Path) -> None:
+    # Trigger's write reaches the server a second late (a slow API server); another
+    # admin's request lands first. The write carries the resourceVersion trigger
+    # read: it is refused as stale (409), trigger re-reads the node and leaves it.
+    api.seed(gpu_node("gpu-1"), agent_pod("gpu-1"))
+    api.fail("PATCH", "/api/v1/nodes/gpu-1", status=None, delay=1.0)
+
+    async def another_admin_asks_first() -> None:
+        while not api.requests_to("GET", "/api/v1/namespaces/[^/]+/pods"):  # its last read
+            await anyio.sleep(0.01)
+        another_admin_asks(api, "gpu-1")
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(another_admin_asks_first)
+        run = await healthd(api, tmp_path, "trigger", "--nodes", "gpu-1", "--checks",
+                            "remapped", "-o", "json")
+    [node] = json.loads(run.out)["nodes"]
+    assert node["state"] == "occupied" and "'dcgm:3' (admin-42)" in node["error"]
+    assert run_annotations(api, "gpu-1") == OTHER
+    assert [r.status for r in api.writes("PATCH", "/api/v1/nodes/gpu-1")] == [409]
+
+
+async def test_on_timeout_only_its_own_request_is_withdrawn(
+        api: ApiEmulator, tmp_path: Path) -> None:
+    api.seed(gpu_node("silent"), agent_pod("silent"))
+    run = await trigger_racing_another_admin(
+        api, tmp_path, "--nodes", "silent", "--checks", "remapped", "--wait", "--timeout",
+        "1s", "-o", "wide", asks="silent", once_trigger_asked="silent")
+    assert run.code == 3
+    assert "another request replaced it before the agent took it: left in place" in run.out
+    assert run_annotations(api, "silent") == OTHER
+
+
+async def test_a_silent_testing_node_says_its_agent_is_busy(
+        api: ApiEmulator, tmp_path: Path) -> None:
+    api.seed(gpu_node("diagnosing", verdict="TESTING"), agent_pod("diagnosing"))
+    run = await healthd(api, tmp_path, "trigger", "--nodes", "diagnosing", "--checks",
+                        "remapped", "--wait", "--timeout", "1s", "-o", "wide")
+    assert run.code == 3
+    assert ("no agent answered within 1s; the node is TESTING: its agent is busy with a "
+            "deep diagnostic and takes one request at a time (request withdrawn)") in run.out
+    assert run_annotations(api, "diagnosing") == {}

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from healthd.exits import UsageParser, port_number
 from healthd.sim.apiserver.emulator import ApiEmulator
 
 
@@ -32,10 +33,10 @@ def _objects(path: Path) -> list[dict[str, Any]]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m healthd.sim.apiserver",
-                                     description="Kubernetes API emulator on loopback")
+    parser = UsageParser(prog="python -m healthd.sim.apiserver",
+                         description="Kubernetes API emulator on loopback")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--port", type=port_number, default=0, help="0 picks a free port")
     parser.add_argument("--kubeconfig", type=Path, default=Path("emulator.kubeconfig"),
                         help="where to write the kubeconfig (default: %(default)s)")
     parser.add_argument("--seed", type=Path, help="YAML file of objects to load first")
