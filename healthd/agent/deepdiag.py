@@ -105,6 +105,8 @@ def job_manifest(node: str, key: str, gpu_count: int, settings: DeepDiagSettings
     }
     if settings.priority_class:
         pod_spec["priorityClassName"] = settings.priority_class
+    if settings.runtime_class:  # the GPU Operator's `nvidia` runtime shows it the GPUs
+        pod_spec["runtimeClassName"] = settings.runtime_class
     if settings.service_account:
         pod_spec["serviceAccountName"] = settings.service_account
     return {

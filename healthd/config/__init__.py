@@ -43,6 +43,9 @@ ENV_OVERRIDES = {
 # The DCGM host engine from the pod: Kubernetes expands `$(HOST_IP):5555` in the
 # manifest, which a config file cannot (see deploy/daemonset/overlays/gpu-operator).
 DCGM_HOST_ENGINE_ENV = "DCGM_HOST_ENGINE"
+# The runtime class of the agent's own pod, for its diagnostic Jobs: the overlay that
+# sets one on the agent sets this beside it, so both change in one place.
+DIAGNOSTIC_RUNTIME_CLASS_ENV = "DIAGNOSTIC_RUNTIME_CLASS"
 
 
 class CodeOverride(Frozen):
@@ -185,7 +188,10 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         if env.get(var):
             raw[field_name] = env[var]
     if env.get(DCGM_HOST_ENGINE_ENV):
-        _set_dcgm_host_engine(raw, env[DCGM_HOST_ENGINE_ENV])
+        _set_nested(raw, ("checks", "dcgm", "params", "host_engine"), env[DCGM_HOST_ENGINE_ENV])
+    if env.get(DIAGNOSTIC_RUNTIME_CLASS_ENV):
+        _set_nested(raw, ("agent", "deep_diagnostics", "runtime_class"),
+                    env[DIAGNOSTIC_RUNTIME_CLASS_ENV])
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
@@ -193,11 +199,11 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         raise ConfigError(f"config {origin}: {explain(exc)}") from exc
 
 
-def _set_dcgm_host_engine(raw: dict[str, Any], address: str) -> None:
-    """`checks.dcgm.params.host_engine = address` in a raw config; a section of the
-    wrong shape is left for validation to name."""
-    sections = raw.setdefault("checks", {})
-    dcgm = sections.setdefault("dcgm", {}) if isinstance(sections, dict) else None
-    params = dcgm.setdefault("params", {}) if isinstance(dcgm, dict) else None
-    if isinstance(params, dict):
-        params["host_engine"] = address
+def _set_nested(raw: dict[str, Any], path: tuple[str, ...], value: str) -> None:
+    """`raw[path[0]]...[path[-1]] = value`, making the sections on the way; a section
+    of the wrong shape is left for validation to name."""
+    section: Any = raw
+    for key in path[:-1]:
+        section = section.setdefault(key, {}) if isinstance(section, dict) else None
+    if isinstance(section, dict):
+        section[path[-1]] = value

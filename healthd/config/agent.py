@@ -40,6 +40,9 @@ class DeepDiagSettings(Frozen):
     priority_class: str | None = Field(
         None, description="priorityClassName of the Job's pod (unset: none)"
     )
+    runtime_class: str | None = Field(
+        None, description="runtimeClassName of the Job's pod, as the agent's own (unset: none)"
+    )
     tolerations: list[dict[str, Any]] = Field(
         default_factory=lambda: [{"operator": "Exists"}],
         description="pod tolerations: the node may be tainted because it is unhealthy",

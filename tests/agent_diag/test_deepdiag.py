@@ -83,7 +83,8 @@ async def test_job_reserves_every_gpu_through_the_scheduler(api: ApiEmulator,
     api.seed(node())
     async with kubelet(api):
         await diagnostic(kube, {"DCGM_HOST_ENGINE": "10.0.0.9:5555"},
-                         priority_class="healthd-diagnostic").run("dcgm:3", 8)
+                         priority_class="healthd-diagnostic",
+                         runtime_class="nvidia").run("dcgm:3", 8)
     job = api.writes("POST", JOBS_PATH)[0].body
     assert job["metadata"]["generateName"].startswith(f"healthd-diag-{NODE}-")
     assert job["metadata"]["labels"]["healthd.io/diagnostic"] == "true"
@@ -96,6 +97,7 @@ async def test_job_reserves_every_gpu_through_the_scheduler(api: ApiEmulator,
     assert {"operator": "Exists"} in spec["tolerations"]
     assert spec["restartPolicy"] == "Never" and spec["priorityClassName"] == \
         "healthd-diagnostic"
+    assert spec["runtimeClassName"] == "nvidia"
     (main,) = spec["containers"]
     assert {"name": "DCGM_HOST_ENGINE", "value": "10.0.0.9:5555"} in main["env"]
     assert main["resources"] == {"requests": {GPU_RESOURCE: "8"}, "limits": {GPU_RESOURCE: "8"}}

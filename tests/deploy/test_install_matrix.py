@@ -140,6 +140,24 @@ def test_every_flavour_points_dcgmi_at_its_nodes_host_engine(
         assert names.index("HOST_IP") < names.index("DCGM_HOST_ENGINE")
 
 
+def test_diagnostic_jobs_run_under_the_agents_runtime_class(
+        overlay: dict[str, list[Obj]], tmp_path: Path) -> None:
+    """Where the agent needs RuntimeClass nvidia to see the GPUs, its diagnostic Jobs
+    get it too (through the agent's environment); where it needs none, neither do they."""
+    seen = set()
+    for objects in overlay.values():
+        (cm,) = find(objects, "ConfigMap")
+        path = tmp_path / "config.yaml"
+        path.write_text(cm["data"]["config.yaml"])
+        pod = agent_pod(objects)["spec"]
+        env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]
+               if e["name"] == "DIAGNOSTIC_RUNTIME_CLASS"}
+        config = load_config(path, env=env)
+        assert config.agent.deep_diagnostics.runtime_class == pod.get("runtimeClassName")
+        seen.add(pod.get("runtimeClassName"))
+    assert seen == {"nvidia", None}  # both kinds of overlay were rendered
+
+
 # -- monitoring on each stack --------------------------------------------------------
 
 
