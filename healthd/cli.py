@@ -3,7 +3,7 @@
     healthd check [--checks LIST] [--sim SPEC] [--config FILE] [--peer NAME=ADDR[,ADDR]]
                   [-o table|wide|json|yaml] [--termination-log PATH]
     healthd agent [--config FILE] [--kubeconfig FILE] [--context NAME] [--sim SPEC]
-                  [--node NAME] [--http-port N]
+                  [--sim-control FILE] [--node NAME] [--http-port N]
     healthd controller [--config FILE] [--kubeconfig FILE] [--context NAME] [--dry-run]
                        [--http-port N]
     healthd trigger (--selector S | --nodes N1,N2 | --job [NS/]APPWRAPPER [-n NS]) --checks LIST
@@ -109,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--config", metavar="FILE", help="healthd config YAML")
     _add_kube_arguments(agent)
     agent.add_argument("--sim", metavar="SPEC", help="run on a simulated machine (YAML or name)")
+    agent.add_argument("--sim-control", metavar="FILE",
+                       help="with --sim: apply the JSON-line changes appended to FILE "
+                            "(docs/machine-spec.md)")
     agent.add_argument("--node", metavar="NAME", help="this node's name (default: NODE_NAME)")
     agent.add_argument("--http-port", type=port_number, metavar="N",
                        help="/metrics, /healthz, /readyz")
@@ -329,7 +332,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.sim:  # the simulation adapts the agent; the agent never imports it
             from healthd.sim.node import simulate
 
-            return run_agent(args, simulate=simulate)
+            return run_agent(args, simulate=lambda spec: simulate(spec, args.sim_control))
+        if args.sim_control:
+            raise UsageError("--sim-control needs --sim")
         return run_agent(args)
     return cmd_check(args)
 

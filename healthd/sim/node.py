@@ -9,7 +9,7 @@ simulated probes (`probes`), so the product never knows it is simulated.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -17,6 +17,7 @@ from checks.base import CheckContext, Probes
 from checks.dcgm import DcgmCheck
 from healthd.config import Config
 from healthd.plans import Planned
+from healthd.sim.control import ControlFile
 from healthd.sim.cuda import SimBandwidthProbe
 from healthd.sim.dcgm import DcgmSim, fake_dcgmi_command
 from healthd.sim.fakenvml import FakeNvml, install
@@ -79,12 +80,16 @@ class SimulatedNode:
 
 
 @contextmanager
-def simulate(source: str | Path | MachineSpec) -> Iterator[SimulatedNode]:
-    """Install the simulated machine for the duration of the block."""
+def simulate(source: str | Path | MachineSpec,
+             control: str | Path | None = None) -> Iterator[SimulatedNode]:
+    """Install the simulated machine for the duration of the block; with `control`,
+    follow that control file (healthd.sim.control) meanwhile."""
     try:
         spec = source if isinstance(source, MachineSpec) else load_machine_spec(source)
     except MachineSpecError as exc:
         raise SimulationError(str(exc)) from exc
-    with install(spec) as fake:
+    with install(spec) as fake, ExitStack() as stack:
+        if control is not None:
+            stack.enter_context(ControlFile(Path(control), fake))
         probe = SimBandwidthProbe(spec, clock=fake.clock, faults=fake.faults_for)
         yield SimulatedNode(spec, fake, probe)

@@ -9,6 +9,7 @@ from typing import Any
 import pynvml
 import pytest
 
+from healthd.sim.apiserver.testing import api  # noqa: F401  (the fixture)
 from healthd.sim.fakenvml import FakeNvml, install
 from healthd.sim.machine import parse_machine_spec
 
