@@ -1,5 +1,5 @@
 """Shared test set-up: the anyio backend, and visible skips for tests that need root,
-a real GPU or a real cluster."""
+a real GPU; the real control plane's fixtures."""
 
 from __future__ import annotations
 
@@ -7,6 +7,10 @@ import os
 import shutil
 
 import pytest
+
+# The real control plane (kube-apiserver, etcd, kwok, Kueue, the AppWrapper operator),
+# for every test marked e2e: see tests/realcluster.
+from tests.realcluster.fixture import e2e_kubeconfig, realcluster  # noqa: F401
 
 
 @pytest.fixture
@@ -32,8 +36,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "root" in item.keywords and not is_root:
             item.add_marker(pytest.mark.skip(reason="needs root (network namespaces, raw sockets)"))
-        if "e2e" in item.keywords and not os.environ.get("KUBECONFIG"):
-            item.add_marker(pytest.mark.skip(reason="needs a real cluster: set KUBECONFIG"))
         if "gpu" in item.keywords:
             if has_gpu is None:
                 has_gpu = gpu_present()

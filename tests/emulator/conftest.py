@@ -1,7 +1,8 @@
 """Fixtures for the emulator's contract tests.
 
 `kube` is parametrized over client flavour (sync, async) and target: the emulator,
-or a real cluster from KUBECONFIG for tests selected with `-m e2e`. `ekube` is the
+or the real API server (the session's real control plane, or the cluster KUBECONFIG
+names): those twins carry the `e2e` mark. `ekube` is the
 same over the emulator only, for tests that need its powers (request log, faults,
 direct store access); `emulator` is that test's server.
 """
@@ -9,6 +10,7 @@ direct store access); `emulator` is that test's server.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -26,16 +28,17 @@ async def emulator() -> AsyncIterator[ApiEmulator]:
 
 
 @pytest.fixture(params=TARGETS)
-async def target(request: pytest.FixtureRequest) -> AsyncIterator[ApiEmulator | None]:
+async def target(request: pytest.FixtureRequest) -> AsyncIterator[ApiEmulator | Path]:
+    """The emulator, or the admin kubeconfig of the real API server (`e2e_kubeconfig`)."""
     if request.param == "cluster":
-        yield None
+        yield request.getfixturevalue("e2e_kubeconfig")
         return
     async with ApiEmulator(bookmark_interval=0.2) as api:
         yield api
 
 
 @pytest.fixture(params=FLAVORS)
-async def kube(request: pytest.FixtureRequest, target: ApiEmulator | None) -> AsyncIterator[Kube]:
+async def kube(request: pytest.FixtureRequest, target: ApiEmulator | Path) -> AsyncIterator[Kube]:
     async with open_kube(request.param, target) as k:
         yield k
 

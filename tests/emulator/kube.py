@@ -2,8 +2,8 @@
 
 Contract tests call `await kube.call("CoreV1Api", "read_node", name)` and get the
 same behaviour from both flavours: the sync client runs in a worker thread so the
-emulator keeps serving on the test's loop. Against a real cluster (`-m e2e` with
-KUBECONFIG) the same calls go there; `kube.emulator` is None then.
+emulator keeps serving on the test's loop. Against the real API server (a kubeconfig)
+the same calls go there; `kube.emulator` is None then.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import contextlib
 import functools
 import uuid
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -108,12 +109,12 @@ def types_of(events: list[Event]) -> list[tuple[str, str]]:
             for e in events]
 
 
-async def _client(flavor: str, emulator: ApiEmulator | None) -> object:
-    if emulator is not None:
-        return emulator.async_client() if flavor == "async" else emulator.sync_client()
+async def _client(flavor: str, target: ApiEmulator | Path) -> object:
+    if isinstance(target, ApiEmulator):
+        return target.async_client() if flavor == "async" else target.sync_client()
     if flavor == "async":
-        return await aio_config.new_client_from_config()
-    return sync_config.new_client_from_config()
+        return await aio_config.new_client_from_config(config_file=str(target))
+    return sync_config.new_client_from_config(config_file=str(target))
 
 
 async def _close(client: object) -> None:
@@ -126,10 +127,11 @@ async def _close(client: object) -> None:
 
 
 @contextlib.asynccontextmanager
-async def open_kube(flavor: str, emulator: ApiEmulator | None) -> AsyncIterator[Kube]:
-    """A Kube with its own namespace, cleaned up on exit."""
-    client = await _client(flavor, emulator)
-    kube = Kube(flavor, client, emulator)
+async def open_kube(flavor: str, target: ApiEmulator | Path) -> AsyncIterator[Kube]:
+    """A Kube with its own namespace, cleaned up on exit: on the emulator, or on the
+    API server a kubeconfig names."""
+    client = await _client(flavor, target)
+    kube = Kube(flavor, client, target if isinstance(target, ApiEmulator) else None)
     await kube.call("CoreV1Api", "create_namespace", {"metadata": {"name": kube.namespace}})
     kube.later("CoreV1Api", "delete_namespace", kube.namespace)
     try:

@@ -46,10 +46,12 @@ PROGRAMS = {
     p.name: p
     for p in (
         Program("etcd", "etcd", "."),
-        Program("kube-apiserver", "kubernetes", "k8s.io/kubernetes/cmd/kube-apiserver", _KUBE_LDFLAGS),
+        Program("kube-apiserver", "kubernetes", "k8s.io/kubernetes/cmd/kube-apiserver",
+                _KUBE_LDFLAGS),
         Program("kube-controller-manager", "kubernetes",
                 "k8s.io/kubernetes/cmd/kube-controller-manager", _KUBE_LDFLAGS),
-        Program("kube-scheduler", "kubernetes", "k8s.io/kubernetes/cmd/kube-scheduler", _KUBE_LDFLAGS),
+        Program("kube-scheduler", "kubernetes", "k8s.io/kubernetes/cmd/kube-scheduler",
+                _KUBE_LDFLAGS),
         Program("kwok", "kwok", "sigs.k8s.io/kwok/cmd/kwok"),
         Program("kueue", "kueue", "sigs.k8s.io/kueue/cmd/kueue"),
         Program("appwrapper", "appwrapper", "github.com/project-codeflare/appwrapper/cmd"),
@@ -162,7 +164,7 @@ def build_all(names: list[str] | None = None) -> dict[str, Path]:
 
 def module_dir(module: str, version: str) -> Path:
     """The downloaded source of a pinned module (CRDs and manifests come from there)."""
-    folder = MODULES / {"sigs.k8s.io/kueue": "kueue",
+    folder = MODULES / {"sigs.k8s.io/kueue": "kueue", "sigs.k8s.io/kwok": "kwok",
                         "github.com/project-codeflare/appwrapper": "appwrapper"}[module]
     done = subprocess.run([go_binary() or "go", "mod", "download", "-json", f"{module}@{version}"],
                           cwd=folder, env=_go_env(), capture_output=True, text=True, check=False)

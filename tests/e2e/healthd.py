@@ -1,0 +1,242 @@
+"""healthd on the real control plane, as an SRE installs and runs it.
+
+The manifests (`kubectl kustomize deploy/daemonset/overlays/device-plugin`) are applied
+with server-side apply: the namespace, RBAC, the admission policy, the config, the
+agent DaemonSet and the controller Deployment. kwok plays the GPU nodes and runs their
+Pods (it runs no containers), so each agent runs here as a process on a simulated
+machine, as its DaemonSet Pod would: with NODE_NAME and POD_NAME from that Pod and a
+token bound to it (TokenRequest), so the API server sees the agent's real identity,
+node name included. The controller likewise runs as one of its Deployment's Pods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client as k8s
+
+from tests.deploy.manifests import OVERLAYS, find, render
+from tests.realcluster.apply import Applier, api_client
+from tests.realcluster.processes import Program, log_tail
+
+NAMESPACE = "healthd-system"
+GPU_NODE_LABEL = "healthd.io/gpu-node"  # the device-plugin overlay's agent selector
+GPU = "nvidia.com/gpu"
+HEALTHD = [sys.executable, "-m", "healthd.cli"]
+Obj = dict[str, Any]
+
+# Short clocks, the real code paths (like the demo's config).
+TEST_CONFIG: Obj = {
+    "checks": {**{name: {"interval": "1s"} for name in
+                  ("gpus", "remapped", "power", "pcie", "ecc", "nvlink", "xid")},
+               **{name: {"enabled": False} for name in ("pciebw", "ping", "dcgm", "pvc")}},
+    "agent": {"recover_after": 2, "jitter": 0.0, "api_timeout_s": 5, "shutdown_flush_s": 1},
+    "controller": {
+        "slack_queues": ["slack-cluster-queue"],
+        "breaker": {"max_unhealthy": "60%", "window": "1m", "hold": "3s"},
+        "resets": {"min_spacing": "20s"},
+        "election": {"lease_duration": "4s", "renew_deadline": "3s", "retry_period": "500ms"},
+    },
+}
+
+
+def eventually(predicate: Callable[[], Any], timeout_s: float, what: str,
+               poll_s: float = 0.25) -> Any:
+    """The first truthy value of `predicate()`, or AssertionError naming `what`."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        with contextlib.suppress(k8s.ApiException):
+            last = predicate()
+            if last:
+                return last
+        time.sleep(poll_s)
+    raise AssertionError(f"no {what} within {timeout_s:.0f} s (last: {last!r})")
+
+
+def merge(base: Obj, over: Obj) -> Obj:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(
+            out.get(key), dict) else value
+    return out
+
+
+def gpu_node(name: str, gpus: int = 8) -> Obj:
+    """A kwok node with `gpus` GPUs that healthd's agent selects."""
+    capacity = {GPU: str(gpus), "cpu": "96", "memory": "1Ti", "pods": "110"}
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name,
+                         "annotations": {"kwok.x-k8s.io/node": "fake"},
+                         "labels": {"kubernetes.io/hostname": name, "type": "kwok",
+                                    GPU_NODE_LABEL: "true",
+                                    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+            "spec": {},
+            "status": {"capacity": capacity, "allocatable": capacity}}
+
+
+@dataclass
+class Process:
+    program: Program
+    control: Path | None = None
+
+    def fault(self, **command: Any) -> None:
+        """A change to the agent's simulated machine (healthd.sim.control)."""
+        assert self.control is not None
+        with open(self.control, "a") as handle:
+            handle.write(json.dumps(command) + "\n")
+
+    def logs(self) -> str:
+        return log_tail(self.program.log, 6000)
+
+
+@dataclass
+class Healthd:
+    """healthd installed on one cluster; agents and controller as processes."""
+
+    kubeconfig: Path
+    root: Path
+    config: Obj = field(default_factory=lambda: dict(TEST_CONFIG))
+    objects: list[Obj] = field(default_factory=list)
+    agents: dict[str, Process] = field(default_factory=dict)
+    controller: Process | None = None
+    nodes: list[str] = field(default_factory=list)  # what add_nodes made, removed at the end
+
+    def __post_init__(self) -> None:
+        self.client = api_client(self.kubeconfig)
+        self.applier = Applier(self.client)
+        self.core = k8s.CoreV1Api(self.client)
+        self.custom = k8s.CustomObjectsApi(self.client)
+
+    # -- install ------------------------------------------------------------------------
+
+    def install(self) -> list[Obj]:
+        self.objects = render(OVERLAYS["device-plugin"])
+        self.applier.apply(self.objects)
+        return self.objects
+
+    def uninstall(self) -> None:
+        self.stop()
+        self.applier.delete(reversed(self.objects))
+
+    def config_file(self, **overrides: Any) -> Path:
+        """The installed ConfigMap's config with the test's short clocks."""
+        configmap = find(self.objects, "ConfigMap")[0]
+        shipped = yaml.safe_load(configmap["data"]["config.yaml"]) or {}
+        path = self.root / f"config-{len(list(self.root.glob('config-*')))}.yaml"
+        path.write_text(yaml.safe_dump(merge(merge(shipped, self.config), overrides)))
+        return path
+
+    # -- nodes and pods -----------------------------------------------------------------
+
+    def add_nodes(self, *names: str, gpus: int = 8) -> None:
+        self.applier.apply(gpu_node(n, gpus) for n in names)
+        self.nodes += names
+        for name in names:
+            eventually(lambda n=name: self._ready(n), 60, f"node {name} Ready (kwok)")
+
+    def _ready(self, name: str) -> bool:
+        node = self.core.read_node(name)
+        return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+
+    def node(self, name: str) -> Obj:
+        return self.client.sanitize_for_serialization(self.core.read_node(name))
+
+    def label(self, name: str, key: str = "autopilot.ibm.com/gpuhealth") -> str | None:
+        return (self.node(name)["metadata"].get("labels") or {}).get(key)
+
+    def running_pod(self, selector: str, node: str | None = None) -> Obj:
+        """The first Running Pod of healthd's that matches (on `node` if given)."""
+        def found() -> Obj | None:
+            fields = f"spec.nodeName={node}" if node else None
+            pods = self.core.list_namespaced_pod(NAMESPACE, label_selector=selector,
+                                                 field_selector=fields).items
+            running = [p for p in pods if p.status.phase == "Running"
+                       and p.metadata.deletion_timestamp is None]
+            return self.client.sanitize_for_serialization(running[0]) if running else None
+        return eventually(found, 90, f"a Running pod {selector} on {node or 'any node'}")
+
+    def token_for(self, pod: Obj, service_account: str) -> str:
+        """A token bound to `pod`, as the kubelet mounts one into it."""
+        request = k8s.AuthenticationV1TokenRequest(spec=k8s.V1TokenRequestSpec(
+            audiences=[], expiration_seconds=3600,
+            bound_object_ref=k8s.V1BoundObjectReference(
+                kind="Pod", api_version="v1", name=pod["metadata"]["name"],
+                uid=pod["metadata"]["uid"])))
+        answer = self.core.create_namespaced_service_account_token(
+            service_account, NAMESPACE, request)
+        return str(answer.status.token)
+
+    def _kubeconfig_for(self, pod: Obj, service_account: str) -> Path:
+        from tests.realcluster.cluster import kubeconfig
+
+        admin = yaml.safe_load(self.kubeconfig.read_text())
+        cluster = admin["clusters"][0]["cluster"]
+        path = self.root / f"{pod['metadata']['name']}.kubeconfig"
+        ca = self.root / "ca.crt"
+        if not ca.exists():
+            import base64
+            ca.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
+        path.write_text(kubeconfig(cluster["server"], ca,
+                                   user={"token": self.token_for(pod, service_account)}))
+        return path
+
+    # -- the programs -------------------------------------------------------------------
+
+    def start_agent(self, node: str, *, sim: str = "healthy-8xh100", **overrides: Any) -> Process:
+        pod = self.running_pod("app.kubernetes.io/name=healthd-agent", node)
+        control = self.root / f"{node}.control.jsonl"
+        control.touch()
+        program = Program(f"agent-{node}", [
+            *HEALTHD, "agent", "--sim", sim, "--sim-control", str(control),
+            "--kubeconfig", str(self._kubeconfig_for(pod, "healthd-agent")),
+            "--config", str(self.config_file(**overrides)), "--http-port", "0"],
+            self.root / f"agent-{node}.log",
+            {"NODE_NAME": node, "POD_NAME": pod["metadata"]["name"],
+             "POD_NAMESPACE": NAMESPACE})
+        program.start()
+        self.agents[node] = Process(program, control)
+        return self.agents[node]
+
+    def start_controller(self, **overrides: Any) -> Process:
+        pod = self.running_pod("app.kubernetes.io/name=healthd-controller")
+        program = Program("controller", [
+            *HEALTHD, "controller",
+            "--kubeconfig", str(self._kubeconfig_for(pod, "healthd-controller")),
+            "--config", str(self.config_file(**overrides)), "--http-port", "0"],
+            self.root / "controller.log",
+            {"POD_NAME": pod["metadata"]["name"], "POD_NAMESPACE": NAMESPACE})
+        program.start()
+        self.controller = Process(program)
+        return self.controller
+
+    def stop(self) -> None:
+        for process in [*self.agents.values(), *([self.controller] if self.controller else [])]:
+            process.program.stop()
+        self.agents.clear()
+        self.controller = None
+
+
+    def remove_nodes(self) -> None:
+        for name in self.nodes:
+            with contextlib.suppress(k8s.ApiException):
+                self.core.delete_node(name)
+        self.nodes.clear()
+
+
+@contextlib.contextmanager
+def healthd_on(kubeconfig: Path, root: Path) -> Iterator[Healthd]:
+    healthd = Healthd(kubeconfig, root)
+    try:
+        yield healthd
+    finally:
+        healthd.stop()
+        healthd.remove_nodes()

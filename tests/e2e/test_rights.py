@@ -1,0 +1,126 @@
+"""RBAC and the admission policy, enforced by the real API server: with the token the
+kubelet would mount into its Pod, an agent writes healthd's keys on its own Node and
+is refused (the real 403) on another Node, on keys that are not healthd's, on the
+Node's spec, and on anything RBAC does not grant; the controller likewise."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+
+from tests.e2e.healthd import NAMESPACE, Healthd
+from tests.realcluster.apply import api_client
+from tests.realcluster.cluster import kubeconfig
+
+VERDICT = "autopilot.ibm.com/gpuhealth"
+
+
+def _client_with(healthd: Healthd, token: str, tmp_path: Path) -> k8s.ApiClient:
+    admin = yaml.safe_load(healthd.kubeconfig.read_text())["clusters"][0]["cluster"]
+    ca = tmp_path / "ca.crt"
+    import base64
+    ca.write_bytes(base64.b64decode(admin["certificate-authority-data"]))
+    path = tmp_path / f"{uuid.uuid4().hex[:6]}.kubeconfig"
+    path.write_text(kubeconfig(admin["server"], ca, user={"token": token}))
+    return api_client(path)
+
+
+def _status(call: Callable[[], Any]) -> int:
+    try:
+        call()
+    except k8s.ApiException as exc:
+        return int(exc.status)
+    return 200
+
+
+@pytest.fixture
+def two_nodes(healthd: Healthd) -> tuple[str, str]:
+    suffix = uuid.uuid4().hex[:5]
+    nodes = (f"rights-{suffix}-a", f"rights-{suffix}-b")
+    healthd.add_nodes(*nodes)
+    return nodes
+
+
+def _labels(**labels: str | None) -> dict[str, Any]:
+    return {"metadata": {"labels": labels}}
+
+
+def test_the_agent_writes_only_healthds_keys_on_its_own_node(
+        healthd: Healthd, two_nodes: tuple[str, str], tmp_path: Path) -> None:
+    own, other = two_nodes
+    pod = healthd.running_pod("app.kubernetes.io/name=healthd-agent", own)
+    agent = k8s.CoreV1Api(_client_with(healthd, healthd.token_for(pod, "healthd-agent"),
+                                       tmp_path))
+    allowed = {
+        "its verdict label": lambda: agent.patch_node(own, _labels(**{VERDICT: "WARN"})),
+        "a dcgm level label": lambda: agent.patch_node(
+            own, _labels(**{"autopilot.ibm.com/dcgm.level.3": "PASS_2026-11-25_01.00.00UTC"})),
+        "its health annotation": lambda: agent.patch_node(
+            own, {"metadata": {"annotations": {"healthd.io/health": "{}"}}}),
+        "its condition": lambda: agent.patch_node_status(own, {"status": {"conditions": [
+            {"type": "GPUUnhealthy", "status": "False", "reason": "AllChecksPassed"}]}}),
+    }
+    for what, call in allowed.items():
+        assert _status(call) == 200, what
+    assert healthd.label(own) == "WARN"
+
+    refused = {
+        "another node's verdict": lambda: agent.patch_node(other, _labels(**{VERDICT: "EVICT"})),
+        "a label that is not healthd's": lambda: agent.patch_node(
+            own, _labels(**{"node-role.kubernetes.io/gpu": "x"})),
+        "an annotation that is not healthd's": lambda: agent.patch_node(
+            own, {"metadata": {"annotations": {"example.com/x": "y"}}}),
+        "a cordon": lambda: agent.patch_node(own, {"spec": {"unschedulable": True}}),
+        "a taint": lambda: agent.patch_node(own, {"spec": {"taints": [
+            {"key": "x", "value": "y", "effect": "NoSchedule"}]}}),
+        "its node's capacity": lambda: agent.patch_node_status(
+            own, {"status": {"capacity": {"nvidia.com/gpu": "4"}}}),
+        "another condition": lambda: agent.patch_node_status(own, {"status": {"conditions": [
+            {"type": "Ready", "status": "False", "reason": "Mine"}]}}),
+        "deleting its node": lambda: agent.delete_node(own),
+        "reading secrets": lambda: agent.list_namespaced_secret(NAMESPACE),
+        "changing a pod": lambda: agent.patch_namespaced_pod(
+            pod["metadata"]["name"], NAMESPACE, _labels(x="y")),
+    }
+    statuses = {what: _status(call) for what, call in refused.items()}
+    assert statuses == dict.fromkeys(refused, 403)
+    assert healthd.label(other) is None
+    assert "node-role.kubernetes.io/gpu" not in (healthd.node(own)["metadata"]["labels"])
+
+
+def test_a_token_not_bound_to_a_node_writes_no_node(
+        healthd: Healthd, two_nodes: tuple[str, str], tmp_path: Path) -> None:
+    own, _ = two_nodes
+    request = k8s.AuthenticationV1TokenRequest(
+        spec=k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=600))
+    token = healthd.core.create_namespaced_service_account_token(
+        "healthd-agent", NAMESPACE, request).status.token
+    agent = k8s.CoreV1Api(_client_with(healthd, token, tmp_path))
+    assert _status(lambda: agent.patch_node(own, _labels(**{VERDICT: "EVICT"}))) == 403
+    assert healthd.label(own) is None
+
+
+def test_the_controller_resets_and_lends_but_writes_no_node(
+        healthd: Healthd, two_nodes: tuple[str, str], tmp_path: Path) -> None:
+    own, _ = two_nodes
+    pod = healthd.running_pod("app.kubernetes.io/name=healthd-controller")
+    client = _client_with(healthd, healthd.token_for(pod, "healthd-controller"), tmp_path)
+    core = k8s.CoreV1Api(client)
+    assert _status(lambda: core.list_node()) == 200
+    assert _status(lambda: core.list_pod_for_all_namespaces(limit=1)) == 200
+    assert _status(lambda: core.patch_node(own, _labels(**{VERDICT: "PASS"}))) == 403
+    assert _status(lambda: core.delete_namespaced_pod(pod["metadata"]["name"],
+                                                      NAMESPACE)) == 403
+    custom = k8s.CustomObjectsApi(client)
+    assert _status(lambda: custom.list_cluster_custom_object(
+        "workload.codeflare.dev", "v1beta2", "appwrappers")) == 200
+    assert _status(lambda: custom.list_cluster_custom_object(
+        "kueue.x-k8s.io", "v1beta2", "clusterqueues")) == 200
+    assert _status(lambda: custom.delete_cluster_custom_object(
+        "kueue.x-k8s.io", "v1beta2", "clusterqueues", "anything")) == 403
