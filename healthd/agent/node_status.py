@@ -45,7 +45,7 @@ from healthd.kube.client import Kube
 from healthd.kube.conventions import CONDITION_TYPE, Keys, Reason, Verdict
 from healthd.kube.errors import Conflict, KubeError, Unavailable
 from healthd.kube.events import EventRecorder
-from healthd.kube.objects import NODES, meta
+from healthd.kube.objects import NODES, bounded_json, meta
 from healthd.times import rfc3339
 
 __all__ = ["DesiredNode", "NodePublisher", "desired_from"]
@@ -301,9 +301,9 @@ class NodePublisher:
         if not new_text or not old_text:
             return desired
         try:
-            new = json.loads(new_text)
-            _carry_times(new, json.loads(old_text))
-        except (ValueError, AttributeError, TypeError):
+            new = json.loads(new_text)  # ours: no bound needed
+            _carry_times(new, bounded_json(old_text))
+        except (ValueError, AttributeError, TypeError):  # Unreadable is a ValueError
             return desired  # someone wrote garbage there: ours replaces it
         text = json.dumps(new, separators=(",", ":"))
         if len(text) != len(new_text):  # never let a foreign value grow ours past its bound

@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from healthd.kube.objects import bounded_json
+
 
 class KubeError(Exception):
     """A request the API server refused or could not be reached for.
@@ -92,7 +94,7 @@ def error_class(status: int) -> type[KubeError]:
 def parse_status(text: str | bytes) -> dict[str, Any]:
     """The `kind: Status` object in an error body, or {} when the body is not one."""
     try:
-        body = json.loads(text)
+        body = bounded_json(text, max_bytes=2**20)  # a Status is small; a proxy's page may not be
     except (ValueError, TypeError):
         return {}
     return body if isinstance(body, dict) else {}
