@@ -18,7 +18,12 @@ rules of the published state hold in one place:
   once against it, up to `CONFLICT_RETRIES` times, with no Event; only when every
   retry met a conflict does a Warning Event (`NodeWriteConflict`) say so, once per
   streak, before the backoff below.
-- Any API failure keeps the desired state and retries with backoff and jitter; the
+- A metadata patch the server refuses as too large (422: the Node's annotations
+  together past 256 KiB, mostly other owners') is never sent again as it is: it is
+  split into the labels alone (the verdict must go out), then each annotation alone;
+  an annotation refused on its own is not sent again until its value changes. The
+  condition goes out either way.
+- Any other API failure keeps the desired state and retries with backoff and jitter; the
   first success writes the latest state. The loop never dies; `in_sync` and
   `last_error` tell /readyz and the metrics where it stands.
 
@@ -43,7 +48,7 @@ from healthd.agent.verdict import HealthState
 from healthd.kube.backoff import Backoff
 from healthd.kube.client import Kube
 from healthd.kube.conventions import CONDITION_TYPE, Keys, Reason, Verdict
-from healthd.kube.errors import Conflict, KubeError, Unavailable
+from healthd.kube.errors import Conflict, KubeError, TooLarge, Unavailable
 from healthd.kube.events import EventRecorder
 from healthd.kube.objects import NODES, bounded_json, meta
 from healthd.times import rfc3339
@@ -125,6 +130,7 @@ class NodePublisher:
         self._done = 0  # the generation last written successfully
         self._last_error = ""
         self._conflict_reported = False  # a NodeWriteConflict Event went out this streak
+        self._refused: dict[str, str] = {}  # annotation -> the value refused as too large
         self._wake: anyio.Event | None = None
         self._progress: anyio.Event | None = None
 
@@ -247,14 +253,43 @@ class NodePublisher:
             desired = self._keep_times(desired)
             metadata = self._metadata_patch(desired)
             if metadata:
-                answer = await self._kube.merge_patch(NODES, self._node, {"metadata": metadata})
-                self._take(_Observed.of(answer))
+                await self._write_metadata(metadata)
             cond = self._condition_patch(desired)
             if cond is not None:
                 answer = await self._kube.strategic_patch(
                     NODES, self._node, {"status": {"conditions": [cond]}}, subresource="status")
                 self._take(_Observed.of(answer))
         await self._announce()
+
+    async def _write_metadata(self, metadata: dict[str, Any]) -> None:
+        """One merge patch; refused as too large: the labels alone, then each annotation
+        alone (never the same patch again), remembering the annotations refused."""
+        try:
+            await self._patch_metadata(metadata)
+        except TooLarge as exc:
+            parts = [{"labels": metadata["labels"]}] if metadata.get("labels") else []
+            parts += [{"annotations": {k: v}}
+                      for k, v in (metadata.get("annotations") or {}).items()]
+            if len(parts) == 1:  # nothing smaller to try
+                self._refuse(metadata, exc)
+                return
+            log.warning("the node's labels and annotations were refused as too large (%s): "
+                        "writing them one by one", exc, extra={"node": self._node})
+            for part in parts:
+                try:
+                    await self._patch_metadata(part)
+                except TooLarge as refused:
+                    self._refuse(part, refused)
+
+    async def _patch_metadata(self, metadata: dict[str, Any]) -> None:
+        answer = await self._kube.merge_patch(NODES, self._node, {"metadata": metadata})
+        self._take(_Observed.of(answer))
+
+    def _refuse(self, part: dict[str, Any], exc: TooLarge) -> None:
+        for key, value in (part.get("annotations") or {}).items():
+            self._refused[key] = value
+            log.warning("annotation %s (%d bytes) refused as too large: not sent again until "
+                        "it changes (%s)", key, len(value or ""), exc, extra={"node": self._node})
 
     def _differs(self, desired: DesiredNode) -> bool:
         desired = self._keep_times(desired)
@@ -265,7 +300,9 @@ class NodePublisher:
         observed = self._observed
         labels = _changes(desired.labels, observed.labels if observed else {},
                           self._keys.owns_label)
-        annotations = _changes(desired.annotations, observed.annotations if observed else {},
+        wanted = {k: v for k, v in desired.annotations.items()
+                  if v is None or self._refused.get(k) != v}
+        annotations = _changes(wanted, observed.annotations if observed else {},
                                self._keys.owns_annotation)
         patch: dict[str, Any] = {}
         if labels:

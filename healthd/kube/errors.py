@@ -9,6 +9,7 @@ caller ever imports `kubernetes` or `aiohttp` to handle an error. The tree::
     ├── NotFound              404
     ├── Conflict              409: stale resourceVersion or AlreadyExists
     ├── Invalid               422, including a failed JSON-patch `test`
+    │   └── TooLarge          422 for a field too long (all annotations over 256 KiB)
     ├── Forbidden             401 and 403
     └── Gone                  410: a watch or list resourceVersion too old
 """
@@ -65,6 +66,11 @@ class Invalid(KubeError):
     """422: the server rejected the content, e.g. a JSON-patch `test` that failed."""
 
 
+class TooLarge(Invalid):
+    """422 because a field would be too long, e.g. an object's annotations together
+    past the server's 256 KiB: the same write will never succeed, only a smaller one."""
+
+
 class Forbidden(KubeError):
     """401/403: the credentials may not do this (RBAC)."""
 
@@ -110,9 +116,19 @@ def from_status(status: int, body: str | bytes, *, http_reason: str = "",
         message = raw.strip()[:500] or http_reason or f"HTTP {status}"
     reason = str(parsed.get("reason") or http_reason or "")
     cls = error_class(status)
+    if cls is Invalid and _too_long(parsed):
+        cls = TooLarge
     if cls is Unavailable:
         return Unavailable(message, status=status, reason=reason, retry_after=retry_after)
     return cls(message, status=status, reason=reason)
+
+
+def _too_long(status: dict[str, Any]) -> bool:
+    """Whether a 422 Status names a field that is too long (reason FieldValueTooLong)."""
+    details = status.get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
+    return any(isinstance(c, dict) and c.get("reason") == "FieldValueTooLong"
+               for c in causes or [])
 
 
 def from_status_object(obj: dict[str, Any]) -> KubeError:
