@@ -14,8 +14,9 @@ from tests.agent.harness import KEYS, eventually, running_agent
 
 pytestmark = pytest.mark.anyio
 
-NESTED = "[" * 100_000 + "]" * 100_000  # valid JSON, far deeper than any decoder recurses
-GARBAGE = [NESTED, '{"verdict": ' * 50_000, "x" * 200_000]
+# 100 kB each: two fit in the API server's 256 KiB for all of a Node's annotations.
+NESTED = "[" * 50_000 + "]" * 50_000  # valid JSON, far deeper than any decoder recurses
+GARBAGE = [NESTED, '{"verdict":' * 9_000, "x" * 100_000]
 
 
 def ours(text: str | None) -> bool:
