@@ -28,7 +28,11 @@ rules of the published state hold in one place:
   `last_error` tell /readyz and the metrics where it stands.
 
 The server's answer to each patch is taken as the observed node (no waiting for the
-watch), and watch events older than what was observed are ignored.
+watch), and watch events older than what was observed are not taken as they are: one
+that shows our keys as the observed node does is a late copy; one that does not is a
+late copy from before our last write, or the Node of a restored or replaced API
+server whose resourceVersions started again, so the node is read afresh (one GET)
+and what it lacks is written again.
 """
 
 from __future__ import annotations
@@ -92,6 +96,13 @@ class _Observed:
 
 def _strings(value: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def _ours(node: _Observed, keys: Keys) -> tuple[Any, ...]:
+    """What of `node` is healthd's: our labels, our annotations, our condition."""
+    return ({k: v for k, v in node.labels.items() if keys.owns_label(k)},
+            {k: v for k, v in node.annotations.items() if keys.owns_annotation(k)},
+            node.condition)
 
 
 def _older(rv: str, than: str) -> bool:
@@ -164,6 +175,9 @@ class NodePublisher:
         seen = _Observed.of(node_obj)
         if self._observed is not None and _older(seen.resource_version,
                                                  self._observed.resource_version):
+            if _ours(seen, self._keys) != _ours(self._observed, self._keys):
+                self._observed = None  # which copy is right? the server says, once
+                self._poke()
             return
         self._take(seen)
         if self.in_sync and self._desired is not None and self._differs(self._desired):

@@ -11,7 +11,8 @@ caller ever imports `kubernetes` or `aiohttp` to handle an error. The tree::
     ├── Invalid               422, including a failed JSON-patch `test`
     │   └── TooLarge          422 for a field too long (all annotations over 256 KiB)
     ├── Forbidden             401 and 403
-    └── Gone                  410: a watch or list resourceVersion too old
+    └── Gone                  410: a watch or list resourceVersion too old (or, with
+                              504, too large: a restored or replaced server); relist
 """
 
 from __future__ import annotations
@@ -116,19 +117,21 @@ def from_status(status: int, body: str | bytes, *, http_reason: str = "",
         message = raw.strip()[:500] or http_reason or f"HTTP {status}"
     reason = str(parsed.get("reason") or http_reason or "")
     cls = error_class(status)
-    if cls is Invalid and _too_long(parsed):
+    if cls is Invalid and _has_cause(parsed, "FieldValueTooLong"):
         cls = TooLarge
+    if status == 504 and _has_cause(parsed, "ResourceVersionTooLarge"):
+        cls = Gone  # a version this server never had: relist, as for one it forgot
     if cls is Unavailable:
         return Unavailable(message, status=status, reason=reason, retry_after=retry_after)
     return cls(message, status=status, reason=reason)
 
 
-def _too_long(status: dict[str, Any]) -> bool:
-    """Whether a 422 Status names a field that is too long (reason FieldValueTooLong)."""
+def _has_cause(status: dict[str, Any], reason: str) -> bool:
+    """Whether a Status lists a cause with `reason` in its details."""
     details = status.get("details")
     causes = details.get("causes") if isinstance(details, dict) else None
-    return any(isinstance(c, dict) and c.get("reason") == "FieldValueTooLong"
-               for c in causes or [])
+    return isinstance(causes, list) and any(
+        isinstance(c, dict) and c.get("reason") == reason for c in causes)
 
 
 def from_status_object(obj: dict[str, Any]) -> KubeError:

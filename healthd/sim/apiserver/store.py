@@ -369,6 +369,12 @@ class Store:
                     raise ApiError.bad_request(f"invalid resourceVersion {since!r}") from exc
                 if start < self._floor:
                     raise Expired(f"too old resource version: {start} ({self._floor})")
+                if start > self._rv:  # a version from another server (a restored etcd)
+                    raise ApiError(504, f"Too large resource version: {start}, current: "
+                                   f"{self._rv}", "Timeout", {
+                                       "causes": [{"reason": "ResourceVersionTooLarge",
+                                                   "message": "Too large resource version"}],
+                                       "retryAfterSeconds": 1})
                 initial = [e for e in self._history
                            if e.rv > start and e.storage == rt.storage_key]
             sub = Subscription(rt.storage_key, loop, self._rv)
