@@ -5,7 +5,8 @@ fed to the real verdict machine, rendered by the real node view and written by t
 real node publisher to the API emulator over HTTP; the emulator's request log
 counts what a user and the API server would see:
 
-- `blips`: a GPU's HW_SLOWDOWN clock reason shows on a random 1 round in 10;
+- `blips`: a GPU's HW_SLOWDOWN clock reason shows on a random 1 round in 10 (a held
+  WARN with an intermittent signal: its Node writes are the figure to watch);
 - `oscillating`: a PCIe replay counter's rise per round swings around its
   threshold (a slow sine plus noise), reported as PCIE_REPLAYS when above it;
 - `ping_loss`: one peer misses its ping on a random 1 round in 5 (PEER_UNREACHABLE).
@@ -93,9 +94,14 @@ def _ping_loss(n: int, rng: random.Random) -> tuple[bool, str]:
     return rng.random() < 0.2, f"n2 did not answer {rng.randint(1, 3)} of 3 pings"
 
 
+def _gpu(index: int) -> Entity:
+    """A GPU as the NVML pass reports it: index and UUID."""
+    return Entity.gpu(index, uuid=f"GPU-{index:08d}-5a5a-4b4b-8c8c-0123456789ab")
+
+
 SIGNALS = (
-    Signal("blips", "power", "HW_SLOWDOWN", Entity.gpu(0), _blip),
-    Signal("oscillating", "pcie", "PCIE_REPLAYS", Entity.gpu(1), _oscillating),
+    Signal("blips", "power", "HW_SLOWDOWN", _gpu(0), _blip),
+    Signal("oscillating", "pcie", "PCIE_REPLAYS", _gpu(1), _oscillating),
     Signal("ping_loss", "ping", "PEER_UNREACHABLE", Entity("peer", "n2"), _ping_loss),
 )
 
@@ -244,6 +250,11 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Goal], 
         worst_raise = max(result["raise_runs_fresh"] or PERSISTENT_RUNS + 1,
                           result["raise_runs_after_noise"] or 0)
         goals[f"{signal.name}_raise_runs"] = Goal(worst_raise, figures["raise_bound_runs"])
+        # Writes only when the meaning changes: the first verdict and each label change
+        # (a metadata and a condition patch each), plus a holding's flap count while it
+        # grows (at most max_flaps updates of the annotation).
+        goals[f"{signal.name}_node_writes"] = Goal(
+            result["node_writes"], 2 * (result["label_changes"] + 1) + policy.max_flaps)
         release = result["release_runs_after_noise"]
         goals[f"{signal.name}_release_runs"] = Goal(
             release if release is not None else float(PERSISTENT_RUNS + 1),

@@ -36,6 +36,7 @@ from healthd.times import rfc3339
 log = logging.getLogger(__name__)
 
 ERROR_CHARS = 1000  # an error in last-run stays readable and bounded
+ECHO_CHARS = 256  # how much of a request's text (and id) an answer, log or Event repeats
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,12 @@ class Request:
     @property
     def ok(self) -> bool:
         return not self.error
+
+    @property
+    def shown(self) -> str:
+        """The request's text as answers, logs and Events repeat it: at most
+        ECHO_CHARS characters (a request is whatever someone wrote, of any size)."""
+        return _clip(self.text, ECHO_CHARS)
 
 
 def read_requests(
@@ -168,9 +175,9 @@ def answer(
 ) -> str:
     """The `healthd.io/last-run` JSON: id, request, accepted or error, times, verdict,
     per-check status, and why each check that could not tell (UNKNOWN) could not."""
-    body = {
-        "id": request.id,
-        "request": request.text,
+    body: dict[str, Any] = {
+        "id": _clip(request.id, ECHO_CHARS),
+        "request": request.shown,
         "kind": request.kind,
         "accepted": accepted,
         "error": _clip(error),
@@ -181,8 +188,10 @@ def answer(
         "checks": {str(k): str(v) for k, v in checks.items()},
         "reasons": {str(k): _clip(str(v)) for k, v in (reasons or {}).items()},
     }
+    if len(request.text) > ECHO_CHARS:  # say so: the answer repeats only its start
+        body["request_chars"] = len(request.text)
     return json.dumps(body, separators=(",", ":"))
 
 
-def _clip(text: str) -> str:
-    return text if len(text) <= ERROR_CHARS else text[: ERROR_CHARS - 3] + "..."
+def _clip(text: str, limit: int = ERROR_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -26,6 +26,7 @@ from typing import Any
 
 from checks.base import CheckResult, Entity, Finding, Severity, worst
 from checks.catalog import Catalog
+from healthd.kube.objects import Unreadable, bounded_json
 
 LIMIT_BYTES = 4096  # the kubelet's termination message limit
 _MESSAGE_CHARS = (160, 60, 0)  # message lengths tried, longest first
@@ -132,8 +133,8 @@ def parse_summary(text: str, check: str, catalog: Catalog) -> CheckResult:
     Findings take their severity from `catalog`; the status is the worst of them, or
     the reported status when there are none. Raises SummaryError on anything else."""
     try:
-        doc = json.loads(text)
-    except ValueError as exc:
+        doc = bounded_json(text)
+    except Unreadable as exc:
         raise SummaryError(f"not JSON: {_clip(text.strip(), 200)!r}") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("checks"), list):
         raise SummaryError("not a healthd summary (no `checks` list)")

@@ -21,7 +21,6 @@ still works) and one clear log line per pod and value, never an exception.
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from typing import Any
 
 from checks.base import POD_NETWORK, Attachment
 from healthd.kube.conventions import NETWORK_STATUS_ANNOTATIONS
+from healthd.kube.objects import Unreadable, bounded_json
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +74,10 @@ def parse(raw: object) -> tuple[Attachment, ...]:
     is not a network-status list."""
     if not isinstance(raw, str):
         raise BadNetworkStatus("the annotation is not a string")
-    if len(raw.encode()) > MAX_ANNOTATION_BYTES:
-        raise BadNetworkStatus(f"the annotation is larger than {MAX_ANNOTATION_BYTES} bytes")
     try:
-        entries = json.loads(raw)
-    except ValueError as exc:
-        raise BadNetworkStatus(f"the annotation is not JSON ({exc})") from exc
+        entries = bounded_json(raw, max_bytes=MAX_ANNOTATION_BYTES)
+    except Unreadable as exc:
+        raise BadNetworkStatus(f"the annotation cannot be read ({exc})") from exc
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise BadNetworkStatus("the annotation is not a list of network objects")
     if len(entries) > MAX_ATTACHMENTS:

@@ -18,12 +18,21 @@ rules of the published state hold in one place:
   once against it, up to `CONFLICT_RETRIES` times, with no Event; only when every
   retry met a conflict does a Warning Event (`NodeWriteConflict`) say so, once per
   streak, before the backoff below.
-- Any API failure keeps the desired state and retries with backoff and jitter; the
+- A metadata patch the server refuses as too large (422: the Node's annotations
+  together past 256 KiB, mostly other owners') is never sent again as it is: it is
+  split into the labels alone (the verdict must go out), then each annotation alone;
+  an annotation refused on its own is not sent again until its value changes. The
+  condition goes out either way.
+- Any other API failure keeps the desired state and retries with backoff and jitter; the
   first success writes the latest state. The loop never dies; `in_sync` and
   `last_error` tell /readyz and the metrics where it stands.
 
 The server's answer to each patch is taken as the observed node (no waiting for the
-watch), and watch events older than what was observed are ignored.
+watch), and watch events older than what was observed are not taken as they are: one
+that shows our keys as the observed node does is a late copy; one that does not is a
+late copy from before our last write, or the Node of a restored or replaced API
+server whose resourceVersions started again, so the node is read afresh (one GET)
+and what it lacks is written again.
 """
 
 from __future__ import annotations
@@ -43,9 +52,9 @@ from healthd.agent.verdict import HealthState
 from healthd.kube.backoff import Backoff
 from healthd.kube.client import Kube
 from healthd.kube.conventions import CONDITION_TYPE, Keys, Reason, Verdict
-from healthd.kube.errors import Conflict, KubeError, Unavailable
+from healthd.kube.errors import Conflict, KubeError, TooLarge, Unavailable
 from healthd.kube.events import EventRecorder
-from healthd.kube.objects import NODES, meta
+from healthd.kube.objects import NODES, bounded_json, meta
 from healthd.times import rfc3339
 
 __all__ = ["DesiredNode", "NodePublisher", "desired_from"]
@@ -89,6 +98,13 @@ def _strings(value: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
 
 
+def _ours(node: _Observed, keys: Keys) -> tuple[Any, ...]:
+    """What of `node` is healthd's: our labels, our annotations, our condition."""
+    return ({k: v for k, v in node.labels.items() if keys.owns_label(k)},
+            {k: v for k, v in node.annotations.items() if keys.owns_annotation(k)},
+            node.condition)
+
+
 def _older(rv: str, than: str) -> bool:
     """Whether resourceVersion `rv` is older than `than` (both numeric in practice;
     opaque ones are never called older)."""
@@ -125,6 +141,7 @@ class NodePublisher:
         self._done = 0  # the generation last written successfully
         self._last_error = ""
         self._conflict_reported = False  # a NodeWriteConflict Event went out this streak
+        self._refused: dict[str, str] = {}  # annotation -> the value refused as too large
         self._wake: anyio.Event | None = None
         self._progress: anyio.Event | None = None
 
@@ -158,6 +175,9 @@ class NodePublisher:
         seen = _Observed.of(node_obj)
         if self._observed is not None and _older(seen.resource_version,
                                                  self._observed.resource_version):
+            if _ours(seen, self._keys) != _ours(self._observed, self._keys):
+                self._observed = None  # which copy is right? the server says, once
+                self._poke()
             return
         self._take(seen)
         if self.in_sync and self._desired is not None and self._differs(self._desired):
@@ -247,14 +267,43 @@ class NodePublisher:
             desired = self._keep_times(desired)
             metadata = self._metadata_patch(desired)
             if metadata:
-                answer = await self._kube.merge_patch(NODES, self._node, {"metadata": metadata})
-                self._take(_Observed.of(answer))
+                await self._write_metadata(metadata)
             cond = self._condition_patch(desired)
             if cond is not None:
                 answer = await self._kube.strategic_patch(
                     NODES, self._node, {"status": {"conditions": [cond]}}, subresource="status")
                 self._take(_Observed.of(answer))
         await self._announce()
+
+    async def _write_metadata(self, metadata: dict[str, Any]) -> None:
+        """One merge patch; refused as too large: the labels alone, then each annotation
+        alone (never the same patch again), remembering the annotations refused."""
+        try:
+            await self._patch_metadata(metadata)
+        except TooLarge as exc:
+            parts = [{"labels": metadata["labels"]}] if metadata.get("labels") else []
+            parts += [{"annotations": {k: v}}
+                      for k, v in (metadata.get("annotations") or {}).items()]
+            if len(parts) == 1:  # nothing smaller to try
+                self._refuse(metadata, exc)
+                return
+            log.warning("the node's labels and annotations were refused as too large (%s): "
+                        "writing them one by one", exc, extra={"node": self._node})
+            for part in parts:
+                try:
+                    await self._patch_metadata(part)
+                except TooLarge as refused:
+                    self._refuse(part, refused)
+
+    async def _patch_metadata(self, metadata: dict[str, Any]) -> None:
+        answer = await self._kube.merge_patch(NODES, self._node, {"metadata": metadata})
+        self._take(_Observed.of(answer))
+
+    def _refuse(self, part: dict[str, Any], exc: TooLarge) -> None:
+        for key, value in (part.get("annotations") or {}).items():
+            self._refused[key] = value
+            log.warning("annotation %s (%d bytes) refused as too large: not sent again until "
+                        "it changes (%s)", key, len(value or ""), exc, extra={"node": self._node})
 
     def _differs(self, desired: DesiredNode) -> bool:
         desired = self._keep_times(desired)
@@ -265,7 +314,9 @@ class NodePublisher:
         observed = self._observed
         labels = _changes(desired.labels, observed.labels if observed else {},
                           self._keys.owns_label)
-        annotations = _changes(desired.annotations, observed.annotations if observed else {},
+        wanted = {k: v for k, v in desired.annotations.items()
+                  if v is None or self._refused.get(k) != v}
+        annotations = _changes(wanted, observed.annotations if observed else {},
                                self._keys.owns_annotation)
         patch: dict[str, Any] = {}
         if labels:
@@ -301,9 +352,9 @@ class NodePublisher:
         if not new_text or not old_text:
             return desired
         try:
-            new = json.loads(new_text)
-            _carry_times(new, json.loads(old_text))
-        except (ValueError, AttributeError, TypeError):
+            new = json.loads(new_text)  # ours: no bound needed
+            _carry_times(new, bounded_json(old_text))
+        except (ValueError, AttributeError, TypeError):  # Unreadable is a ValueError
             return desired  # someone wrote garbage there: ours replaces it
         text = json.dumps(new, separators=(",", ":"))
         if len(text) != len(new_text):  # never let a foreign value grow ours past its bound

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks.base import Entity, Finding, Severity, worst
+from checks.base import Finding, Severity, worst
 from healthd.agent.verdict import CheckState, HealthState, Held
 from healthd.kube.conventions import CONDITION_TYPE, Keys, Reason, Verdict
 from healthd.times import rfc3339
@@ -70,29 +70,20 @@ def desired_from(
 # -- entities and messages -------------------------------------------------------------
 
 
-def entity_of(state: HealthState, held: Held) -> Entity | None:
-    """The full entity (with UUID) behind a holding, from the latest findings."""
-    for f in state.check_findings.get(held.check, state.findings):
-        if f.code == held.code and f.entity.label == held.entity:
-            return f.entity
-    return None
-
-
-def describe_entity(label: str, entity: Entity | None = None) -> str:
-    """`GPU 5 (GPU-1234...)`, `node`, `peer n2`, `storage class fast`."""
-    if entity is not None and entity.kind == "gpu":
-        return f"GPU {entity.name}" + (f" ({entity.uuid})" if entity.uuid else "")
+def describe_entity(label: str, uuid: str = "") -> str:
+    """`GPU 5 (GPU-1234...)`, `GPU 5`, `node`, `peer n2`, `storage class fast`."""
     if label.startswith("gpu") and label[3:].isdigit():
-        return f"GPU {label[3:]}"
+        return f"GPU {label[3:]}" + (f" ({uuid})" if uuid else "")
     kind, _, name = label.partition("/")
     if kind == "storage":
         return f"storage class {name}"
     return f"{kind} {name}" if name else kind
 
 
-def describe_held(state: HealthState, held: Held) -> str:
-    """`GPU 5 (GPU-1234...): XID 79: GPU has fallen off the bus`."""
-    return f"{describe_entity(held.entity, entity_of(state, held))}: {held.message}"
+def describe_held(held: Held) -> str:
+    """`GPU 5 (GPU-1234...): XID 79: GPU has fallen off the bus`: from the holding
+    alone, so it reads the same whatever the latest run saw."""
+    return f"{describe_entity(held.entity, held.uuid)}: {held.message}"
 
 
 def _more(count: int) -> str:
@@ -125,7 +116,7 @@ def _condition_reason(state: HealthState, node: str) -> tuple[str, str]:
         return Reason.TESTING.value, f"exclusive diagnostic running: {_testing(state)}"
     if top is None:
         return Reason.HEALTHY.value, f"all GPU health checks on {node} pass"
-    return top.code, describe_held(state, top) + _more(len(state.held) - 1)
+    return top.code, describe_held(top) + _more(len(state.held) - 1)
 
 
 def _testing(state: HealthState) -> str:
@@ -238,7 +229,7 @@ Item = tuple[bool, dict[str, Any], int]  # (is held, JSON, severity rank)
 def _ranked_items(state: HealthState) -> list[Item]:
     """Holdings and the other latest findings, most severe first (holdings before
     plain findings of the same severity)."""
-    items: list[Item] = [(True, _held_json(state, h), h.severity.rank) for h in state.held]
+    items: list[Item] = [(True, _held_json(h), h.severity.rank) for h in state.held]
     for key, findings in sorted(state.check_findings.items()):
         for f in findings:  # recorded-only ones: held ones are above, pending ones wait
             if f.severity.rank < Severity.WARN.rank:
@@ -247,7 +238,7 @@ def _ranked_items(state: HealthState) -> list[Item]:
     return items
 
 
-def _held_json(state: HealthState, h: Held) -> dict[str, Any]:
+def _held_json(h: Held) -> dict[str, Any]:
     out: dict[str, Any] = {
         "code": h.code,
         "check": h.check,
@@ -257,9 +248,8 @@ def _held_json(state: HealthState, h: Held) -> dict[str, Any]:
         "message": _clip(h.message, MESSAGE_CHARS),
         "since": rfc3339(h.since),
     }
-    entity = entity_of(state, h)
-    if entity is not None and entity.uuid:
-        out["uuid"] = entity.uuid
+    if h.uuid:
+        out["uuid"] = h.uuid
     if h.clear_requested:
         out["clear_requested"] = True
     if h.flaps:
@@ -317,7 +307,7 @@ def announcement(old: Verdict, new_state: HealthState, old_state: HealthState | 
                             f"{head}: exclusive diagnostic running: {_testing(new_state)}")
     top = new_state.top
     if new.precedence > old.precedence and top is not None:
-        text = describe_held(new_state, top) + _more(len(new_state.held) - 1)
+        text = describe_held(top) + _more(len(new_state.held) - 1)
         return Announcement("Warning", top.code, _clip(f"{head}: {text}", CONDITION_MESSAGE_CHARS))
     reason = Reason.HEALTHY if new is Verdict.PASS else Reason.RECOVERED
     text = _clip(f"{head}: {_recovery(new_state, old_state)}", CONDITION_MESSAGE_CHARS)
@@ -327,11 +317,11 @@ def announcement(old: Verdict, new_state: HealthState, old_state: HealthState | 
 def _recovery(new_state: HealthState, old_state: HealthState | None) -> str:
     """What went away, and what still holds the node."""
     released = _released(old_state.held if old_state else (), new_state.held)
-    parts = [f"released {_codes(released, old_state)}"] if released else []
+    parts = [f"released {_codes(released)}"] if released else []
     if not released and old_state is not None and old_state.testing - new_state.testing:
         parts.append(f"diagnostic {', '.join(sorted(old_state.testing - new_state.testing))} ended")
     if new_state.top is not None:
-        parts.append(f"still held: {_codes(new_state.held, new_state)}")
+        parts.append(f"still held: {_codes(new_state.held)}")
     return "; ".join(parts) or "no finding holds the node"
 
 
@@ -340,9 +330,9 @@ def _released(before: Iterable[Held], after: Iterable[Held]) -> list[Held]:
     return [h for h in before if (h.check, h.code, h.entity) not in now]
 
 
-def _codes(held: list[Held] | tuple[Held, ...], state: HealthState | None, shown: int = 3) -> str:
+def _codes(held: list[Held] | tuple[Held, ...], shown: int = 3) -> str:
     named = [
-        f"{h.code} on {describe_entity(h.entity, entity_of(state, h) if state else None)}"
+        f"{h.code} on {describe_entity(h.entity, h.uuid)}"
         for h in held[:shown]
     ]
     return ", ".join(named) + _more(len(held) - shown)

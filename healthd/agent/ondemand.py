@@ -118,7 +118,7 @@ class RequestHandler:
     async def handle(self, request: Request) -> None:
         """Run or refuse one taken request, then answer it."""
         start = self.agent.now()
-        log.info("on-demand request %s: %s", request.kind, request.text)
+        log.info("on-demand request %s: %s", request.kind, request.shown)
         try:
             if request.error:
                 raise Refused(request.error)
@@ -171,16 +171,16 @@ class RequestHandler:
                           reasons=_unknown_reasons(results))
         await agent.publish_answer(last_run, ANSWER_FLUSH_S)
         if error:
-            log.warning("request %s refused: %s", request.text, error)
+            log.warning("request %s refused: %s", request.shown, error)
             await self._event(WARNING, Reason.BAD_REQUEST,
-                              f"request {request.text!r} ({request.id}) refused: {error}")
+                              f"request {request.shown!r} ({request.id}) refused: {error}")
         else:
             reasons = _unknown_reasons(results)
             summary = ", ".join(f"{k} {v}" + (f" ({reasons[k]})" if k in reasons else "")
                                 for k, v in statuses.items()) or "nothing to re-run"
             done = Reason.CLEARED if request.kind == "clear" else Reason.REQUEST_DONE
             await self._event(NORMAL, done,
-                              f"request {request.text!r} ({request.id}) done: {summary}; "
+                              f"request {request.shown!r} ({request.id}) done: {summary}; "
                               f"verdict {agent.verdict.value}")
 
     async def _event(self, type_: str, reason: str, message: str) -> None:

@@ -87,6 +87,9 @@ class Held:
     flaps: int = 0  # times it came back, up to Policy.max_flaps (each quadruples the hold)
     gap: int = 0  # its signal's longest clean stretch between two sightings
     age: int = 0  # runs of `check` that could see it since it was raised
+    # The entity's UUID (GPUs) as reported with it: kept with the holding, so it renders
+    # the same whether or not the latest run saw the finding again.
+    uuid: str = ""
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -348,7 +351,7 @@ def _raising(findings: Iterable[Finding]) -> dict[tuple[str, str], Finding]:
 
 def _hold(key: str, f: Finding, at: float, track: Track, policy: Policy) -> Held:
     return Held(f.code, key, f.entity.label, f.severity, f.sticky, f.message, since=at,
-                flaps=min(track.flaps, policy.max_flaps), gap=track.gap)
+                flaps=min(track.flaps, policy.max_flaps), gap=track.gap, uuid=f.entity.uuid)
 
 
 def _renew(h: Held, f: Finding, track: Track, policy: Policy) -> Held:
@@ -366,6 +369,7 @@ def _renew(h: Held, f: Finding, track: Track, policy: Policy) -> Held:
         flaps=min(track.flaps, policy.max_flaps),
         gap=track.gap,
         age=h.age + 1,
+        uuid=h.uuid or f.entity.uuid,
     )
 
 

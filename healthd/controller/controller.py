@@ -14,7 +14,10 @@ moment the Lease is lost):
   the AppWrappers with GPU pods on it, decided and reset at once under the rails;
 - network blame (healthd.controller.blame.NetworkBlame): the agents' ping reports
   judged fleet-wide; Events and gauges only, never a node label;
-- the cache-sync gauges.
+- the cache-sync gauges;
+- a log line, once per node and streak, when a node's health annotation cannot be
+  read (someone else wrote it): the controller decides from the verdict label, and
+  such a node merely has no finding codes and no ping view until its agent rewrites it.
 
 A term starts from nothing: new caches, a first full list, then a full
 evaluation, so a new leader (or a restarted one) neither repeats a reset that was
@@ -38,7 +41,7 @@ import anyio
 from healthd.config import Config
 from healthd.controller.appwrappers import Resetter
 from healthd.controller.blame import Episodes, NetworkBlame
-from healthd.controller.caches import KINDS, Caches
+from healthd.controller.caches import KINDS, NODES_KIND, Caches
 from healthd.controller.clusterqueues import QueueWriter
 from healthd.controller.election import LeaseElector
 from healthd.controller.evictions import SETTLE_S, EvictionReactor
@@ -47,7 +50,7 @@ from healthd.kube.backoff import Backoff
 from healthd.kube.client import Kube
 from healthd.kube.conventions import CONTROLLER_COMPONENT, Keys
 from healthd.kube.events import EventRecorder
-from healthd.kube.objects import LEASES
+from healthd.kube.objects import LEASES, name_of, read_annotation_json
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +79,13 @@ class Term:
                                       clock=clock, settle_s=settle_s)
         self.blame = NetworkBlame(self.caches, events, keys=keys, metrics=metrics,
                                   dry_run=settings.dry_run, lease=lease, episodes=episodes)
+        self.unreadable = UnreadableHealth(keys)
 
     def _changed(self, kind: str, old: dict[str, Any] | None,
                  new: dict[str, Any] | None) -> None:
         # Each handler is quick and guards itself; one failing must not starve the others.
-        for handle in (self.lending.handle, self.resets.handle, self.blame.handle):
+        for handle in (self.unreadable.handle, self.lending.handle, self.resets.handle,
+                       self.blame.handle):
             try:
                 handle(kind, old, new)
             except Exception:
@@ -115,6 +120,29 @@ class Term:
     async def _report_synced(self, kind: str) -> None:
         await self.caches.store(kind).synced.wait()
         self.metrics.set_synced(kind)
+
+
+class UnreadableHealth:
+    """Says once per node, until it reads again, that its health annotation cannot be
+    read (not on every event of that node)."""
+
+    def __init__(self, keys: Keys) -> None:
+        self._keys = keys
+        self.nodes: set[str] = set()  # nodes told about, still unreadable
+
+    def handle(self, kind: str, old: dict[str, Any] | None,
+               new: dict[str, Any] | None) -> None:
+        if kind != NODES_KIND:
+            return
+        name = name_of(new or old or {})
+        problem = read_annotation_json(new, self._keys.health)[1] if new is not None else ""
+        if not problem:
+            self.nodes.discard(name)
+        elif name not in self.nodes:
+            self.nodes.add(name)
+            log.warning("node %s: its %s annotation cannot be read (%s); its verdict label "
+                        "alone counts until its agent rewrites it", name, self._keys.health,
+                        problem, extra={"node": name})
 
 
 class Controller:

@@ -11,12 +11,11 @@ says what moved, one line per change; `EventLog` collects Events once each.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from healthd.kube.conventions import APPWRAPPER_LABEL, CONDITION_TYPE, Keys
-from healthd.kube.objects import natural_name_key
+from healthd.kube.objects import annotation_json, natural_name_key
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -41,21 +40,15 @@ def _condition(node: dict[str, Any]) -> str | None:
 
 
 def _last_run(annotations: dict[str, str], keys: Keys) -> dict[str, Any] | None:
-    try:
-        answer = json.loads(annotations.get(keys.last_run) or "null")
-    except ValueError:
-        return None
-    if not isinstance(answer, dict):
+    answer = annotation_json({"metadata": {"annotations": annotations}}, keys.last_run)
+    if not answer:
         return None
     return {k: answer.get(k) for k in ("kind", "request", "accepted", "error")}
 
 
 def _findings(annotations: dict[str, str], keys: Keys) -> list[str]:
     """`code@entity` of every finding the agent's health annotation lists."""
-    try:
-        health = json.loads(annotations.get(keys.health) or "{}")
-    except ValueError:
-        return []
+    health = annotation_json({"metadata": {"annotations": annotations}}, keys.health)
     items = [*(health.get("held") or []), *(health.get("findings") or [])]
     return sorted({f"{i.get('code')}@{i.get('entity')}" for i in items if isinstance(i, dict)})
 

@@ -180,7 +180,8 @@ def status_text(doc: Mapping[str, Any], *, wide: bool = False) -> str:
 
 
 def _status_row(row: Mapping[str, Any]) -> tuple[str, ...]:
-    notes = [n for n, on in (("cordoned", row["cordoned"]), ("NotReady", row["ready"] is False))
+    notes = [n for n, on in (("cordoned", row["cordoned"]), ("NotReady", row["ready"] is False),
+                             ("health unreadable", row.get("health_unreadable")))
              if on]
     return (row["name"], row["verdict"], age(row["since_age_s"]),
             ",".join(row["top_codes"]) or "-", str(row.get("flaps") or "-"),

@@ -31,6 +31,8 @@ schema (`SCHEMA_VERSION` 1) only grows, and a change of meaning bumps the versio
       agent_restarted_age_s  seconds since its last restart, or null
       gpus              GPU capacity
       cordoned, ready   spec.unschedulable; the Ready condition (null when unknown)
+      health_unreadable why the health annotation cannot be read (too large, nested
+                        too deep, not JSON: someone else wrote it), or null
       blamed            most of its peers cannot reach it by ping (the controller's
                         fleet network blame); false without ping reports
     controller
@@ -62,12 +64,12 @@ from healthd.fleet.sources import Snapshot
 from healthd.kube.conventions import GPU_RESOURCE, Keys, Reason, Verdict
 from healthd.kube.leases import holder_of, is_expired
 from healthd.kube.objects import (
-    annotation_json,
     labels_of,
     meta,
     name_of,
     namespace_of,
     node_name_of,
+    read_annotation_json,
 )
 from healthd.kube.pods import is_terminated
 from healthd.network_blame import Assessment, assess, rows_of
@@ -166,14 +168,9 @@ def agent_health(pod: Obj | None, now: float) -> dict[str, Any]:
             "agent_restarts": restarts, "agent_restarted_age_s": _age(last, now)}
 
 
-def health_of(node: Obj, keys: Keys) -> dict[str, Any]:
-    """The node's health annotation (healthd.agent.node_view), {} when absent or garbage."""
-    return annotation_json(node, keys.health)
-
-
 def node_row(node: Obj, keys: Keys, agents: Mapping[str, Obj], now: float, *,
              blamed: bool = False) -> dict[str, Any]:
-    health = health_of(node, keys)
+    health, unreadable = read_annotation_json(node, keys.health)
     label = labels_of(node).get(keys.gpuhealth)
     verdict = label if label in _LABELS else (UNKNOWN if health else NONE)
     since = parse_time(health.get("since"))
@@ -194,6 +191,7 @@ def node_row(node: Obj, keys: Keys, agents: Mapping[str, Obj], now: float, *,
         "cordoned": spec.get("unschedulable") is True,
         "ready": _ready(node),
         "blamed": blamed,
+        "health_unreadable": unreadable or None,
     }
 
 

@@ -9,14 +9,18 @@ caller ever imports `kubernetes` or `aiohttp` to handle an error. The tree::
     ├── NotFound              404
     ├── Conflict              409: stale resourceVersion or AlreadyExists
     ├── Invalid               422, including a failed JSON-patch `test`
+    │   └── TooLarge          422 for a field too long (all annotations over 256 KiB)
     ├── Forbidden             401 and 403
-    └── Gone                  410: a watch or list resourceVersion too old
+    └── Gone                  410: a watch or list resourceVersion too old (or, with
+                              504, too large: a restored or replaced server); relist
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+from healthd.kube.objects import bounded_json
 
 
 class KubeError(Exception):
@@ -63,6 +67,11 @@ class Invalid(KubeError):
     """422: the server rejected the content, e.g. a JSON-patch `test` that failed."""
 
 
+class TooLarge(Invalid):
+    """422 because a field would be too long, e.g. an object's annotations together
+    past the server's 256 KiB: the same write will never succeed, only a smaller one."""
+
+
 class Forbidden(KubeError):
     """401/403: the credentials may not do this (RBAC)."""
 
@@ -92,7 +101,7 @@ def error_class(status: int) -> type[KubeError]:
 def parse_status(text: str | bytes) -> dict[str, Any]:
     """The `kind: Status` object in an error body, or {} when the body is not one."""
     try:
-        body = json.loads(text)
+        body = bounded_json(text, max_bytes=2**20)  # a Status is small; a proxy's page may not be
     except (ValueError, TypeError):
         return {}
     return body if isinstance(body, dict) else {}
@@ -108,9 +117,21 @@ def from_status(status: int, body: str | bytes, *, http_reason: str = "",
         message = raw.strip()[:500] or http_reason or f"HTTP {status}"
     reason = str(parsed.get("reason") or http_reason or "")
     cls = error_class(status)
+    if cls is Invalid and _has_cause(parsed, "FieldValueTooLong"):
+        cls = TooLarge
+    if status == 504 and _has_cause(parsed, "ResourceVersionTooLarge"):
+        cls = Gone  # a version this server never had: relist, as for one it forgot
     if cls is Unavailable:
         return Unavailable(message, status=status, reason=reason, retry_after=retry_after)
     return cls(message, status=status, reason=reason)
+
+
+def _has_cause(status: dict[str, Any], reason: str) -> bool:
+    """Whether a Status lists a cause with `reason` in its details."""
+    details = status.get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
+    return isinstance(causes, list) and any(
+        isinstance(c, dict) and c.get("reason") == reason for c in causes)
 
 
 def from_status_object(obj: dict[str, Any]) -> KubeError:

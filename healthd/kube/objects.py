@@ -130,16 +130,70 @@ def node_name_of(pod: Mapping[str, Any]) -> str:
     return str(spec.get("nodeName") or "") if isinstance(spec, Mapping) else ""
 
 
-def annotation_json(obj: dict[str, Any], key: str) -> dict[str, Any]:
-    """The JSON object in annotation `key` of `obj`; {} when absent, not JSON or not an
-    object (annotations are anyone's to write: never trust their shape)."""
+# Annotations are anyone's to write (node-patch rights, a bug): whatever healthd reads
+# from one is decoded within these bounds, never trusted for size or shape.
+MAX_JSON_BYTES = 256 * 1024  # the API's limit for all of an object's annotations together
+MAX_JSON_DEPTH = 32  # healthd's own documents nest 5 deep at most
+
+
+class Unreadable(ValueError):
+    """JSON text that is too large, nested too deep, or not JSON at all."""
+
+
+def bounded_json(text: str | bytes, *, max_bytes: int = MAX_JSON_BYTES,
+                 max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Decode `text`, refusing (`Unreadable`, saying why) anything over `max_bytes` or
+    nested deeper than `max_depth`. Python's decoder recurses per level: without the
+    bound a deeply nested value raises RecursionError, which no caller expects."""
+    size = len(text) if isinstance(text, bytes) else len(text.encode(errors="replace"))
+    if size > max_bytes:
+        raise Unreadable(f"{size} bytes, more than the {max_bytes} allowed")
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise Unreadable(f"nested deeper than {max_depth} levels") from None
+    except ValueError as exc:
+        raise Unreadable(f"not JSON: {exc}") from None
+    if _deeper_than(value, max_depth):
+        raise Unreadable(f"nested deeper than {max_depth} levels")
+    return value
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether lists and objects in `value` nest more than `limit` deep (no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(
+            item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def read_annotation_json(obj: Mapping[str, Any], key: str) -> tuple[dict[str, Any], str]:
+    """The JSON object in annotation `key` of `obj`, and "" ; ({}, "") when the
+    annotation is absent; ({}, why) when it is there but unreadable (too large, too
+    deep, not JSON, not an object)."""
     annotations = meta(obj).get("annotations")
     text = annotations.get(key) if isinstance(annotations, dict) else None
+    if text is None:
+        return {}, ""
+    if not isinstance(text, str):
+        return {}, "not a string"
     try:
-        body = json.loads(text) if isinstance(text, str) else None
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
+        body = bounded_json(text)
+    except Unreadable as exc:
+        return {}, str(exc)
+    return (body, "") if isinstance(body, dict) else ({}, "not a JSON object")
+
+
+def annotation_json(obj: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """The JSON object in annotation `key` of `obj`; {} when absent or unreadable."""
+    return read_annotation_json(obj, key)[0]
 
 
 def natural_name_key(name: str) -> tuple[tuple[int, str], ...]:

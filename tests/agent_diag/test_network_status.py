@@ -88,6 +88,7 @@ GARBAGE = {
     "oversized": json.dumps([POD_ENTRY] + [net(f"n{i}", "net1", "192.168.1.2")
                                            for i in range(MAX_ANNOTATION_BYTES // 40)]),
     "bad entry fields": json.dumps([POD_ENTRY, {"name": 7, "interface": ["x"], "ips": "1"}]),
+    "nested": "[" * 30_000 + "]" * 30_000,  # once a RecursionError out of the decoder
 }
 
 

@@ -78,7 +78,8 @@ def test_round_trip_uses_the_readers_catalog() -> None:
 @pytest.mark.parametrize("text", ["", "Error: OOMKilled", "[]", '{"checks": []}',
                                   '{"checks": [{"check": "dcgm", "status": "MAYBE"}]}',
                                   '{"checks": [{"check": "dcgm", "status": "PASS"}], '
-                                  '"findings": [{"check": "dcgm", "code": "X", "entity": "?"}]}'])
+                                  '"findings": [{"check": "dcgm", "code": "X", "entity": "?"}]}',
+                                  "[" * 4096])  # a termination message's size, nested
 def test_garbage_is_a_summary_error(text: str) -> None:
     with pytest.raises(SummaryError):
         parse_summary(text, "dcgm", Catalog())

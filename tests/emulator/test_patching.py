@@ -1,7 +1,8 @@
 """PATCH in the three flavours the client sends: merge (null deletes), JSON patch with
 `test` (422 on failure, nothing written), strategic merge (conditions by type,
 containers by name, taints replaced whole; 415 on custom resources), and 409 on a
-stale resourceVersion in the patch."""
+stale resourceVersion in the patch; 422 FieldValueTooLong when the annotations together
+pass 256 KiB."""
 
 from __future__ import annotations
 
@@ -121,3 +122,17 @@ async def test_patch_with_stale_resource_version_is_409(kube: Kube) -> None:
                            {"metadata": {"resourceVersion": stale, "labels": {"x": "2"}}},
                            _content_type=MERGE)
     assert err.status == 409
+
+
+async def test_annotations_past_256_kib_together_are_refused_as_the_real_server_does(
+        kube: Kube) -> None:
+    name = await _node(kube, annotations={"a.example/big": "x" * 200_000})
+    err = await kube.error("CoreV1Api", "patch_node", name,
+                           {"metadata": {"annotations": {"b.example/big": "y" * 70_000}}},
+                           _content_type=MERGE)
+    assert err.status == 422
+    body = json.loads(err.body)
+    assert "metadata.annotations: Too long: must have at most 262144 bytes" in body["message"]
+    assert [c["reason"] for c in body["details"]["causes"]] == ["FieldValueTooLong"]
+    out = await kube.call("CoreV1Api", "read_node", name)
+    assert set(out.metadata.annotations) == {"a.example/big"}  # nothing written

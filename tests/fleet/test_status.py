@@ -167,8 +167,8 @@ async def test_a_bad_verdict_filter_is_a_usage_error(api: ApiEmulator, tmp_path:
 
 GOLDEN_TOP = ["controller", "filters", "generated_at", "nodes", "schema_version", "summary"]
 GOLDEN_NODE = ["agent", "agent_pod", "agent_ready", "agent_restarted_age_s", "agent_restarts",
-               "blamed", "cordoned", "flaps", "gpus", "last_round", "last_round_age_s", "name",
-               "ready", "since", "since_age_s", "top_codes", "verdict"]
+               "blamed", "cordoned", "flaps", "gpus", "health_unreadable", "last_round",
+               "last_round_age_s", "name", "ready", "since", "since_age_s", "top_codes", "verdict"]
 GOLDEN_CONTROLLER = ["breaker", "kueue", "leader", "lending", "network", "problems", "resets",
                      "resets_last_hour"]
 GOLDEN_NETWORK = ["blamed", "isolated", "partitioned", "reporters", "why"]
@@ -246,3 +246,22 @@ async def test_one_of_a_kind_reads_in_the_singular(api: ApiEmulator, tmp_path: P
     run = await healthd(api, tmp_path, "status", clock=lambda: NOW)
     assert "\n1 GPU node: 1 PASS\n" in run.out
     assert "1 AppWrapper reset in the last hour" in run.out
+
+
+NESTED = "[" * 100_000 + "]" * 100_000  # valid JSON, far deeper than any decoder recurses
+
+
+async def test_a_node_whose_health_annotation_is_garbage_reads_as_unreadable(
+        api: ApiEmulator, tmp_path: Path) -> None:
+    api.seed(gpu_node("n-garbage", verdict="PASS", annotations={KEYS.health: NESTED}),
+             gpu_node("n-pass", verdict="PASS", annotations={
+                 KEYS.health: health("PASS", since_ago=60, round_ago=5)}))
+    doc = await status_json(api, tmp_path)
+    rows = {r["name"]: r for r in doc["nodes"]}
+    assert rows["n-garbage"]["verdict"] == "PASS"  # the label still says what it says
+    assert "nested deeper than" in rows["n-garbage"]["health_unreadable"]
+    assert rows["n-pass"]["health_unreadable"] is None
+    run = await healthd(api, tmp_path, "status", clock=lambda: NOW)
+    assert run.code == 0 and "Traceback" not in run.err
+    garbage = next(line for line in run.out.splitlines() if line.startswith("n-garbage"))
+    assert garbage.rstrip().endswith("health unreadable")

@@ -41,6 +41,7 @@ _SYSTEM_METADATA = ("uid", "creationTimestamp", "deletionTimestamp",
 _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # the real server's generateName alphabet
 
 Key = tuple[str, str]  # (namespace or "", name)
+ANNOTATIONS_LIMIT = 256 * 1024  # bytes of all keys and values together, as the real server
 
 
 def now_text() -> str:
@@ -52,6 +53,21 @@ def _meta(obj: Obj) -> Obj:
     if not isinstance(meta, dict):
         meta = obj["metadata"] = {}
     return meta
+
+
+def check_annotations(rt: ResourceType, obj: Obj) -> None:
+    """The real server's limit on an object's annotations (keys and values together),
+    with the same status, message and cause."""
+    annotations = _meta(obj).get("annotations") or {}
+    size = sum(len(str(k).encode()) + len(str(v).encode()) for k, v in annotations.items())
+    if size <= ANNOTATIONS_LIMIT:
+        return
+    detail = f"Too long: must have at most {ANNOTATIONS_LIMIT} bytes"
+    name = str(_meta(obj).get("name") or "")
+    raise ApiError(422, f'{rt.kind} "{name}" is invalid: metadata.annotations: {detail}',
+                   "Invalid", {"name": name, "group": rt.group, "kind": rt.kind,
+                               "causes": [{"reason": "FieldValueTooLong", "message": detail,
+                                           "field": "metadata.annotations"}]})
 
 
 def render(obj: Obj, rt: ResourceType) -> Obj:
@@ -188,6 +204,7 @@ class Store:
             for key in ("deletionTimestamp", "deletionGracePeriodSeconds"):
                 meta.pop(key, None)
             self._fill_new_metadata(meta, namespace if rt.namespaced else None)
+            check_annotations(rt, obj)
             if rt.status and not rt.keeps_status_on_create:
                 obj.pop("status", None)
                 if rt.initial_status is not None:
@@ -234,6 +251,7 @@ class Store:
         else:
             self._keep_system_fields(rt, old, new)
         new["metadata"]["resourceVersion"] = old_meta["resourceVersion"]
+        check_annotations(rt, new)
         if new == old:  # the real server skips writes that change nothing
             return render(old, rt)
         if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
@@ -351,6 +369,12 @@ class Store:
                     raise ApiError.bad_request(f"invalid resourceVersion {since!r}") from exc
                 if start < self._floor:
                     raise Expired(f"too old resource version: {start} ({self._floor})")
+                if start > self._rv:  # a version from another server (a restored etcd)
+                    raise ApiError(504, f"Too large resource version: {start}, current: "
+                                   f"{self._rv}", "Timeout", {
+                                       "causes": [{"reason": "ResourceVersionTooLarge",
+                                                   "message": "Too large resource version"}],
+                                       "retryAfterSeconds": 1})
                 initial = [e for e in self._history
                            if e.rv > start and e.storage == rt.storage_key]
             sub = Subscription(rt.storage_key, loop, self._rv)

@@ -2,11 +2,13 @@
 
 Faithful to the real server where clients notice: `resourceVersion=N` replays only
 later events and answers 410 Expired as an ERROR event (HTTP 200) when N is older
-than the history; no resourceVersion (or "0") starts with ADDED for every match;
-an object that stops matching a selector arrives as DELETED and one that starts
-matching as ADDED; `timeoutSeconds` ends the stream cleanly; `allowWatchBookmarks`
-adds BOOKMARK events, always one just before a timeout ends the stream. When the
-server goes away, open watches are cut off mid-stream.
+than the history, and 504 "Too large resource version" when N is newer than the
+server's own (a restored or replaced server); no resourceVersion (or "0") starts
+with ADDED for every match; an object that stops matching a selector arrives as
+DELETED and one that starts matching as ADDED; `timeoutSeconds` ends the stream
+cleanly; `allowWatchBookmarks` adds BOOKMARK events, always one just before a
+timeout ends the stream. When the server goes away, open watches are cut off
+mid-stream.
 """
 
 from __future__ import annotations
