@@ -44,9 +44,9 @@ from tests.deploy.manifests import (
     render_text,
 )
 
-# Each documented values file and the kustomize render it must equal. None: the
-# variant has no kustomization of its own (its tests are below), and it is compared
-# with the default one except for the objects it is meant to change.
+# Each documented values file and the kustomize render it must equal. A variant with
+# no kustomization of its own (MLBatch's setup, the migration's shadow step) is compared
+# with the nearest one except for what it is meant to change (MEANT_TO_DIFFER).
 KUSTOMIZE = {
     "values.yaml": [DEPLOY],
     "device-plugin.yaml": [OVERLAYS["device-plugin"]],
@@ -330,3 +330,13 @@ def test_a_config_change_rolls_the_pods(helm_path: Path) -> None:
 
     before, after = checksums([]), checksums(["checks.pvc.storageClasses={nfs}"])
     assert len(before) == len(after) == 1 and before != after
+
+
+def test_the_config_value_is_merged_last(helm_path: Path, tmp_path: Path) -> None:
+    """README's slim image: `config` turns the dcgm check off, and wins over a value."""
+    objects = render_chart(helm_path, sets=[
+        "controller.dryRun=true",
+        'config.checks.dcgm.enabled=false', "config.controller.dry_run=false"])
+    config = loaded(config_text(objects), tmp_path)
+    assert "dcgm" not in enabled_checks(config) and "pciebw" in enabled_checks(config)
+    assert config.controller.dry_run is False
