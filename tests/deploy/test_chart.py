@@ -20,6 +20,7 @@ from healthd.cli import main
 from healthd.config import Config, load_config
 from tests.deploy.chart import (
     CHART,
+    KUBE_VERSION,
     VALUES,
     config_text,
     documented_values,
@@ -113,7 +114,7 @@ def test_every_values_file_is_a_documented_variant() -> None:
 @pytest.mark.parametrize("name", sorted(KUSTOMIZE))
 def test_helm_lint_passes(helm_path: Path, name: str) -> None:
     proc = helm(helm_path, "lint", str(CHART), "--strict", "--values", str(values_path(name)),
-                "--kube-version", template_args()[template_args().index("--kube-version") + 1])
+                "--kube-version", KUBE_VERSION)
     assert "0 chart(s) failed" in proc.stdout, proc.stdout
 
 

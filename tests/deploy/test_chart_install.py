@@ -5,8 +5,8 @@ and on no other; `helm upgrade` with changed values rolls the agents and loses n
 Node label; `helm uninstall` removes every object of the chart and leaves only the
 documented state on the Nodes, which deploy/helm/remove-node-state.sh then removes.
 
-The control plane comes from the `realcluster` fixture (an object with `.kubeconfig`,
-the path of an admin kubeconfig). Without it this test skips outside CI and fails in
+The control plane comes from the `realcluster` fixture (its admin kubeconfig:
+`.admin_kubeconfig`, or `.kubeconfig`). Without it this test skips outside CI and fails in
 CI, where it must run.
 """
 
@@ -17,11 +17,12 @@ import os
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.deploy.chart import CHART, documented_values, helm, helm_binary
+from tests.deploy.chart import CHART, KUBE_VERSION, documented_values, helm, helm_binary
 from tests.deploy.manifests import NAMESPACE, ROOT, kubectl
 
 pytestmark = pytest.mark.timeout(900)
@@ -42,23 +43,25 @@ POLL_S = 1.0
 
 
 @pytest.fixture
-def cluster(request: pytest.FixtureRequest) -> Any:
+def kubeconfig(request: pytest.FixtureRequest) -> Path:
+    """The admin kubeconfig of the session's real control plane."""
     try:
-        return request.getfixturevalue("realcluster")
+        plane = request.getfixturevalue("realcluster")
     except pytest.FixtureLookupError:
         if os.environ.get("CI") == "true":
             pytest.fail("the chart's install test needs the real control plane harness "
                         "(fixture `realcluster`)")
         pytest.skip("needs the real control plane harness")
+    return Path(getattr(plane, "kubeconfig", None) or plane.admin_kubeconfig)
 
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
 
 @pytest.fixture
-def kube(cluster: Any) -> Run:
+def kube(kubeconfig: Path) -> Run:
     """kubectl against the real control plane; a failure fails the test with its words."""
-    config = str(cluster.kubeconfig)
+    config = str(kubeconfig)
 
     def run(*args: str, check: bool = True, stdin: str | None = None
             ) -> subprocess.CompletedProcess[str]:
@@ -71,11 +74,11 @@ def kube(cluster: Any) -> Run:
 
 
 @pytest.fixture
-def helm_run(cluster: Any) -> Callable[..., subprocess.CompletedProcess[str]]:
+def helm_run(kubeconfig: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     binary = helm_binary()
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return helm(binary, *args, "--kubeconfig", str(cluster.kubeconfig))
+        return helm(binary, *args, "--kubeconfig", str(kubeconfig))
     return run
 
 
@@ -137,7 +140,8 @@ def test_every_documented_values_file_is_accepted_by_the_api_server(
     try:
         for values in [CHART / "values.yaml", *documented_values()]:
             text = helm_run("template", RELEASE, str(CHART), "--namespace",
-                            f"{NAMESPACE}-dryrun", "-f", str(values)).stdout
+                            f"{NAMESPACE}-dryrun", "--kube-version", KUBE_VERSION,
+                            "-f", str(values)).stdout
             if not has_monitoring:  # the Prometheus Operator's kinds need its CRDs
                 text = "\n---\n".join(doc for doc in text.split("\n---\n")
                                       if "monitoring.coreos.com/" not in doc)
@@ -150,7 +154,7 @@ def test_every_documented_values_file_is_accepted_by_the_api_server(
 
 def test_install_upgrade_uninstall(kube: Run, nodes: None,
                                    helm_run: Callable[..., subprocess.CompletedProcess[str]],
-                                   cluster: Any) -> None:
+                                   kubeconfig: Path) -> None:
     before = node_metadata(kube)
     install = helm_run("install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace")
     assert "kubectl get nodes -L autopilot.ibm.com/gpuhealth" in install.stdout  # NOTES
@@ -193,7 +197,7 @@ def test_install_upgrade_uninstall(kube: Run, nodes: None,
 
     proc = subprocess.run(["bash", str(ROOT / "deploy" / "helm" / "remove-node-state.sh")],
                           capture_output=True, text=True, timeout=120, check=False,
-                          env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig),
+                          env={**os.environ, "KUBECONFIG": str(kubeconfig),
                                "KUBECTL": kubectl()})
     assert proc.returncode == 0, proc.stderr
     for name, meta in node_metadata(kube).items():
