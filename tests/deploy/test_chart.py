@@ -341,3 +341,13 @@ def test_the_config_value_is_merged_last(helm_path: Path, tmp_path: Path) -> Non
     config = loaded(config_text(objects), tmp_path)
     assert "dcgm" not in enabled_checks(config) and "pciebw" in enabled_checks(config)
     assert config.controller.dry_run is False
+
+
+def test_the_packaged_chart_carries_the_sources(helm_path: Path, tmp_path: Path) -> None:
+    """`helm package` (to publish the chart) resolves the link: the archive renders the
+    same objects with no deploy/daemonset beside it."""
+    helm(helm_path, "package", str(CHART), "--destination", str(tmp_path))
+    (archive,) = tmp_path.glob("healthd-*.tgz")
+    packaged = helm(helm_path, "template", "healthd", str(archive), "--namespace", NAMESPACE,
+                    "--kube-version", KUBE_VERSION).stdout
+    assert packaged == helm(helm_path, *template_args()).stdout
