@@ -148,7 +148,7 @@ def test_a_misspelt_key_in_a_values_file_fails_naming_it(helm_path: Path,
 def test_chart_renders_what_kustomize_renders(helm_path: Path, tmp_path: Path,
                                               name: str) -> None:
     meant = MEANT_TO_DIFFER.get(name, set())
-    chart = render_chart(helm_path, [values_path(name)], ["namespace.create=true"])
+    chart = render_chart(helm_path, [values_path(name)])
     kustomize = kustomize_render(KUSTOMIZE[name], tmp_path)
     ours, theirs = normalized(chart), normalized(kustomize)
     assert sorted(ours) == sorted(theirs)
@@ -176,9 +176,10 @@ def test_healthd_config_validate_accepts_the_rendered_config(
 
 
 def test_the_release_namespace_is_made_by_helm_not_the_chart(helm_path: Path) -> None:
-    """`helm install --create-namespace` makes it; a chart-made Namespace of the release
-    would clash with it (namespace.create: true is for installs without the flag)."""
-    assert not find(render_chart(helm_path), "Namespace")
+    """`helm install --create-namespace` makes it: Helm stores the release there before
+    it creates any object, so a Namespace in the chart could never be the first."""
+    for name in sorted(KUSTOMIZE):
+        assert not find(render_chart(helm_path, [values_path(name)]), "Namespace"), name
 
 
 @pytest.fixture
@@ -351,3 +352,13 @@ def test_the_packaged_chart_carries_the_sources(helm_path: Path, tmp_path: Path)
     packaged = helm(helm_path, "template", "healthd", str(archive), "--namespace", NAMESPACE,
                     "--kube-version", KUBE_VERSION).stdout
     assert packaged == helm(helm_path, *template_args()).stdout
+
+
+def test_autopilots_invasive_timer_as_a_scheduled_diagnostic(helm_path: Path,
+                                                             tmp_path: Path) -> None:
+    """Autopilot's `invasive: 4h` is checks.diagnostics (off by default)."""
+    assert loaded(config_text(render_chart(helm_path)), tmp_path).agent.diagnostics == []
+    objects = render_chart(helm_path, sets=["checks.diagnostics[0].check=dcgm:3",
+                                            "checks.diagnostics[0].interval=4h"])
+    (entry,) = loaded(config_text(objects), tmp_path).agent.diagnostics
+    assert (entry.check, entry.interval) == ("dcgm:3", 14400)
