@@ -312,7 +312,7 @@ def test_controller_values_reach_config_and_deployment(helm_path: Path,
 def test_agent_values_reach_the_daemonset(helm_path: Path) -> None:
     objects = render_chart(helm_path, sets=[
         "agent.runtimeClassName=", "dcgm.hostEngine=10.0.0.1:5555",
-        "agent.nodeSelector.gpu=yes",
+        "agent.nodeSelector.gpu=yes", "agent.resources.limits.memory=2Gi",
         "agent.podAnnotations.k8s\\.v1\\.cni\\.cncf\\.io/networks=net1"])
     pod = one(objects, "DaemonSet", "healthd-agent")["spec"]["template"]
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
@@ -320,6 +320,7 @@ def test_agent_values_reach_the_daemonset(helm_path: Path) -> None:
     assert env["DCGM_HOST_ENGINE"] == "10.0.0.1:5555"
     assert pod["spec"]["nodeSelector"] == {"gpu": "yes"}
     assert pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] == "net1"
+    assert pod["spec"]["containers"][0]["resources"] == {"limits": {"memory": "2Gi"}}
 
 
 def test_a_config_change_rolls_the_pods(helm_path: Path) -> None:
