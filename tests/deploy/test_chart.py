@@ -39,6 +39,7 @@ from tests.deploy.manifests import (
     ROOT,
     STACKS,
     Obj,
+    documents,
     find,
     one,
     render,
@@ -204,6 +205,32 @@ def test_a_change_to_the_kustomize_base_reaches_the_chart(helm_path: Path,
     (agent,) = [o for o in yaml.safe_load_all(proc.stdout) if o and o["kind"] == "DaemonSet"]
     volumes = {v["name"]: v for v in agent["spec"]["template"]["spec"]["volumes"]}
     assert volumes["kmsg"] == {"name": "kmsg", "hostPath": {"path": "/dev/kmsg"}}
+
+
+def test_a_new_overlay_patch_renders_as_kustomize_renders_it(helm_path: Path,
+                                                            edited_sources: Path) -> None:
+    """A strategic-merge patch with a target, added to an overlay (a host file and a
+    capability for a new check): both renders still agree, object by object."""
+    overlay = edited_sources / "daemonset" / "overlays" / "device-plugin"
+    (overlay / "kmsg.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "any"},
+        "spec": {"template": {"spec": {
+            "containers": [{"name": "agent",
+                            "securityContext": {"capabilities": {"add": ["SYSLOG"]}},
+                            "volumeMounts": [{"name": "kmsg", "mountPath": "/dev/kmsg",
+                                              "readOnly": True}]}],
+            "volumes": [{"name": "kmsg", "hostPath": {"path": "/dev/kmsg"}}]}}}}))
+    kustomization = overlay / "kustomization.yaml"
+    kustomization.write_text(kustomization.read_text() + "  - path: kmsg.yaml\n    target:\n"
+                             "      kind: DaemonSet\n      name: healthd-agent\n")
+    chart = documents(helm(helm_path, "template", "healthd",
+                           str(edited_sources / "helm" / "healthd"), "--namespace", NAMESPACE,
+                           "--kube-version", KUBE_VERSION, "--set", "platform=device-plugin"
+                           ).stdout)
+    ours, theirs = normalized(chart), normalized(render(overlay))
+    assert ours == theirs
+    agent = ours[("DaemonSet", NAMESPACE, "healthd-agent")]["spec"]["template"]["spec"]
+    assert {"name": "kmsg", "hostPath": {"path": "/dev/kmsg"}} in agent["volumes"]
 
 
 # -- values reach the objects ---------------------------------------------------------------

@@ -117,12 +117,16 @@ kustomization would. Generators are left out: the chart makes its own ConfigMap.
 {{- end -}}
 {{- $file := include "healthd.joinPath" (list $dir $p.path) -}}
 {{- $text := include "healthd.source" (list $root $file) -}}
+{{- $smp := fromYaml $text -}}
 {{- if $p.target -}}
-{{- $ops := fromYamlArray $text -}}
 {{- range $obj := $objects -}}
 {{- if and (eq $obj.kind $p.target.kind) (eq $obj.metadata.name $p.target.name) -}}
-{{- range $op := $ops -}}
+{{- if and $smp (not (hasKey $smp "Error")) -}}{{- /* a strategic-merge patch with a target */ -}}
+{{- include "healthd.merge" (list $obj (omit $smp "apiVersion" "kind" "metadata")) -}}
+{{- else -}}
+{{- range $op := fromYamlArray $text -}}
 {{- include "healthd.jsonPatchOp" (list $obj $op $file) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
