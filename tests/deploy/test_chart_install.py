@@ -5,9 +5,8 @@ and on no other; `helm upgrade` with changed values rolls the agents and loses n
 Node label; `helm uninstall` removes every object of the chart and leaves only the
 documented state on the Nodes, which deploy/helm/remove-node-state.sh then removes.
 
-The control plane comes from the `realcluster` fixture (its admin kubeconfig:
-`.admin_kubeconfig`, or `.kubeconfig`). Without it this test skips outside CI and fails in
-CI, where it must run.
+The control plane comes from the `realcluster` fixture: without Go it is skipped with
+the reason, and in CI a control plane that cannot be built or started fails the test.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ import pytest
 
 from tests.deploy.chart import CHART, KUBE_VERSION, documented_values, helm, helm_binary
 from tests.deploy.manifests import NAMESPACE, ROOT, kubectl
+from tests.realcluster.cluster import ControlPlane
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -43,16 +43,9 @@ POLL_S = 1.0
 
 
 @pytest.fixture
-def kubeconfig(request: pytest.FixtureRequest) -> Path:
+def kubeconfig(realcluster: ControlPlane) -> Path:
     """The admin kubeconfig of the session's real control plane."""
-    try:
-        plane = request.getfixturevalue("realcluster")
-    except pytest.FixtureLookupError:
-        if os.environ.get("CI") == "true":
-            pytest.fail("the chart's install test needs the real control plane harness "
-                        "(fixture `realcluster`)")
-        pytest.skip("needs the real control plane harness")
-    return Path(getattr(plane, "kubeconfig", None) or plane.admin_kubeconfig)
+    return realcluster.admin_kubeconfig
 
 
 Run = Callable[..., subprocess.CompletedProcess[str]]

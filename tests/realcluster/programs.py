@@ -29,6 +29,26 @@ _KUBE_LDFLAGS = (
     f"-X {_VERSION_PKG}.gitVersion={KUBERNETES_VERSION} -X {_VERSION_PKG}.gitMajor=1"
     f" -X {_VERSION_PKG}.gitMinor=35 -X {_VERSION_PKG}.gitTreeState=clean"
 )
+def pinned_version(module_folder: str, module: str) -> str:
+    """The version of `module` that `modules/<module_folder>/go.mod` pins."""
+    for line in (MODULES / module_folder / "go.mod").read_text().splitlines():
+        words = line.split()
+        if words and words[0] in (module, "require") and module in words:
+            return words[words.index(module) + 1]
+    raise BuildError(f"{module} is not pinned in modules/{module_folder}/go.mod")
+
+
+def _helm_ldflags() -> str:
+    """What Helm's own Makefile stamps: its version, and the Kubernetes version of the
+    client-go it is built with (helm template and lint assume it without a cluster)."""
+    version = pinned_version("helm", "helm.sh/helm/v3")
+    minor = pinned_version("helm", "k8s.io/client-go").split(".")[1]
+    stamps = [f"internal/version.version={version}", "internal/version.gitTreeState=clean"]
+    stamps += [f"pkg/{pkg}.k8sVersion{part}={value}" for pkg in ("lint/rules", "chartutil")
+               for part, value in (("Major", "1"), ("Minor", minor))]
+    return " ".join(f"-X helm.sh/helm/v3/{stamp}" for stamp in stamps)
+
+
 # The AppWrapper operator's releases are served by the module proxy but are absent from
 # the public checksum database: go.sum (committed) is what pins them.
 _NOSUMDB = "github.com/project-codeflare"
@@ -55,7 +75,7 @@ PROGRAMS = {
         Program("kwok", "kwok", "sigs.k8s.io/kwok/cmd/kwok"),
         Program("kueue", "kueue", "sigs.k8s.io/kueue/cmd/kueue"),
         Program("appwrapper", "appwrapper", "github.com/project-codeflare/appwrapper/cmd"),
-        Program("helm", "helm", "helm.sh/helm/v3/cmd/helm"),
+        Program("helm", "helm", "helm.sh/helm/v3/cmd/helm", _helm_ldflags()),
     )
 }
 CONTROL_PLANE = [n for n in PROGRAMS if n != "helm"]
@@ -171,12 +191,3 @@ def module_dir(module: str, version: str) -> Path:
     if done.returncode != 0:
         raise BuildError(f"go mod download {module}@{version} failed: {done.stderr[-2000:]}")
     return Path(json.loads(done.stdout)["Dir"])
-
-
-def pinned_version(module_folder: str, module: str) -> str:
-    """The version of `module` that `modules/<module_folder>/go.mod` pins."""
-    for line in (MODULES / module_folder / "go.mod").read_text().splitlines():
-        words = line.split()
-        if words and words[0] in (module, "require") and module in words:
-            return words[words.index(module) + 1]
-    raise BuildError(f"{module} is not pinned in modules/{module_folder}/go.mod")
