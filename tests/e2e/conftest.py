@@ -16,10 +16,14 @@ from tests.realcluster import addons
 from tests.realcluster.cluster import ControlPlane
 
 
+E2E_TIMEOUT_S = 300  # a story on real programs waits on their own clocks (60 s requeues)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/e2e/" in str(item.path).replace("\\", "/"):
             item.add_marker(pytest.mark.e2e)
+            item.add_marker(pytest.mark.timeout(E2E_TIMEOUT_S))
 
 
 @pytest.fixture
