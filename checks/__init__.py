@@ -10,6 +10,7 @@ from __future__ import annotations
 from checks.base import BaseCheck
 from checks.dcgm import DcgmCheck
 from checks.ecc import EccCheck
+from checks.fabric import FabricCheck
 from checks.gpus import GpusCheck
 from checks.nic import NicCheck
 from checks.nvlink import NvlinkCheck
@@ -28,6 +29,7 @@ _ALL: tuple[type[BaseCheck], ...] = (
     PcieCheck,
     EccCheck,
     NvlinkCheck,
+    FabricCheck,
     XidCheck,
     PcieBwCheck,
     PingCheck,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
@@ -329,6 +329,7 @@ class CheckContext:
     link_reader: LinkReader | None = None  # None: netlink in this namespace
     bandwidth_probe: BandwidthProbe | None = None  # None: the real CUDA probe
     ping_prober: Prober | None = None  # None: ICMP through icmplib
+    uptime: Callable[[], float] | None = None  # None: seconds since boot (boot_uptime)
     namespace: str = "healthd-system"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -341,11 +342,17 @@ class Probes:
     bandwidth: BandwidthProbe | None = None
     links: LinkReader | None = None
     ping: Prober | None = None
+    uptime: Callable[[], float] | None = None
 
     def apply(self, ctx: CheckContext) -> None:
         """Point `ctx` at these probes."""
         ctx.bandwidth_probe, ctx.link_reader = self.bandwidth, self.links
-        ctx.ping_prober = self.ping
+        ctx.ping_prober, ctx.uptime = self.ping, self.uptime
+
+
+def boot_uptime() -> float:
+    """Seconds since the node booted (CLOCK_BOOTTIME: the host's, in a container too)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 @runtime_checkable

@@ -23,12 +23,13 @@ original always by the same placeholder.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio.to_thread
 
+from checks.base import boot_uptime
 from checks.nvml_reader import ECC_DISABLED
 from checks.pciebw import Bandwidth, BandwidthProbe, ProbeError
 from checks.power import CLOCK_EVENT_BITS, GPU_IDLE
@@ -72,6 +73,7 @@ class Recording:
     bandwidth: dict[int, Bandwidth] = field(default_factory=dict)
     dcgm: DcgmRecording | None = None
     expected_gpus: int | None = None
+    uptime_s: float | None = None  # seconds since boot when read (the fabric's grace)
 
 
 async def read_machine(
@@ -83,6 +85,7 @@ async def read_machine(
     bandwidth_size_bytes: int = 256 * 2**20,
     bandwidth_iterations: int = 5,
     dcgm_command: Sequence[str] | None = None,
+    uptime: Callable[[], float] = boot_uptime,
 ) -> Recording:
     """One NVML pass, the XIDs of the window, and what was asked for besides."""
     gpus = NvmlGpuSource()
@@ -93,7 +96,8 @@ async def read_machine(
         xids = await gpus.xid_events(xid_window_s)
     finally:
         await gpus.aclose()
-    recording = Recording(node, snapshot, xids, expected_gpus=expected_gpus)
+    recording = Recording(node, snapshot, xids, expected_gpus=expected_gpus,
+                          uptime_s=uptime())
     if bandwidth_probe is not None:
         recording.bandwidth = await _measure_all(snapshot, bandwidth_probe,
                                                  bandwidth_size_bytes, bandwidth_iterations)
@@ -139,7 +143,8 @@ def machine_spec(recording: Recording, *, redact: bool = False) -> dict[str, Any
     snap = recording.snapshot
     gpus = list(snap.gpus)
     base = _machine_gpus(gpus)
-    refusals = {gpu.index: _refusals(gpu, base) for gpu in gpus}
+    fabric = _machine_fabric(gpus)
+    refusals = {gpu.index: _refusals(gpu, {**base, "fabric": fabric}) for gpu in gpus}
     unsupported = _unsupported_everywhere([refusals[g.index] for g in gpus if not g.lost])
     if unsupported:
         base["unsupported"] = unsupported
@@ -147,7 +152,7 @@ def machine_spec(recording: Recording, *, redact: bool = False) -> dict[str, Any
     for gpu in gpus:
         errors = [e for e in refusals[gpu.index]
                   if e["error"] != "NOT_SUPPORTED" or e["function"] not in unsupported]
-        entry = _gpu_entry(gpu, base, errors, recording)
+        entry = _gpu_entry(gpu, {**base, "fabric": fabric}, errors, recording)
         if entry:
             faults.append(entry)
     count = len(gpus)
@@ -159,7 +164,11 @@ def machine_spec(recording: Recording, *, redact: bool = False) -> dict[str, Any
     spec: dict[str, Any] = {"node": recording.node, "driver_version": snap.driver_version}
     if snap.cuda_driver_version:
         spec["cuda_driver_version"] = snap.cuda_driver_version
+    if recording.uptime_s is not None:  # whole minutes: enough for the fabric's grace
+        spec["uptime_s"] = int(recording.uptime_s // 60 * 60)
     spec["gpus"] = {"count": count, **base, "uuids": uuids, "pci_bus_ids": bus_ids}
+    if fabric is not None:
+        spec["fabric"] = fabric
     spec["faults"] = faults
     if recording.dcgm is not None:
         spec["dcgm"] = _dcgm_entry(recording.dcgm)
@@ -183,6 +192,17 @@ def _machine_gpus(gpus: Sequence[GpuSnapshot]) -> dict[str, Any]:
     base["mig_capable"] = any(not _not_supported(g.mig_mode) for g in readable)
     base["page_retirement"] = any(isinstance(g.retired_pages_pending, Ok) for g in readable)
     return base
+
+
+def _machine_fabric(gpus: Sequence[GpuSnapshot]) -> dict[str, Any] | None:
+    """The machine's `fabric` section: the first registered GPU's fabric info (None:
+    no GPU is in a fabric, a PCIe board)."""
+    fabric = next((g.fabric.value for g in gpus if not g.lost and isinstance(g.fabric, Ok)),
+                  None)
+    if fabric is None:
+        return None
+    return {"state": fabric.state, "status": fabric.status, "clique_id": fabric.clique_id,
+            "cluster_uuid": "" if not fabric.cluster_uuid.strip("0") else fabric.cluster_uuid}
 
 
 def _refusals(gpu: GpuSnapshot, base: dict[str, Any]) -> list[dict[str, str]]:
@@ -233,7 +253,8 @@ def _readings(gpu: GpuSnapshot) -> list[tuple[str, Reading[Any]]]:
     return [("mig_mode", gpu.mig_mode), ("remapped", gpu.remapped),
             ("clock_event_reasons", gpu.clock_event_reasons), ("power", gpu.power),
             ("pcie", gpu.pcie), ("pcie_replays", gpu.pcie_replays), ("ecc", gpu.ecc),
-            ("retired_pages_pending", gpu.retired_pages_pending), ("nvlinks", gpu.nvlinks)]
+            ("retired_pages_pending", gpu.retired_pages_pending), ("nvlinks", gpu.nvlinks),
+            ("fabric", gpu.fabric)]
 
 
 def _values(name: str, value: Any, base: dict[str, Any]) -> dict[str, Any]:
@@ -265,6 +286,10 @@ def _values(name: str, value: Any, base: dict[str, Any]) -> dict[str, Any]:
     if name == "nvlinks":
         down = [link.link for link in value if not link.up]
         return {"nvlink_down": down} if down else {}
+    if name == "fabric":
+        machine = base.get("fabric") or {}
+        mine = {"state": value.state, "status": value.status}
+        return {"fabric": mine} if any(machine.get(k) != v for k, v in mine.items()) else {}
     return {}
 
 
@@ -279,6 +304,8 @@ def _said_by_machine(name: str, reading: Unsupported | Failed, base: dict[str, A
     """Whether the machine-wide capability already makes NVML answer this way."""
     if name == "ecc" and _ecc_disabled(reading):
         return True
+    if name == "fabric" and base.get("fabric") is None:
+        return isinstance(reading, Unsupported)  # no fabric on this machine at all
     if not _not_supported(reading):
         return False
     capability = {"mig_mode": "mig_capable", "retired_pages_pending": "page_retirement",

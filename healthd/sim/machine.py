@@ -75,6 +75,29 @@ NvmlErrorName = Literal[
 ]
 
 
+FabricStateName = Literal["not_started", "in_progress", "completed"]
+
+
+class FabricSpec(Frozen):
+    """An NVLink fabric (HGX/DGX boards with NVSwitches): what NVML's fabric info
+    (nvmlDeviceGetGpuFabricInfoV) says for every GPU unless a fault says otherwise.
+    No `fabric` section: a PCIe board, the call answers NOT_SUPPORTED."""
+
+    state: FabricStateName = Field("completed", description="the Fabric Manager's registration")
+    status: Literal["SUCCESS"] | NvmlErrorName = Field(
+        "SUCCESS", description="the registration's outcome, as an NVML return code name")
+    clique_id: int = Field(0, ge=0, le=2**32 - 1)
+    cluster_uuid: str = Field("", pattern=r"^([0-9a-f]{32})?$",
+                              description="32 hex digits; empty: all zero")
+
+
+class FabricFault(Frozen):
+    """One GPU's fabric registration; unset fields keep the machine's."""
+
+    state: FabricStateName | None = None
+    status: Literal["SUCCESS"] | NvmlErrorName | None = None
+
+
 class PcieSpec(Frozen):
     gen: int = Field(5, ge=1, le=7)
     width: int = Field(16, ge=1, le=32)
@@ -183,6 +206,7 @@ class GpuFault(Frozen):
     missing: bool = Field(False, description="the GPU is not enumerated at all")
     mig: bool = False
     xid: list[XidSpec] = []
+    fabric: FabricFault | None = None
     nvml_errors: list[NvmlErrorSpec] = []
 
 
@@ -194,6 +218,9 @@ class MachineSpec(Frozen):
     driver_version: str = "580.65.06"
     cuda_driver_version: int = 13000
     gpus: GpuDefaults = GpuDefaults()
+    fabric: FabricSpec | None = Field(None, description="an NVSwitch fabric; unset: none")
+    uptime_s: float = Field(
+        3600.0, ge=0, description="seconds since the node booted when the machine starts")
     faults: list[GpuFault] = []
     dcgm: DcgmSim = Field(DcgmSim(), description="what the fake dcgmi answers")
 
@@ -213,6 +240,9 @@ class MachineSpec(Frozen):
                 )
             if fault.mig and not self.gpus.mig_capable:
                 raise ValueError(f"gpu {fault.gpu}: mig: true needs gpus.mig_capable: true")
+            if fault.fabric is not None and self.fabric is None:
+                raise ValueError(f"gpu {fault.gpu}: fabric needs a machine-wide fabric "
+                                 "section (an NVSwitch system)")
             for link in fault.nvlink_down:
                 if link >= self.gpus.nvlinks:
                     raise ValueError(

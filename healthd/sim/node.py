@@ -44,9 +44,13 @@ class SimulatedNode:
     def probes(self) -> Probes:
         """The simulated bandwidth probe, and the fleet's links and pings if any."""
         if self.network is None:
-            return Probes(bandwidth=self.bandwidth)
+            return Probes(bandwidth=self.bandwidth, uptime=self.uptime)
         return Probes(bandwidth=self.bandwidth, links=self.network.links(self.spec.node),
-                      ping=self.network.prober(self.spec.node))
+                      ping=self.network.prober(self.spec.node), uptime=self.uptime)
+
+    def uptime(self) -> float:
+        """Seconds since the simulated node booted (the spec's `uptime_s` at start)."""
+        return self.spec.uptime_s + self.nvml.now()
 
     def prepare(self, ctx: CheckContext, planned: Sequence[Planned]) -> list[Planned]:
         """Point the context and the planned checks at the simulated hardware."""
