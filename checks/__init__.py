@@ -20,6 +20,7 @@ from checks.ping import PingCheck
 from checks.power import PowerCheck
 from checks.pvc import PvcCheck
 from checks.remapped import RemappedCheck
+from checks.sxid import SxidCheck
 from checks.xid import XidCheck
 
 _ALL: tuple[type[BaseCheck], ...] = (
@@ -31,6 +32,7 @@ _ALL: tuple[type[BaseCheck], ...] = (
     NvlinkCheck,
     FabricCheck,
     XidCheck,
+    SxidCheck,
     PcieBwCheck,
     PingCheck,
     NicCheck,

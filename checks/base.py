@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
     from checks.catalog import Catalog
+    from checks.kernel_log import KernelLogSource
     from checks.nic import LinkReader
     from checks.pciebw import BandwidthProbe
     from checks.ping import Prober
@@ -82,7 +83,7 @@ def worst(severities: Iterable[Severity]) -> Severity:
     return Severity.SKIPPED if seen else Severity.PASS
 
 
-EntityKind = Literal["gpu", "node", "peer", "storage", "network", "nic"]
+EntityKind = Literal["gpu", "node", "peer", "storage", "network", "nic", "nvswitch", "rdma"]
 
 # The pod network (the cluster network every pod has) as a network name; secondary
 # networks (Multus attachments) go by their attachment's name, e.g. `net1`.
@@ -330,6 +331,7 @@ class CheckContext:
     bandwidth_probe: BandwidthProbe | None = None  # None: the real CUDA probe
     ping_prober: Prober | None = None  # None: ICMP through icmplib
     uptime: Callable[[], float] | None = None  # None: seconds since boot (boot_uptime)
+    kernel_log: KernelLogSource | None = None  # None: no kernel-log history (NVML only)
     namespace: str = "healthd-system"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -343,11 +345,14 @@ class Probes:
     links: LinkReader | None = None
     ping: Prober | None = None
     uptime: Callable[[], float] | None = None
+    kernel_log: KernelLogSource | None = None
 
     def apply(self, ctx: CheckContext) -> None:
-        """Point `ctx` at these probes."""
+        """Point `ctx` at these probes (a kernel log only where one is given)."""
         ctx.bandwidth_probe, ctx.link_reader = self.bandwidth, self.links
         ctx.ping_prober, ctx.uptime = self.ping, self.uptime
+        if self.kernel_log is not None:
+            ctx.kernel_log = self.kernel_log
 
 
 def boot_uptime() -> float:

@@ -165,7 +165,8 @@ class XidEvent:
     xid: int
     gpu_index: int
     uuid: str
-    at: float  # time.time() when received
+    at: float  # time.time() when received (or, from the kernel log, when logged)
+    pci_bus_id: str = ""  # set for XIDs from the kernel log
 
 
 class GpuSource(Protocol):

@@ -14,7 +14,11 @@ How readings map to the spec:
   capability already says so (`page_retirement: false`, `mig_capable: false`,
   `nvlinks: 0`, `ecc_enabled: false`);
 - XIDs seen during the window are `xid` entries at 0; fewer GPUs than expected are
-  `missing` GPUs at the end.
+  `missing` GPUs at the end;
+- NVLink fabric info is the `fabric` section (the first registered GPU's) plus
+  per-GPU `fabric` faults; the time since boot, in whole minutes, is `uptime_s`;
+- the kernel log's XID and SXID lines are `kernel_log`; a log that could not be
+  read is listed under `not_recorded`, and replays as SKIPPED "not recorded".
 
 `--redact` replaces GPU UUIDs, serials and the node name with placeholders, the same
 original always by the same placeholder.
@@ -30,6 +34,7 @@ from typing import Any
 import anyio.to_thread
 
 from checks.base import boot_uptime
+from checks.kernel_log import KernelLogSource, LogUnavailable
 from checks.nvml_reader import ECC_DISABLED
 from checks.pciebw import Bandwidth, BandwidthProbe, ProbeError
 from checks.power import CLOCK_EVENT_BITS, GPU_IDLE
@@ -74,6 +79,7 @@ class Recording:
     dcgm: DcgmRecording | None = None
     expected_gpus: int | None = None
     uptime_s: float | None = None  # seconds since boot when read (the fabric's grace)
+    kernel_log: list[str] | None = None  # XID and SXID lines since boot; None: unreadable
 
 
 async def read_machine(
@@ -86,6 +92,7 @@ async def read_machine(
     bandwidth_iterations: int = 5,
     dcgm_command: Sequence[str] | None = None,
     uptime: Callable[[], float] = boot_uptime,
+    kernel_log: KernelLogSource | None = None,
 ) -> Recording:
     """One NVML pass, the XIDs of the window, and what was asked for besides."""
     gpus = NvmlGpuSource()
@@ -97,13 +104,25 @@ async def read_machine(
     finally:
         await gpus.aclose()
     recording = Recording(node, snapshot, xids, expected_gpus=expected_gpus,
-                          uptime_s=uptime())
+                          uptime_s=uptime(), kernel_log=_logged_lines(kernel_log))
     if bandwidth_probe is not None:
         recording.bandwidth = await _measure_all(snapshot, bandwidth_probe,
                                                  bandwidth_size_bytes, bandwidth_iterations)
     if dcgm_command is not None:
         recording.dcgm = await read_dcgm(dcgm_command)
     return recording
+
+
+def _logged_lines(log: KernelLogSource | None) -> list[str] | None:
+    """The XID and SXID lines the kernel log holds, in the order logged (None: the
+    log cannot be read, so the recording says it holds none)."""
+    if log is None:
+        return None
+    try:
+        lines = [*log.take("xid"), *log.take("sxid")]
+    except LogUnavailable:
+        return None
+    return [line.message for line in sorted(lines, key=lambda line: line.seq)]
 
 
 async def _measure_all(snapshot: NodeSnapshot, probe: BandwidthProbe, size_bytes: int,
@@ -170,6 +189,10 @@ def machine_spec(recording: Recording, *, redact: bool = False) -> dict[str, Any
     if fabric is not None:
         spec["fabric"] = fabric
     spec["faults"] = faults
+    if recording.kernel_log is None:
+        spec["not_recorded"] = ["kernel_log"]
+    elif recording.kernel_log:
+        spec["kernel_log"] = recording.kernel_log
     if recording.dcgm is not None:
         spec["dcgm"] = _dcgm_entry(recording.dcgm)
     return redacted(spec) if redact else spec

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -33,6 +34,7 @@ import anyio.abc
 from prometheus_client import CollectorRegistry
 
 from checks.base import Attachment, CheckContext, CheckResult, Probes, Severity
+from checks.kernel_log import KernelLog
 from checks.snapshot import NvmlGpuSource, XidEvent
 from healthd.agent.deepdiag import DeepDiagnostic
 from healthd.agent.deepruns import DeepRuns, deep_job_env
@@ -129,7 +131,19 @@ class Agent:
                                 expected_gpus=self.config.expected_gpus,
                                 namespace=self.config.namespace)
         (probes or Probes()).apply(self.ctx)
+        self.kernel_log = self._kernel_log()
         self.runner = Runner(self.ctx, on_result=self._on_result)
+
+    def _kernel_log(self) -> KernelLog | None:
+        """The kernel log the xid and sxid checks read, from the config (unless the
+        probes brought one), remembering its position in the state file."""
+        settings = self.settings.kernel_log
+        if self.ctx.kernel_log is not None or not settings.enabled:
+            return None
+        log = KernelLog(Path(settings.path), state_file=Path(settings.state_file),
+                        dedup_window_s=settings.dedup_window_s, uptime=self.ctx.uptime)
+        self.ctx.kernel_log = log
+        return log
 
     # -- probes ------------------------------------------------------------------------
 
@@ -157,6 +171,8 @@ class Agent:
         finally:
             with anyio.CancelScope(shield=True):
                 await gpus.aclose()
+                if self.kernel_log is not None:
+                    self.kernel_log.close()
                 if self._given_kube is None:
                     await kube.close()
 

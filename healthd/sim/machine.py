@@ -222,6 +222,11 @@ class MachineSpec(Frozen):
     uptime_s: float = Field(
         3600.0, ge=0, description="seconds since the node booted when the machine starts")
     faults: list[GpuFault] = []
+    kernel_log: list[str] | None = Field(
+        None, description="kernel-log messages written before the machine starts, in order "
+        "(XID and SXID lines); unset: a log without NVIDIA lines")
+    not_recorded: list[Literal["kernel_log", "rdma"]] = Field(
+        [], description="sources a recording could not read: replayed as SKIPPED 'not recorded'")
     dcgm: DcgmSim = Field(DcgmSim(), description="what the fake dcgmi answers")
 
     @model_validator(mode="after")
