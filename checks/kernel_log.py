@@ -59,6 +59,10 @@ class NotRecorded(LogUnavailable):
     """A replayed recording holds no kernel log: nothing can be said (SKIPPED)."""
 
 
+class NoLog(LogUnavailable):
+    """There is no kernel log at the path (a pod without /dev/kmsg mounted): SKIPPED."""
+
+
 @dataclass(frozen=True)
 class LogRecord:
     """One kernel-log record: sequence number, time since boot, the message."""
@@ -207,7 +211,10 @@ class KernelLog:
     def _raw_records(self) -> Iterable[str]:
         fd = self._open()
         if not self.path.is_char_device():
-            data, self._partial = _read_lines(fd, self._partial)
+            try:
+                data, self._partial = _read_lines(fd, self._partial)
+            except OSError as exc:
+                raise LogUnavailable(f"cannot read {self.path}: {exc.strerror}") from exc
             yield from data
             return
         while True:  # /dev/kmsg: one record per read, EAGAIN at the end
@@ -227,6 +234,8 @@ class KernelLog:
         if self._fd is None:
             try:
                 self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            except FileNotFoundError as exc:
+                raise NoLog(f"no kernel log at {self.path}") from exc
             except OSError as exc:
                 raise LogUnavailable(f"cannot read {self.path}: {exc.strerror}") from exc
         return self._fd

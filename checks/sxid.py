@@ -15,8 +15,9 @@ NVSwitch and code, with how many lines carried it:
 
 The check judges NVSwitch systems only: like the other GPU checks it needs the NVML
 pass (no driver -> UNKNOWN), and where no GPU is in an NVLink fabric it is SKIPPED.
-No kernel log -> SKIPPED; a replay of a recording without one -> SKIPPED "not
-recorded"; a log that cannot be read -> UNKNOWN.
+No kernel log (none configured, or no /dev/kmsg in the pod) -> SKIPPED; a replay of
+a recording without one -> SKIPPED "not recorded"; a log that cannot be read (no
+CAP_SYSLOG under kernel.dmesg_restrict=1) -> UNKNOWN.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import anyio.to_thread
 from checks.base import CheckContext, Entity, NoParams, ResultBuilder
 from checks.catalog import SXID_FATAL, is_fatal_sxid
 from checks.gpucheck import GpuCheck
-from checks.kernel_log import LoggedSxid, LogUnavailable, NotRecorded
+from checks.kernel_log import LoggedSxid, LogUnavailable, NoLog, NotRecorded
 from checks.snapshot import NodeSnapshot, Ok
 
 
@@ -52,7 +53,7 @@ class SxidCheck(GpuCheck[NoParams]):
             return
         try:
             logged = await anyio.to_thread.run_sync(ctx.kernel_log.take, "sxid")
-        except NotRecorded as exc:
+        except (NotRecorded, NoLog) as exc:
             builder.skip(node, str(exc))
             return
         except LogUnavailable as exc:

@@ -96,5 +96,6 @@ def test_an_xid_only_the_log_saw_is_on_its_gpu(tmp_path: Path) -> None:
 
 
 def test_an_unreadable_log_is_unavailable_not_a_crash(tmp_path: Path) -> None:
+    (tmp_path / "missing").mkdir()  # opens, but cannot be read
     with pytest.raises(LogUnavailable, match="cannot read"):
         KernelLog(tmp_path / "missing").take("xid")

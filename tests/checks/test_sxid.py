@@ -70,8 +70,12 @@ async def test_without_a_log_skipped_unreadable_unknown(tmp_path: Path) -> None:
     replay = await run(SxidCheck(), on(kernel_log=NotRecordedLog()))
     assert replay.status is Severity.SKIPPED
     assert replay.entities[0].reason == "not recorded"
-    broken = on(kernel_log=KernelLog(tmp_path / "absent"))
-    assert (await run(SxidCheck(), broken)).status is Severity.UNKNOWN
+    absent = on(kernel_log=KernelLog(tmp_path / "absent"))
+    assert (await run(SxidCheck(), absent)).status is Severity.SKIPPED
+    unreadable = tmp_path / "kmsg"
+    unreadable.mkdir()  # opens, but every read fails
+    broken = await run(SxidCheck(), on(kernel_log=KernelLog(unreadable)))
+    assert broken.status is Severity.UNKNOWN
 
 
 async def test_no_fabric_or_no_driver_is_never_a_pass(tmp_path: Path) -> None:
