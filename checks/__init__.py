@@ -19,6 +19,7 @@ from checks.pciebw import PcieBwCheck
 from checks.ping import PingCheck
 from checks.power import PowerCheck
 from checks.pvc import PvcCheck
+from checks.rdma import RdmaCheck
 from checks.remapped import RemappedCheck
 from checks.sxid import SxidCheck
 from checks.xid import XidCheck
@@ -36,6 +37,7 @@ _ALL: tuple[type[BaseCheck], ...] = (
     PcieBwCheck,
     PingCheck,
     NicCheck,
+    RdmaCheck,
     PvcCheck,
     DcgmCheck,
 )

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from checks.pciebw import BandwidthProbe
     from checks.ping import Prober
     from checks.pvc_api import ProbeApiFactory
+    from checks.rdma import RdmaReader
     from checks.snapshot import GpuSource
 
 Value = int | float | str | bool
@@ -332,6 +333,7 @@ class CheckContext:
     ping_prober: Prober | None = None  # None: ICMP through icmplib
     uptime: Callable[[], float] | None = None  # None: seconds since boot (boot_uptime)
     kernel_log: KernelLogSource | None = None  # None: no kernel-log history (NVML only)
+    rdma_reader: RdmaReader | None = None  # None: sysfs under the rdma check's sysfs_root
     namespace: str = "healthd-system"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -346,11 +348,12 @@ class Probes:
     ping: Prober | None = None
     uptime: Callable[[], float] | None = None
     kernel_log: KernelLogSource | None = None
+    rdma: RdmaReader | None = None
 
     def apply(self, ctx: CheckContext) -> None:
         """Point `ctx` at these probes (a kernel log only where one is given)."""
         ctx.bandwidth_probe, ctx.link_reader = self.bandwidth, self.links
-        ctx.ping_prober, ctx.uptime = self.ping, self.uptime
+        ctx.ping_prober, ctx.uptime, ctx.rdma_reader = self.ping, self.uptime, self.rdma
         if self.kernel_log is not None:
             ctx.kernel_log = self.kernel_log
 

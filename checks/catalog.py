@@ -81,6 +81,12 @@ DEFAULT_CODES: dict[str, CodeSpec] = {
         _spec("NIC_MTU_MISMATCH", S.WARN, "a secondary interface's MTU is not the expected one"),
         _spec("NIC_ERRORS", S.WARN, "a secondary interface's error or drop counters grow"),
         _spec("NIC_SPEED_LOW", S.WARN, "a secondary interface runs below its expected speed"),
+        # A down RDMA port breaks every multi-node job now: raised on first sighting.
+        CodeSpec("RDMA_PORT_DOWN", S.ERR, False,
+                 "an RDMA port (InfiniBand/RoCE) is down or its physical link is not up",
+                 AT_ONCE),
+        _spec("RDMA_RATE_LOW", S.WARN, "an RDMA port runs below its expected rate"),
+        _spec("RDMA_ERRORS", S.WARN, "an RDMA port's error counters grow"),
         _spec("PVC_NOT_BOUND", S.WARN, "a test PVC did not bind in time"),
         _spec("PVC_PROVISION_ERROR", S.WARN, "the provisioner reported an error"),
         _spec("DCGM_ISOLATE", S.EVICT, "DCGM asks to isolate the GPU (exit 205)", True),

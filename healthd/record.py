@@ -17,8 +17,9 @@ How readings map to the spec:
   `missing` GPUs at the end;
 - NVLink fabric info is the `fabric` section (the first registered GPU's) plus
   per-GPU `fabric` faults; the time since boot, in whole minutes, is `uptime_s`;
-- the kernel log's XID and SXID lines are `kernel_log`; a log that could not be
-  read is listed under `not_recorded`, and replays as SKIPPED "not recorded".
+- the kernel log's XID and SXID lines are `kernel_log`, the RDMA ports' sysfs
+  values `rdma.ports`; a source that could not be read is listed under
+  `not_recorded`, and replays as SKIPPED "not recorded".
 
 `--redact` replaces GPU UUIDs, serials and the node name with placeholders, the same
 original always by the same placeholder.
@@ -39,6 +40,7 @@ from checks.nvml_reader import ECC_DISABLED
 from checks.pciebw import Bandwidth, BandwidthProbe, ProbeError
 from checks.power import CLOCK_EVENT_BITS, GPU_IDLE
 from checks.processes import ProgramNotFound, ProgramNotRunnable, run_process
+from checks.rdma import RdmaPort, RdmaReader, RdmaUnavailable
 from checks.snapshot import (
     Failed,
     GpuSnapshot,
@@ -80,6 +82,7 @@ class Recording:
     expected_gpus: int | None = None
     uptime_s: float | None = None  # seconds since boot when read (the fabric's grace)
     kernel_log: list[str] | None = None  # XID and SXID lines since boot; None: unreadable
+    rdma: list[RdmaPort] | None = None  # the RDMA ports; None: unreadable
 
 
 async def read_machine(
@@ -93,6 +96,7 @@ async def read_machine(
     dcgm_command: Sequence[str] | None = None,
     uptime: Callable[[], float] = boot_uptime,
     kernel_log: KernelLogSource | None = None,
+    rdma: RdmaReader | None = None,
 ) -> Recording:
     """One NVML pass, the XIDs of the window, and what was asked for besides."""
     gpus = NvmlGpuSource()
@@ -104,7 +108,8 @@ async def read_machine(
     finally:
         await gpus.aclose()
     recording = Recording(node, snapshot, xids, expected_gpus=expected_gpus,
-                          uptime_s=uptime(), kernel_log=_logged_lines(kernel_log))
+                          uptime_s=uptime(), kernel_log=_logged_lines(kernel_log),
+                          rdma=_rdma_ports(rdma))
     if bandwidth_probe is not None:
         recording.bandwidth = await _measure_all(snapshot, bandwidth_probe,
                                                  bandwidth_size_bytes, bandwidth_iterations)
@@ -123,6 +128,16 @@ def _logged_lines(log: KernelLogSource | None) -> list[str] | None:
     except LogUnavailable:
         return None
     return [line.message for line in sorted(lines, key=lambda line: line.seq)]
+
+
+def _rdma_ports(reader: RdmaReader | None) -> list[RdmaPort] | None:
+    """The RDMA ports as sysfs shows them (None: they cannot be read)."""
+    if reader is None:
+        return None
+    try:
+        return reader.read()
+    except RdmaUnavailable:
+        return None
 
 
 async def _measure_all(snapshot: NodeSnapshot, probe: BandwidthProbe, size_bytes: int,
@@ -189,10 +204,17 @@ def machine_spec(recording: Recording, *, redact: bool = False) -> dict[str, Any
     if fabric is not None:
         spec["fabric"] = fabric
     spec["faults"] = faults
+    not_recorded = []
     if recording.kernel_log is None:
-        spec["not_recorded"] = ["kernel_log"]
+        not_recorded.append("kernel_log")
     elif recording.kernel_log:
         spec["kernel_log"] = recording.kernel_log
+    if recording.rdma is None:
+        not_recorded.append("rdma")
+    elif recording.rdma:
+        spec["rdma"] = {"ports": [_rdma_entry(port) for port in recording.rdma]}
+    if not_recorded:
+        spec["not_recorded"] = not_recorded
     if recording.dcgm is not None:
         spec["dcgm"] = _dcgm_entry(recording.dcgm)
     return redacted(spec) if redact else spec
@@ -358,6 +380,19 @@ def _event_on(event: XidEvent, gpu: GpuSnapshot) -> bool:
     if event.uuid and gpu.uuid:
         return event.uuid == gpu.uuid
     return event.gpu_index == gpu.index
+
+
+def _rdma_entry(port: RdmaPort) -> dict[str, Any]:
+    """One port of the spec's `rdma` section, everything sysfs showed."""
+    entry: dict[str, Any] = {"device": port.device, "port": port.port, "state": port.state,
+                             "phys_state": port.phys_state, "link_layer": port.link_layer}
+    if port.rate_gbps is not None:
+        entry["rate_gbps"] = port.rate_gbps
+    if port.netdevs:
+        entry["netdev"] = port.netdevs[0]
+    if port.counters:
+        entry["counters"] = dict(port.counters)
+    return entry
 
 
 def _dcgm_entry(dcgm: DcgmRecording) -> dict[str, Any]:

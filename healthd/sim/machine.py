@@ -98,6 +98,32 @@ class FabricFault(Frozen):
     status: Literal["SUCCESS"] | NvmlErrorName | None = None
 
 
+class RdmaPortSpec(Frozen):
+    """One RDMA port as sysfs shows it; unset fields take the `rdma` section's."""
+
+    device: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="e.g. mlx5_3")
+    port: int = Field(1, ge=1, le=16)
+    state: str = Field("ACTIVE", pattern=r"^[A-Z_]+$",
+                       description="ACTIVE, DOWN, INIT, ARMED, ACTIVE_DEFER")
+    phys_state: str = Field("LinkUp", pattern=r"^[A-Za-z ]+$",
+                            description="LinkUp, Disabled, Polling, Sleep, ...")
+    rate_gbps: float | None = Field(None, gt=0)
+    link_layer: Literal["InfiniBand", "Ethernet"] | None = None
+    netdev: str | None = Field(None, description="its network interface (unset: none)")
+    counters: dict[str, int] = Field({}, description="error counters, e.g. symbol_error: 3")
+
+
+class RdmaSpec(Frozen):
+    """The node's RDMA NICs, written as a fake /sys/class/infiniband tree: `devices`
+    single-port devices mlx5_0.. (netdevs net1.., the names Multus gives secondary
+    interfaces), plus `ports` that override or add ports."""
+
+    devices: int = Field(0, ge=0, le=64)
+    link_layer: Literal["InfiniBand", "Ethernet"] = "Ethernet"
+    rate_gbps: float = Field(400.0, gt=0)
+    ports: list[RdmaPortSpec] = []
+
+
 class PcieSpec(Frozen):
     gen: int = Field(5, ge=1, le=7)
     width: int = Field(16, ge=1, le=32)
@@ -222,6 +248,7 @@ class MachineSpec(Frozen):
     uptime_s: float = Field(
         3600.0, ge=0, description="seconds since the node booted when the machine starts")
     faults: list[GpuFault] = []
+    rdma: RdmaSpec | None = Field(None, description="RDMA NICs; unset: none")
     kernel_log: list[str] | None = Field(
         None, description="kernel-log messages written before the machine starts, in order "
         "(XID and SXID lines); unset: a log without NVIDIA lines")

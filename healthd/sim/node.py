@@ -17,6 +17,7 @@ from pathlib import Path
 from checks.base import CheckContext, Probes
 from checks.dcgm import DcgmCheck
 from checks.kernel_log import KernelLog, KernelLogSource
+from checks.rdma import RdmaReader, SysfsRdmaReader
 from healthd.config import Config
 from healthd.config.agent import KernelLogSettings
 from healthd.plans import Planned
@@ -24,8 +25,9 @@ from healthd.sim.cuda import SimBandwidthProbe
 from healthd.sim.dcgm import DcgmSim, fake_dcgmi_command
 from healthd.sim.fakenvml import FakeNvml, install
 from healthd.sim.kernellog import NotRecordedLog, SimKernelLog
-from healthd.sim.machine import MachineSpec, MachineSpecError, load_machine_spec
+from healthd.sim.machine import MachineSpec, MachineSpecError, RdmaSpec, load_machine_spec
 from healthd.sim.network import SimNetwork
+from healthd.sim.rdma import NotRecordedRdma, SimRdma
 
 NO_DRIVER_OUTPUT = "v4-runtime-error"  # what DCGM says when it cannot start
 
@@ -42,6 +44,7 @@ class SimulatedNode:
     network: SimNetwork | None = None  # the simulated fleet's links (multinode only)
     workdir: Path | None = None  # the machine's files (kernel log); None: none
     kernel_log: SimKernelLog | None = None  # None: none (a recording that holds none)
+    rdma: SimRdma | None = None  # the fake /sys/class/infiniband (None: not recorded)
 
     def start_files(self, workdir: Path) -> None:
         """Write the machine's files under `workdir`: its kernel log's history."""
@@ -49,6 +52,16 @@ class SimulatedNode:
         if "kernel_log" not in self.spec.not_recorded:
             self.kernel_log = SimKernelLog(workdir / "kmsg", self.uptime)
             self.kernel_log.write_history(self.spec.kernel_log or [])
+        if "rdma" not in self.spec.not_recorded:
+            self.rdma = SimRdma(workdir / "infiniband", self.spec.rdma or RdmaSpec())
+
+    def rdma_reader(self) -> RdmaReader | None:
+        """The rdma check's reader: the machine's fake sysfs tree (None: no files)."""
+        if self.workdir is None:
+            return None
+        if self.rdma is None:
+            return NotRecordedRdma()
+        return SysfsRdmaReader(self.rdma.root)
 
     def kernel_log_source(self) -> KernelLogSource:
         """What a one-shot check reads the machine's kernel log through."""
@@ -64,9 +77,10 @@ class SimulatedNode:
     def probes(self) -> Probes:
         """The simulated bandwidth probe, and the fleet's links and pings if any."""
         if self.network is None:
-            return Probes(bandwidth=self.bandwidth, uptime=self.uptime)
+            return Probes(bandwidth=self.bandwidth, uptime=self.uptime, rdma=self.rdma_reader())
         return Probes(bandwidth=self.bandwidth, links=self.network.links(self.spec.node),
-                      ping=self.network.prober(self.spec.node), uptime=self.uptime)
+                      ping=self.network.prober(self.spec.node), uptime=self.uptime,
+                      rdma=self.rdma_reader())
 
     def uptime(self) -> float:
         """Seconds since the simulated node booted (the spec's `uptime_s` at start)."""
