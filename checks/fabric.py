@@ -54,9 +54,11 @@ class FabricCheck(GpuCheck[FabricParams]):
         fabric = unwrap(gpu.fabric, "NVLink fabric", entity, builder)
         if fabric is None:
             return
+        registered = fabric.state == "completed" and fabric.status == "SUCCESS"
         values: dict[str, int | str] = {"fabric_state": fabric.state,
                                         "fabric_status": fabric.status,
-                                        "clique_id": fabric.clique_id}
+                                        "clique_id": fabric.clique_id,
+                                        "fabric_registered": int(registered)}
         builder.seen(entity, **values)
         if fabric.state == "completed":
             if fabric.status != "SUCCESS":

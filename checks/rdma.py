@@ -190,6 +190,7 @@ class RdmaCheck(BaseCheck):
         where = port.name + (f" ({', '.join(port.netdevs)})" if port.netdevs else "")
         values: dict[str, int | float | str] = {
             "state": port.state, "phys_state": port.phys_state, "link_layer": port.link_layer,
+            "up": int(port.up),
             **({"rate_gbps": port.rate_gbps} if port.rate_gbps is not None else {}),
             **({"netdev": ",".join(port.netdevs)} if port.netdevs else {}), **port.counters}
         builder.seen(entity, **values)
