@@ -49,6 +49,7 @@ class SimulatedNode:
     def start_files(self, workdir: Path) -> None:
         """Write the machine's files under `workdir`: its kernel log's history."""
         self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
         if "kernel_log" not in self.spec.not_recorded:
             self.kernel_log = SimKernelLog(workdir / "kmsg", self.uptime)
             self.kernel_log.write_history(self.spec.kernel_log or [])
