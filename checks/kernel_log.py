@@ -38,6 +38,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, Protocol
 
+import anyio
+
 from checks.snapshot import GpuSnapshot, XidEvent
 
 KMSG = Path("/dev/kmsg")
@@ -196,6 +198,24 @@ class KernelLog:
             self._cursors[kind] = max(cursor, self._last_seq)
             self._save_cursors()
             return new
+
+    def pending(self, kind: Kind) -> bool:
+        """Whether records of `kind` wait for their consumer (read, not handed out)."""
+        with self._lock:
+            self._read_new()
+            cursor = self._cursors.get(kind, -1)
+            wanted = LoggedXid if kind == "xid" else LoggedSxid
+            return any(isinstance(r, wanted) and r.seq > cursor for r in self._kept)
+
+    async def wait(self, poll_s: float) -> None:
+        """Until the log may hold new records: `/dev/kmsg` wakes its readers (poll),
+        a regular file (tests, the simulation) is looked at every `poll_s`."""
+        if self.path.is_char_device():
+            with self._lock:
+                fd = self._open()
+            await anyio.wait_readable(fd)
+        else:
+            await anyio.sleep(poll_s)
 
     def _read_new(self) -> None:
         """Parse every record written since the last read; keep the NVIDIA ones."""

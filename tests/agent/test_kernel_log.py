@@ -1,6 +1,7 @@
 """The kernel log on a running agent: an XID 79 logged while the agent was stopped is
 EVICT once it starts again (as a live one is), and a fatal NVSwitch SXID reaches the
-label with its documented verdict, EVICT."""
+label with its documented verdict, EVICT, without waiting for the sxid check's next
+periodic run (the agent watches the log)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from healthd.config import Config
 from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.kernellog import SimKernelLog
 from healthd.sim.machine import FabricSpec, load_machine_spec
-from tests.agent.harness import KEYS, ROUND_S, eventually, fast_config, running_agent
+from tests.agent.harness import KEYS, NODE, eventually, fast_config, running_agent
 
 pytestmark = pytest.mark.anyio
 
@@ -28,9 +29,10 @@ def findings(h: Any) -> list[dict[str, Any]]:
     return list(json.loads(h.annotations()[KEYS.health])["held"])
 
 
-def with_log(log: SimKernelLog, state: Path, *also: str) -> Config:
+def with_log(log: SimKernelLog, state: Path, **intervals: float) -> Config:
     config = fast_config(kernel_log={"path": str(log.path), "state_file": str(state)})
-    checks = {**config.checks, **{name: config.checks["xid"] for name in also}}
+    checks = {**config.checks, **{name: config.checks["xid"].model_copy(
+        update={"interval": seconds}) for name, seconds in intervals.items()}}
     return config.model_copy(update={"checks": checks})
 
 
@@ -47,14 +49,16 @@ async def test_an_xid_logged_while_the_agent_was_stopped_is_evict_after_it_start
         assert ("XID_79", "gpu5") in [(f["code"], f["entity"]) for f in findings(h)]
 
 
-async def test_a_fatal_sxid_is_evict(api: ApiEmulator, tmp_path: Path) -> None:
+async def test_a_fatal_sxid_is_evict_without_waiting_for_a_periodic_run(
+        api: ApiEmulator, tmp_path: Path) -> None:
     log = SimKernelLog(tmp_path / "kmsg", lambda: 3600.0)
-    config = with_log(log, tmp_path / "kmsg-position.json", "sxid")
+    config = with_log(log, tmp_path / "kmsg-position.json", sxid=3600.0)
     hgx = load_machine_spec("healthy-8xh100").model_copy(update={"fabric": FabricSpec()})
     async with running_agent(api, tmp_path, config=config, spec=hgx) as h:
         await eventually(lambda: h.verdict() == "PASS", what="PASS label")
         log.append(FATAL_SXID)
-        await eventually(lambda: h.verdict() == "EVICT", timeout_s=10 * ROUND_S + 5,
-                         what="EVICT label")
+        await eventually(lambda: h.verdict() == "EVICT", timeout_s=10, what="EVICT label")
+        assert h.metric("healthd_check_runs_total", node=NODE, check="sxid",
+                        result="EVICT") == 1
         (held,) = [f for f in findings(h) if f["code"] == "SXID_22003"]
         assert held["entity"] == "nvswitch/nvswitch2"

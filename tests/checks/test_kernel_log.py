@@ -99,3 +99,31 @@ def test_an_unreadable_log_is_unavailable_not_a_crash(tmp_path: Path) -> None:
     (tmp_path / "missing").mkdir()  # opens, but cannot be read
     with pytest.raises(LogUnavailable, match="cannot read"):
         KernelLog(tmp_path / "missing").take("xid")
+
+
+@pytest.mark.root
+@pytest.mark.anyio
+async def test_the_real_device_is_read_to_its_end_and_wakes_a_waiter() -> None:
+    kmsg = Path("/dev/kmsg")
+    if not kmsg.is_char_device():
+        pytest.skip("no /dev/kmsg here")
+    import anyio
+
+    log = KernelLog(kmsg)
+    try:
+        log.take("xid")  # whatever this host logged: read to its end (EAGAIN), no error
+        woke = anyio.Event()
+
+        async def waiter() -> None:
+            await log.wait(poll_s=60)
+            woke.set()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(waiter)
+            await anyio.sleep(0.05)
+            with kmsg.open("w") as device:  # one harmless line in the host's log
+                device.write("<6>healthd test: kernel-log reader wake-up\n")
+            with anyio.fail_after(5):
+                await woke.wait()
+    finally:
+        log.close()
