@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import re
 import threading
@@ -41,6 +42,8 @@ from typing import Literal, Protocol
 import anyio
 
 from checks.snapshot import GpuSnapshot, XidEvent
+
+log = logging.getLogger(__name__)
 
 KMSG = Path("/dev/kmsg")
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
@@ -186,6 +189,7 @@ class KernelLog:
         self._last_seq = -1
         self._cursors: dict[str, int] = self._load_cursors()
         self._seen: deque[tuple[str, int, float, str]] = deque(maxlen=1000)
+        self._save_problem = ""
 
     # -- reading ---------------------------------------------------------------------
 
@@ -281,6 +285,9 @@ class KernelLog:
             return {}  # missing or damaged: read everything since boot again
 
     def _save_cursors(self) -> None:
+        """Keep the cursors; a position that cannot be kept is logged (once per
+        problem), never a reason to drop what was read: a restart would read those
+        lines again, which repeats a finding but loses none."""
         if self.state_file is None:
             return
         state = {"boot_id": self._boot_id, "cursors": self._cursors}
@@ -290,8 +297,12 @@ class KernelLog:
             temporary.write_text(json.dumps(state))
             temporary.replace(self.state_file)  # atomic: a crash leaves the old one
         except OSError as exc:
-            raise LogUnavailable(f"cannot keep the kernel-log position in "
-                                 f"{self.state_file}: {exc.strerror}") from exc
+            problem = f"cannot keep the kernel-log position in {self.state_file}: {exc.strerror}"
+            if problem != self._save_problem:
+                log.warning("%s", problem)
+            self._save_problem = problem
+        else:
+            self._save_problem = ""
 
     # -- NVML and the log together ---------------------------------------------------
 

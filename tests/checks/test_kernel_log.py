@@ -127,3 +127,14 @@ async def test_the_real_device_is_read_to_its_end_and_wakes_a_waiter() -> None:
                 await woke.wait()
     finally:
         log.close()
+
+
+def test_a_position_that_cannot_be_kept_loses_nothing(tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    sim, _ = log_in(tmp_path)
+    sim.write_history([XID79])
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    log = KernelLog(sim.path, state_file=blocker / "pos.json")
+    assert [x.xid for x in log.take("xid")] == [79]
+    assert "cannot keep the kernel-log position" in caplog.text
