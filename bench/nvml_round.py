@@ -1,8 +1,9 @@
 """nvml_round: a full round of the NVML checks, as the agent's schedule runs it.
 
 One round = the agent's `Runner.run_round` over every NVML check (gpus, remapped,
-power, pcie, ecc, nvlink, and xid reading the events already queued, window 0) on
-one NVML pass through `NvmlGpuSource` (pynvml in worker threads). Timed on the
+power, pcie, ecc, nvlink, fabric, xid reading the events already queued with window
+0, and sxid) on one NVML pass through `NvmlGpuSource` (pynvml in worker threads),
+which now reads each GPU's NVLink fabric info too. Timed on the
 simulated `healthy-8xh100` machine (the fake NVML library under the real pynvml)
 and, when NVML finds a real GPU here, on the real driver too. The first round
 (which also initialises NVML) is reported apart. Goal: <= 50 ms per round for 8
@@ -31,7 +32,7 @@ from healthd.plans import Planned, planned_check
 from healthd.sim.node import simulate
 
 NAME = "nvml_round"
-NVML_CHECKS = ("gpus", "remapped", "power", "pcie", "ecc", "nvlink", "xid")
+NVML_CHECKS = ("gpus", "remapped", "power", "pcie", "ecc", "nvlink", "fabric", "xid", "sxid")
 GOAL_MS = 50.0
 
 

@@ -1,7 +1,9 @@
 """real_gpu: the acceptance run on a machine with NVIDIA GPUs, in one command.
 
 1. one NVML pass through the checks' reader: every reading of every GPU accounted
-   for (Ok, or the NVML error it got), with the driver and CUDA versions;
+   for (Ok, or the NVML error it got), with the driver and CUDA versions, and each
+   GPU's NVLink fabric state; then the kernel log as the agent reads it (readable or
+   why not, XID and SXID lines by code, XID lines whose PCI address no GPU has);
 2. the `gpu`-marked tests (`pytest -m gpu`);
 3. `healthd record` (with the pciebw probe, and a dcgmi level-1 report when dcgmi is
    installed), then `healthd check` on the machine and `healthd check --sim` on the
@@ -42,14 +44,15 @@ from agent_footprint import footprint
 from common import REPO, Goal, main, parser
 from nvml_round import GOAL_MS, real, round_config, simulated
 
+from checks.kernel_log import KernelLog, LoggedSxid, LoggedXid, LogUnavailable, pci_key
 from checks.nvml_reader import NvmlReader
 from checks.snapshot import NodeSnapshot, Ok, Unsupported
 
 NAME = "real_gpu"
-RECORDED_CHECKS = "gpus,remapped,power,pcie,ecc,nvlink,xid,pciebw"
+RECORDED_CHECKS = "gpus,remapped,power,pcie,ecc,nvlink,fabric,xid,sxid,rdma,pciebw"
 PCIE_MIN_RATIO = 0.7  # the pciebw check's default min_fraction
 PROPERTIES = ("mig_mode", "remapped", "clock_event_reasons", "power", "pcie", "pcie_replays",
-              "ecc", "retired_pages_pending", "nvlinks")
+              "ecc", "retired_pages_pending", "nvlinks", "fabric")
 
 
 def inventory(sim: str | None) -> NodeSnapshot:
@@ -83,6 +86,49 @@ def accounted(snapshot: NodeSnapshot) -> dict[str, dict[str, int]]:
                 outcomes[f"{kind}:{reading.function or '?'}:{reading.error or reading.reason}"] += 1
         out[name] = dict(outcomes)
     return out
+
+
+def fabric_states(snapshot: NodeSnapshot) -> dict[str, int]:
+    """How many GPUs are in which fabric state/status (`completed/SUCCESS`), or have
+    no fabric (`none`)."""
+    states: Counter[str] = Counter()
+    for gpu in snapshot.gpus:
+        fabric = gpu.fabric
+        states[f"{fabric.value.state}/{fabric.value.status}" if isinstance(fabric, Ok)
+               else "none"] += 1
+    return dict(states)
+
+
+def kernel_log(snapshot: NodeSnapshot, sim: str | None) -> dict[str, Any]:
+    """The kernel log as the agent reads it: XID and SXID lines since boot by code,
+    and XID lines whose PCI address matches no GPU NVML lists."""
+    with tempfile.TemporaryDirectory() as tmp:
+        source = KernelLog() if sim is None else _simulated_log(Path(tmp), sim)
+        started = time.perf_counter()
+        try:
+            logged = [*source.take("xid"), *source.take("sxid")]
+        except LogUnavailable as exc:
+            return {"readable": False, "reason": str(exc)}
+        finally:
+            source.close()
+        read_ms = (time.perf_counter() - started) * 1000
+    known = {pci_key(gpu.pci_bus_id) for gpu in snapshot.gpus}
+    xids = [line for line in logged if isinstance(line, LoggedXid)]
+    return {"readable": True, "read_ms": round(read_ms, 3),
+            "xid_lines": dict(Counter(str(line.xid) for line in xids)),
+            "sxid_lines": dict(Counter(str(line.sxid) for line in logged
+                                       if isinstance(line, LoggedSxid))),
+            "xid_pci_unmatched": sorted({line.pci for line in xids if line.pci not in known})}
+
+
+def _simulated_log(workdir: Path, sim: str) -> KernelLog:
+    from healthd.sim.kernellog import SimKernelLog
+    from healthd.sim.machine import load_machine_spec
+
+    spec = load_machine_spec(sim)
+    log = SimKernelLog(workdir / "kmsg", lambda: spec.uptime_s)
+    log.write_history(spec.kernel_log or [])
+    return KernelLog(log.path)
 
 
 def healthd(*args: str, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
@@ -185,6 +231,8 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Goal], 
         "cuda_driver_version": snapshot.cuda_driver_version,
         "first_pass_ms": round(snapshot.duration_s * 1000, 3),
         "nvml_readings": accounted(snapshot),
+        "fabric": fabric_states(snapshot),
+        "kernel_log": kernel_log(snapshot, args.sim),
     }
     figures["gpu_tests"] = gpu_tests()
     with tempfile.TemporaryDirectory() as tmp:
@@ -200,6 +248,8 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Goal], 
     figures["agent"] = agent
     return figures, goals_of(figures, agent_goals), [
         "nvml_readings: per property, GPUs that read ok or the NVML function:error they got",
+        "fabric: GPUs per NVLink fabric state/status ('none': not in a fabric); kernel_log: "
+        "what /dev/kmsg holds for the xid and sxid checks, or why it cannot be read",
         "record_replay compares healthd check on the machine with healthd check --sim on its "
         "recording; values_moved lists readings that changed between the two runs",
         "agent: healthd agent on the real NVML, default schedule, against the API emulator",

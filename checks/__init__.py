@@ -10,6 +10,7 @@ from __future__ import annotations
 from checks.base import BaseCheck
 from checks.dcgm import DcgmCheck
 from checks.ecc import EccCheck
+from checks.fabric import FabricCheck
 from checks.gpus import GpusCheck
 from checks.nic import NicCheck
 from checks.nvlink import NvlinkCheck
@@ -18,7 +19,9 @@ from checks.pciebw import PcieBwCheck
 from checks.ping import PingCheck
 from checks.power import PowerCheck
 from checks.pvc import PvcCheck
+from checks.rdma import RdmaCheck
 from checks.remapped import RemappedCheck
+from checks.sxid import SxidCheck
 from checks.xid import XidCheck
 
 _ALL: tuple[type[BaseCheck], ...] = (
@@ -28,10 +31,13 @@ _ALL: tuple[type[BaseCheck], ...] = (
     PcieCheck,
     EccCheck,
     NvlinkCheck,
+    FabricCheck,
     XidCheck,
+    SxidCheck,
     PcieBwCheck,
     PingCheck,
     NicCheck,
+    RdmaCheck,
     PvcCheck,
     DcgmCheck,
 )

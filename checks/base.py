@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
@@ -22,10 +22,12 @@ from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
     from checks.catalog import Catalog
+    from checks.kernel_log import KernelLogSource
     from checks.nic import LinkReader
     from checks.pciebw import BandwidthProbe
     from checks.ping import Prober
     from checks.pvc_api import ProbeApiFactory
+    from checks.rdma import RdmaReader
     from checks.snapshot import GpuSource
 
 Value = int | float | str | bool
@@ -82,7 +84,7 @@ def worst(severities: Iterable[Severity]) -> Severity:
     return Severity.SKIPPED if seen else Severity.PASS
 
 
-EntityKind = Literal["gpu", "node", "peer", "storage", "network", "nic"]
+EntityKind = Literal["gpu", "node", "peer", "storage", "network", "nic", "nvswitch", "rdma"]
 
 # The pod network (the cluster network every pod has) as a network name; secondary
 # networks (Multus attachments) go by their attachment's name, e.g. `net1`.
@@ -329,6 +331,9 @@ class CheckContext:
     link_reader: LinkReader | None = None  # None: netlink in this namespace
     bandwidth_probe: BandwidthProbe | None = None  # None: the real CUDA probe
     ping_prober: Prober | None = None  # None: ICMP through icmplib
+    uptime: Callable[[], float] | None = None  # None: seconds since boot (boot_uptime)
+    kernel_log: KernelLogSource | None = None  # None: no kernel-log history (NVML only)
+    rdma_reader: RdmaReader | None = None  # None: sysfs under the rdma check's sysfs_root
     namespace: str = "healthd-system"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -341,11 +346,21 @@ class Probes:
     bandwidth: BandwidthProbe | None = None
     links: LinkReader | None = None
     ping: Prober | None = None
+    uptime: Callable[[], float] | None = None
+    kernel_log: KernelLogSource | None = None
+    rdma: RdmaReader | None = None
 
     def apply(self, ctx: CheckContext) -> None:
-        """Point `ctx` at these probes."""
+        """Point `ctx` at these probes (a kernel log only where one is given)."""
         ctx.bandwidth_probe, ctx.link_reader = self.bandwidth, self.links
-        ctx.ping_prober = self.ping
+        ctx.ping_prober, ctx.uptime, ctx.rdma_reader = self.ping, self.uptime, self.rdma
+        if self.kernel_log is not None:
+            ctx.kernel_log = self.kernel_log
+
+
+def boot_uptime() -> float:
+    """Seconds since the node booted (CLOCK_BOOTTIME: the host's, in a container too)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 @runtime_checkable

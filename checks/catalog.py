@@ -65,6 +65,12 @@ DEFAULT_CODES: dict[str, CodeSpec] = {
         _spec("ECC_UNCORRECTED", S.ERR, "volatile uncorrected ECC errors"),
         _spec("PAGES_PENDING", S.ERR, "retired pages pending (needs a reset)"),
         _spec("NVLINK_DOWN", S.ERR, "an NVLink that should be up is down"),
+        _spec("FABRIC_NOT_STARTED", S.ERR,
+              "the Fabric Manager has not started registering the GPU in the NVLink fabric"),
+        _spec("FABRIC_IN_PROGRESS", S.ERR,
+              "the GPU's NVLink fabric registration is still in progress past the grace"),
+        _spec("FABRIC_REGISTRATION_FAILED", S.ERR,
+              "the Fabric Manager failed to register the GPU in the NVLink fabric"),
         _spec("GPU_MISSING", S.EVICT, "a GPU is lost or fewer GPUs than expected", True),
         _spec("PEER_UNREACHABLE", S.WARN, "a peer node does not answer ping"),
         _spec("NETWORK_ISOLATED", S.ERR, "this node cannot reach most of its peers (on a network)"),
@@ -75,9 +81,17 @@ DEFAULT_CODES: dict[str, CodeSpec] = {
         _spec("NIC_MTU_MISMATCH", S.WARN, "a secondary interface's MTU is not the expected one"),
         _spec("NIC_ERRORS", S.WARN, "a secondary interface's error or drop counters grow"),
         _spec("NIC_SPEED_LOW", S.WARN, "a secondary interface runs below its expected speed"),
+        # A down RDMA port breaks every multi-node job now: raised on first sighting.
+        CodeSpec("RDMA_PORT_DOWN", S.ERR, False,
+                 "an RDMA port (InfiniBand/RoCE) is down or its physical link is not up",
+                 AT_ONCE),
+        _spec("RDMA_RATE_LOW", S.WARN, "an RDMA port runs below its expected rate"),
+        _spec("RDMA_ERRORS", S.WARN, "an RDMA port's error counters grow"),
         _spec("PVC_NOT_BOUND", S.WARN, "a test PVC did not bind in time"),
         _spec("PVC_PROVISION_ERROR", S.WARN, "the provisioner reported an error"),
         _spec("DCGM_ISOLATE", S.EVICT, "DCGM asks to isolate the GPU (exit 205)", True),
+        CodeSpec("SXID_FATAL", S.EVICT, True, "an NVSwitch error the driver logged as fatal",
+                 AT_ONCE),
     )
 }
 
@@ -107,7 +121,22 @@ _XID_DEFAULT: dict[int, tuple[Severity, bool, str]] = {
 # DCGM tests whose failure means the GPU cannot be trusted with work (sticky EVICT).
 FATAL_DCGM_TESTS = frozenset({"PCIE", "NVLINK", "MEMORY", "ECC"})
 
+# NVSwitch SXIDs, from NVIDIA's Fabric Manager User Guide (DU-09883-001, appendix
+# "NVSwitch SXid Errors": non-fatal, fatal and always-fatal lists). Non-fatal ones are
+# corrected single-bit ECC errors the NVSwitch fixes itself: informational (PASS).
+# Fatal ones stop NVLink traffic through the port or the whole fabric: running
+# multi-GPU work hangs or fails and the board needs a reset of its GPUs and NVSwitches
+# (a host restart), so they are a sticky EVICT, cleared by healthd.io/clear after it.
+_SXID_NON_FATAL = frozenset({11012, 11021, 11022, 11023, 12021, 12023, 15008, 15011, 19049,
+                             19055, 19057, 19059, 19062, 19065, 19068, 19071, 24001, 24002,
+                             24003})
+_SXID_FATAL = frozenset({20034, 22012, 24004, 24005, 24006, 24007})  # fatal to the port
+_SXID_ALWAYS_FATAL = frozenset({12020, 22003, 22011, 23001, 23002, 23003, 23004, 23005})
+# An SXID the guide does not list but the driver logs as "Fatal": the same verdict.
+SXID_FATAL = "SXID_FATAL"
+
 _XID_RE = re.compile(r"^XID_(\d+)$")
+_SXID_RE = re.compile(r"^SXID_(\d+)$")
 _DCGM_RE = re.compile(r"^DCGM_([A-Z0-9_]+)$")
 
 
@@ -117,6 +146,25 @@ def xid_spec(xid: int) -> CodeSpec:
         return CodeSpec(code, S.PASS, False, "application-caused XID (informational)", AT_ONCE)
     severity, sticky, meaning = _XID_DEFAULT.get(xid, (S.WARN, False, "unlisted XID"))
     return CodeSpec(code, severity, sticky, meaning, AT_ONCE)
+
+
+def sxid_spec(sxid: int) -> CodeSpec:
+    code = f"SXID_{sxid}"
+    if sxid in _SXID_ALWAYS_FATAL:
+        return CodeSpec(code, S.EVICT, True,
+                        "fatal NVSwitch error for the whole fabric: restart the host", AT_ONCE)
+    if sxid in _SXID_FATAL:
+        return CodeSpec(code, S.EVICT, True,
+                        "fatal NVSwitch port error: reset the GPUs and NVSwitches", AT_ONCE)
+    if sxid in _SXID_NON_FATAL:
+        return CodeSpec(code, S.PASS, False, "corrected NVSwitch error (informational)",
+                        AT_ONCE)
+    return CodeSpec(code, S.WARN, False, "unlisted non-fatal NVSwitch error", AT_ONCE)
+
+
+def is_fatal_sxid(sxid: int) -> bool:
+    """Whether the catalogue itself calls `sxid` fatal (to a port or the fabric)."""
+    return sxid in _SXID_FATAL or sxid in _SXID_ALWAYS_FATAL
 
 
 def dcgm_spec(test: str) -> CodeSpec:
@@ -134,6 +182,8 @@ def default_spec(code: str) -> CodeSpec | None:
         return xid_spec(int(m.group(1)))
     if m := _DCGM_RE.match(code):
         return dcgm_spec(m.group(1))
+    if m := _SXID_RE.match(code):
+        return sxid_spec(int(m.group(1)))
     return None
 
 

@@ -26,6 +26,8 @@ import pynvml
 from checks.snapshot import (
     DRIVER_NOT_FOUND,
     Ecc,
+    Fabric,
+    FabricState,
     Failed,
     GpuSnapshot,
     NodeSnapshot,
@@ -184,6 +186,40 @@ def _mig_mode(h: Handle) -> bool:
     return bool(current == pynvml.NVML_DEVICE_MIG_ENABLE)
 
 
+_FABRIC_STATES: dict[int, FabricState] = {
+    pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED: "not_started",
+    pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS: "in_progress",
+    pynvml.NVML_GPU_FABRIC_STATE_COMPLETED: "completed",
+}
+NO_FABRIC = "no NVLink fabric (not an NVSwitch system)"
+
+
+def _fabric(h: Handle) -> Fabric:
+    """The GPU's fabric registration: the versioned call where the driver has it,
+    the original one on drivers older than it. A GPU outside any fabric says state
+    NOT_SUPPORTED (or the call says NOT_SUPPORTED): the reading is Unsupported."""
+    info: Any = pynvml.c_nvmlGpuFabricInfoV_t()
+    function = pynvml.nvmlDeviceGetGpuFabricInfoV
+    try:
+        _call(function, h, ctypes.byref(info))
+    except _Unreadable as exc:
+        if exc.code != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+            raise
+        info, function = pynvml.c_nvmlGpuFabricInfo_t(), pynvml.nvmlDeviceGetGpuFabricInfo
+        _call(function, h, ctypes.byref(info))
+    state = _FABRIC_STATES.get(int(info.state))
+    if state is None:  # NVML_GPU_FABRIC_STATE_NOT_SUPPORTED, or a state newer than us
+        raise _Unreadable(Unsupported(NO_FABRIC, function.__name__), None)
+    status = int(info.status)
+    return Fabric(
+        state=state,
+        status="SUCCESS" if status == pynvml.NVML_SUCCESS else error_name(status),
+        clique_id=int(info.cliqueId),
+        cluster_uuid=bytes(info.clusterUuid).hex(),
+        health_mask=int(getattr(info, "healthMask", 0)),
+    )
+
+
 _PROPERTIES: dict[str, Callable[[Handle], Any]] = {
     "mig_mode": _mig_mode,
     "remapped": _remapped,
@@ -194,6 +230,7 @@ _PROPERTIES: dict[str, Callable[[Handle], Any]] = {
     "ecc": _ecc,
     "retired_pages_pending": _pages_pending,
     "nvlinks": _nvlinks,
+    "fabric": _fabric,
 }
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -104,6 +104,23 @@ class NvLink:
     up: bool
 
 
+FabricState = Literal["not_started", "in_progress", "completed"]
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """The GPU's place in an NVLink fabric (NVSwitch systems), as NVML reports it:
+    the Fabric Manager's registration `state`, its outcome `status` (an NVML_ERROR_*
+    name without the prefix, `SUCCESS` once registered), the clique and cluster. A GPU
+    without a fabric (PCIe boards) is an `Unsupported` reading, never a Fabric."""
+
+    state: FabricState
+    status: str = "SUCCESS"
+    clique_id: int = 0
+    cluster_uuid: str = ""
+    health_mask: int = 0
+
+
 @dataclass(frozen=True)
 class GpuSnapshot:
     """Everything one NVML pass read about one GPU. Identity fields are empty when the
@@ -125,6 +142,7 @@ class GpuSnapshot:
     ecc: Reading[Ecc] = Unsupported()
     retired_pages_pending: Reading[bool] = Unsupported()
     nvlinks: Reading[tuple[NvLink, ...]] = Unsupported()
+    fabric: Reading[Fabric] = Unsupported()
 
 
 @dataclass(frozen=True)
@@ -147,7 +165,8 @@ class XidEvent:
     xid: int
     gpu_index: int
     uuid: str
-    at: float  # time.time() when received
+    at: float  # time.time() when received (or, from the kernel log, when logged)
+    pci_bus_id: str = ""  # set for XIDs from the kernel log
 
 
 class GpuSource(Protocol):

@@ -8,6 +8,12 @@ reported for the record but never raising the verdict.
 The check is event-driven. One run collects the events of a short window
 (`window_s`, for one-shot runs such as `healthd check xid`); the agent's continuous
 consumer reuses `findings_for_xids` on the events it receives as they happen.
+
+Where the context has a kernel log (checks.kernel_log), each run also takes the XID
+lines logged since the last run, so an XID written while nobody listened (the agent
+restarting or not yet started) gets the same finding as a live one. An XID both
+sources report is counted once. An unreadable log leaves NVML's events alone and
+says so in the node's values (`kernel_log`).
 """
 
 from __future__ import annotations
@@ -16,10 +22,12 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import ClassVar
 
+import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
 
 from checks.base import CheckContext, Entity, Finding, ResultBuilder
 from checks.gpucheck import GpuCheck, gpu_entity
+from checks.kernel_log import LoggedXid, LogUnavailable
 from checks.snapshot import GpuSnapshot, NodeSnapshot, XidEvent
 
 MAX_WINDOW_S = 10.0
@@ -52,10 +60,26 @@ class XidCheck(GpuCheck[XidParams]):
         except Exception as exc:  # the access layer should not raise; never crash if it does
             _all_unknown(snapshot.gpus, builder, f"cannot read XID events: {exc}")
             return
+        events = await _with_kernel_log(events, snapshot, ctx, builder)
         findings_for_xids(events, snapshot.gpus, builder)
 
     def judge(self, gpu: GpuSnapshot, entity: Entity, builder: ResultBuilder) -> None:
         """A GPU passes unless an event names it (see `findings_for_xids`)."""
+
+
+async def _with_kernel_log(events: list[XidEvent], snapshot: NodeSnapshot, ctx: CheckContext,
+                           builder: ResultBuilder) -> list[XidEvent]:
+    """NVML's events plus the XIDs logged since the last run, each XID once."""
+    log = ctx.kernel_log
+    if log is None:
+        return events
+    try:
+        logged = await anyio.to_thread.run_sync(log.take, "xid")
+    except LogUnavailable as exc:
+        builder.seen(Entity.node(ctx.node_name), kernel_log=str(exc))
+        return events
+    xids = [line for line in logged if isinstance(line, LoggedXid)]
+    return log.merge_xids(events, xids, snapshot.gpus)
 
 
 def findings_for_xids(
@@ -69,17 +93,20 @@ def findings_for_xids(
     known = list(gpus)
     by_uuid = {gpu.uuid: gpu for gpu in known if gpu.uuid}
     by_index = {gpu.index: gpu for gpu in known}
-    counts = Counter(_event_key(event, by_uuid, by_index) for event in events)
+    by_pci = {gpu.pci_bus_id: gpu for gpu in known if gpu.pci_bus_id}
+    counts = Counter(_event_key(event, by_uuid, by_index, by_pci) for event in events)
     return [
         _xid_finding(entity, xid, count, builder) for (entity, xid), count in counts.items()
     ]
 
 
 def _event_key(
-    event: XidEvent, by_uuid: dict[str, GpuSnapshot], by_index: dict[int, GpuSnapshot]
+    event: XidEvent, by_uuid: dict[str, GpuSnapshot], by_index: dict[int, GpuSnapshot],
+    by_pci: dict[str, GpuSnapshot],
 ) -> tuple[Entity, int]:
-    gpu = by_uuid.get(event.uuid) or by_index.get(event.gpu_index)
-    entity = gpu_entity(gpu) if gpu is not None else Entity.gpu(event.gpu_index, event.uuid)
+    gpu = by_uuid.get(event.uuid) or by_pci.get(event.pci_bus_id) or by_index.get(event.gpu_index)
+    entity = gpu_entity(gpu) if gpu is not None else Entity.gpu(
+        event.gpu_index, event.uuid, event.pci_bus_id)
     return entity, event.xid
 
 

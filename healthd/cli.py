@@ -38,6 +38,7 @@ import anyio
 
 import checks
 from checks.base import CheckContext, CheckResult, Peer, Severity
+from checks.kernel_log import KernelLog
 from checks.snapshot import DRIVER_NOT_FOUND, NvmlGpuSource
 from healthd import __version__
 from healthd.config import Config, ConfigError, load_config
@@ -199,6 +200,10 @@ async def _run_check(args: argparse.Namespace) -> Report:
             except SimulationError as exc:
                 _fail(str(exc), EX_CONFIG)
             planned = sim.prepare(ctx, planned)
+        else:
+            log = KernelLog()  # everything since boot; no position kept
+            stack.callback(log.close)
+            ctx.kernel_log = log
         ctx.node_name = ctx.node_name or node_name(config)
         gpus = NvmlGpuSource()
         ctx.gpus = gpus

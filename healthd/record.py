@@ -14,7 +14,12 @@ How readings map to the spec:
   capability already says so (`page_retirement: false`, `mig_capable: false`,
   `nvlinks: 0`, `ecc_enabled: false`);
 - XIDs seen during the window are `xid` entries at 0; fewer GPUs than expected are
-  `missing` GPUs at the end.
+  `missing` GPUs at the end;
+- NVLink fabric info is the `fabric` section (the first registered GPU's) plus
+  per-GPU `fabric` faults; the time since boot, in whole minutes, is `uptime_s`;
+- the kernel log's XID and SXID lines are `kernel_log`, the RDMA ports' sysfs
+  values `rdma.ports`; a source that could not be read is listed under
+  `not_recorded`, and replays as SKIPPED "not recorded".
 
 `--redact` replaces GPU UUIDs, serials and the node name with placeholders, the same
 original always by the same placeholder.
@@ -23,16 +28,19 @@ original always by the same placeholder.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio.to_thread
 
+from checks.base import boot_uptime
+from checks.kernel_log import KernelLogSource, LogUnavailable
 from checks.nvml_reader import ECC_DISABLED
 from checks.pciebw import Bandwidth, BandwidthProbe, ProbeError
 from checks.power import CLOCK_EVENT_BITS, GPU_IDLE
 from checks.processes import ProgramNotFound, ProgramNotRunnable, run_process
+from checks.rdma import RdmaPort, RdmaReader, RdmaUnavailable
 from checks.snapshot import (
     Failed,
     GpuSnapshot,
@@ -72,6 +80,9 @@ class Recording:
     bandwidth: dict[int, Bandwidth] = field(default_factory=dict)
     dcgm: DcgmRecording | None = None
     expected_gpus: int | None = None
+    uptime_s: float | None = None  # seconds since boot when read (the fabric's grace)
+    kernel_log: list[str] | None = None  # XID and SXID lines since boot; None: unreadable
+    rdma: list[RdmaPort] | None = None  # the RDMA ports; None: unreadable
 
 
 async def read_machine(
@@ -83,6 +94,9 @@ async def read_machine(
     bandwidth_size_bytes: int = 256 * 2**20,
     bandwidth_iterations: int = 5,
     dcgm_command: Sequence[str] | None = None,
+    uptime: Callable[[], float] = boot_uptime,
+    kernel_log: KernelLogSource | None = None,
+    rdma: RdmaReader | None = None,
 ) -> Recording:
     """One NVML pass, the XIDs of the window, and what was asked for besides."""
     gpus = NvmlGpuSource()
@@ -93,13 +107,37 @@ async def read_machine(
         xids = await gpus.xid_events(xid_window_s)
     finally:
         await gpus.aclose()
-    recording = Recording(node, snapshot, xids, expected_gpus=expected_gpus)
+    recording = Recording(node, snapshot, xids, expected_gpus=expected_gpus,
+                          uptime_s=uptime(), kernel_log=_logged_lines(kernel_log),
+                          rdma=_rdma_ports(rdma))
     if bandwidth_probe is not None:
         recording.bandwidth = await _measure_all(snapshot, bandwidth_probe,
                                                  bandwidth_size_bytes, bandwidth_iterations)
     if dcgm_command is not None:
         recording.dcgm = await read_dcgm(dcgm_command)
     return recording
+
+
+def _logged_lines(log: KernelLogSource | None) -> list[str] | None:
+    """The XID and SXID lines the kernel log holds, in the order logged (None: the
+    log cannot be read, so the recording says it holds none)."""
+    if log is None:
+        return None
+    try:
+        lines = [*log.take("xid"), *log.take("sxid")]
+    except LogUnavailable:
+        return None
+    return [line.message for line in sorted(lines, key=lambda line: line.seq)]
+
+
+def _rdma_ports(reader: RdmaReader | None) -> list[RdmaPort] | None:
+    """The RDMA ports as sysfs shows them (None: they cannot be read)."""
+    if reader is None:
+        return None
+    try:
+        return reader.read()
+    except RdmaUnavailable:
+        return None
 
 
 async def _measure_all(snapshot: NodeSnapshot, probe: BandwidthProbe, size_bytes: int,
@@ -139,7 +177,8 @@ def machine_spec(recording: Recording, *, redact: bool = False) -> dict[str, Any
     snap = recording.snapshot
     gpus = list(snap.gpus)
     base = _machine_gpus(gpus)
-    refusals = {gpu.index: _refusals(gpu, base) for gpu in gpus}
+    fabric = _machine_fabric(gpus)
+    refusals = {gpu.index: _refusals(gpu, {**base, "fabric": fabric}) for gpu in gpus}
     unsupported = _unsupported_everywhere([refusals[g.index] for g in gpus if not g.lost])
     if unsupported:
         base["unsupported"] = unsupported
@@ -147,7 +186,7 @@ def machine_spec(recording: Recording, *, redact: bool = False) -> dict[str, Any
     for gpu in gpus:
         errors = [e for e in refusals[gpu.index]
                   if e["error"] != "NOT_SUPPORTED" or e["function"] not in unsupported]
-        entry = _gpu_entry(gpu, base, errors, recording)
+        entry = _gpu_entry(gpu, {**base, "fabric": fabric}, errors, recording)
         if entry:
             faults.append(entry)
     count = len(gpus)
@@ -159,8 +198,23 @@ def machine_spec(recording: Recording, *, redact: bool = False) -> dict[str, Any
     spec: dict[str, Any] = {"node": recording.node, "driver_version": snap.driver_version}
     if snap.cuda_driver_version:
         spec["cuda_driver_version"] = snap.cuda_driver_version
+    if recording.uptime_s is not None:  # whole minutes: enough for the fabric's grace
+        spec["uptime_s"] = int(recording.uptime_s // 60 * 60)
     spec["gpus"] = {"count": count, **base, "uuids": uuids, "pci_bus_ids": bus_ids}
+    if fabric is not None:
+        spec["fabric"] = fabric
     spec["faults"] = faults
+    not_recorded = []
+    if recording.kernel_log is None:
+        not_recorded.append("kernel_log")
+    elif recording.kernel_log:
+        spec["kernel_log"] = recording.kernel_log
+    if recording.rdma is None:
+        not_recorded.append("rdma")
+    elif recording.rdma:
+        spec["rdma"] = {"ports": [_rdma_entry(port) for port in recording.rdma]}
+    if not_recorded:
+        spec["not_recorded"] = not_recorded
     if recording.dcgm is not None:
         spec["dcgm"] = _dcgm_entry(recording.dcgm)
     return redacted(spec) if redact else spec
@@ -183,6 +237,17 @@ def _machine_gpus(gpus: Sequence[GpuSnapshot]) -> dict[str, Any]:
     base["mig_capable"] = any(not _not_supported(g.mig_mode) for g in readable)
     base["page_retirement"] = any(isinstance(g.retired_pages_pending, Ok) for g in readable)
     return base
+
+
+def _machine_fabric(gpus: Sequence[GpuSnapshot]) -> dict[str, Any] | None:
+    """The machine's `fabric` section: the first registered GPU's fabric info (None:
+    no GPU is in a fabric, a PCIe board)."""
+    fabric = next((g.fabric.value for g in gpus if not g.lost and isinstance(g.fabric, Ok)),
+                  None)
+    if fabric is None:
+        return None
+    return {"state": fabric.state, "status": fabric.status, "clique_id": fabric.clique_id,
+            "cluster_uuid": "" if not fabric.cluster_uuid.strip("0") else fabric.cluster_uuid}
 
 
 def _refusals(gpu: GpuSnapshot, base: dict[str, Any]) -> list[dict[str, str]]:
@@ -233,7 +298,8 @@ def _readings(gpu: GpuSnapshot) -> list[tuple[str, Reading[Any]]]:
     return [("mig_mode", gpu.mig_mode), ("remapped", gpu.remapped),
             ("clock_event_reasons", gpu.clock_event_reasons), ("power", gpu.power),
             ("pcie", gpu.pcie), ("pcie_replays", gpu.pcie_replays), ("ecc", gpu.ecc),
-            ("retired_pages_pending", gpu.retired_pages_pending), ("nvlinks", gpu.nvlinks)]
+            ("retired_pages_pending", gpu.retired_pages_pending), ("nvlinks", gpu.nvlinks),
+            ("fabric", gpu.fabric)]
 
 
 def _values(name: str, value: Any, base: dict[str, Any]) -> dict[str, Any]:
@@ -265,6 +331,10 @@ def _values(name: str, value: Any, base: dict[str, Any]) -> dict[str, Any]:
     if name == "nvlinks":
         down = [link.link for link in value if not link.up]
         return {"nvlink_down": down} if down else {}
+    if name == "fabric":
+        machine = base.get("fabric") or {}
+        mine = {"state": value.state, "status": value.status}
+        return {"fabric": mine} if any(machine.get(k) != v for k, v in mine.items()) else {}
     return {}
 
 
@@ -279,6 +349,8 @@ def _said_by_machine(name: str, reading: Unsupported | Failed, base: dict[str, A
     """Whether the machine-wide capability already makes NVML answer this way."""
     if name == "ecc" and _ecc_disabled(reading):
         return True
+    if name == "fabric" and base.get("fabric") is None:
+        return isinstance(reading, Unsupported)  # no fabric on this machine at all
     if not _not_supported(reading):
         return False
     capability = {"mig_mode": "mig_capable", "retired_pages_pending": "page_retirement",
@@ -308,6 +380,19 @@ def _event_on(event: XidEvent, gpu: GpuSnapshot) -> bool:
     if event.uuid and gpu.uuid:
         return event.uuid == gpu.uuid
     return event.gpu_index == gpu.index
+
+
+def _rdma_entry(port: RdmaPort) -> dict[str, Any]:
+    """One port of the spec's `rdma` section, everything sysfs showed."""
+    entry: dict[str, Any] = {"device": port.device, "port": port.port, "state": port.state,
+                             "phys_state": port.phys_state, "link_layer": port.link_layer}
+    if port.rate_gbps is not None:
+        entry["rate_gbps"] = port.rate_gbps
+    if port.netdevs:
+        entry["netdev"] = port.netdevs[0]
+    if port.counters:
+        entry["counters"] = dict(port.counters)
+    return entry
 
 
 def _dcgm_entry(dcgm: DcgmRecording) -> dict[str, Any]:

@@ -20,8 +20,11 @@ from typing import Any, cast
 import anyio
 import yaml
 
+from checks.base import boot_uptime
 from checks.dcgm import DcgmCheck, DcgmParams
+from checks.kernel_log import KernelLog, KernelLogSource
 from checks.pciebw import MIB, BandwidthProbe, CudaBandwidthProbe, PcieBwCheck
+from checks.rdma import RdmaParams, RdmaReader, SysfsRdmaReader
 from healthd import __version__
 from healthd.config import Config
 from healthd.durations import parse_duration
@@ -94,6 +97,10 @@ async def _record(args: argparse.Namespace, includes: Includes, config: Config) 
     probe: BandwidthProbe | None = CudaBandwidthProbe() if includes.pciebw else None
     dcgm_command: list[str] = list(dcgm_params.command)
     node, expected = config.node_name or "", config.expected_gpus
+    uptime = boot_uptime
+    kernel_log: KernelLogSource = KernelLog()
+    rdma: RdmaReader | None = SysfsRdmaReader(Path(
+        cast(RdmaParams, config.build_check("rdma").params).sysfs_root))
     with ExitStack() as stack:
         if args.sim:
             from healthd.sim.dcgm import fake_dcgmi_command
@@ -107,12 +114,16 @@ async def _record(args: argparse.Namespace, includes: Includes, config: Config) 
             dcgm_command = fake_dcgmi_command(sim.spec.dcgm)
             node = node or sim.spec.node
             expected = sim.spec.gpus.count if expected is None else expected
+            uptime = sim.uptime
+            kernel_log = sim.kernel_log_source()
+            rdma = sim.rdma_reader()
         recording = await read_machine(
             node or node_name(config), xid_window_s=includes.xid_window_s,
             expected_gpus=expected, bandwidth_probe=probe,
             bandwidth_size_bytes=bandwidth.size_mib * MIB,
             bandwidth_iterations=bandwidth.iterations,
-            dcgm_command=dcgm_command if includes.dcgm else None)
+            dcgm_command=dcgm_command if includes.dcgm else None, uptime=uptime,
+            kernel_log=kernel_log, rdma=rdma)
     spec = machine_spec(recording, redact=args.redact)
     _validate(spec)
     return _header() + yaml.dump(spec, Dumper=_SpecDumper, sort_keys=False, width=100)

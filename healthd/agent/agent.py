@@ -8,6 +8,8 @@ Activities (tasks of one task group, all children of `Agent.run`):
   shows, the GPU capacity, and on-demand requests (healthd.agent.ondemand);
 - the XID consumer: every XID event NVML delivers triggers a run of the `xid` check
   at once (trigger `event`), so a fault reaches the label in seconds;
+- the SXID watch: an SXID line in the kernel log triggers a run of the `sxid` check
+  at once (NVML has no event for NVSwitch errors);
 - the publisher loop (healthd.agent.node_status), the peer watch (ping's peers) and
   a small loop that reports the publisher's health to the metrics.
 
@@ -26,13 +28,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 from prometheus_client import CollectorRegistry
 
 from checks.base import Attachment, CheckContext, CheckResult, Probes, Severity
+from checks.kernel_log import KernelLog, LogUnavailable
 from checks.snapshot import NvmlGpuSource, XidEvent
 from healthd.agent.deepdiag import DeepDiagnostic
 from healthd.agent.deepruns import DeepRuns, deep_job_env
@@ -75,6 +80,8 @@ log = logging.getLogger(__name__)
 
 PUBLISHER_REPORT_S = 1.0  # how often the publisher's health reaches the metrics
 LABEL_WAIT_S = 60.0  # fault-to-label: give up measuring after this long
+KERNEL_LOG_POLL_S = 1.0  # a kernel log that is a regular file (simulation) is polled
+KERNEL_LOG_RETRY_S = 60.0  # after the log could not be read
 
 
 def effective_config(config: Config) -> Config:
@@ -129,7 +136,19 @@ class Agent:
                                 expected_gpus=self.config.expected_gpus,
                                 namespace=self.config.namespace)
         (probes or Probes()).apply(self.ctx)
+        self.kernel_log = self._kernel_log()
         self.runner = Runner(self.ctx, on_result=self._on_result)
+
+    def _kernel_log(self) -> KernelLog | None:
+        """The kernel log the xid and sxid checks read, from the config (unless the
+        probes brought one), remembering its position in the state file."""
+        settings = self.settings.kernel_log
+        if self.ctx.kernel_log is not None or not settings.enabled:
+            return None
+        log = KernelLog(Path(settings.path), state_file=Path(settings.state_file),
+                        dedup_window_s=settings.dedup_window_s, uptime=self.ctx.uptime)
+        self.ctx.kernel_log = log
+        return log
 
     # -- probes ------------------------------------------------------------------------
 
@@ -157,6 +176,8 @@ class Agent:
         finally:
             with anyio.CancelScope(shield=True):
                 await gpus.aclose()
+                if self.kernel_log is not None:
+                    self.kernel_log.close()
                 if self._given_kube is None:
                     await kube.close()
 
@@ -194,6 +215,8 @@ class Agent:
                     self._tasks.start_soon(self._start_schedule, jobs)
                     if self.config.check_section("xid").enabled:
                         self._tasks.start_soon(self._consume_xids, gpus)
+                    if self.kernel_log is not None and self.config.check_section("sxid").enabled:
+                        self._tasks.start_soon(self._watch_sxids, self.kernel_log)
             if self._stopping:
                 with anyio.CancelScope(shield=True):
                     synced = await self.publisher.flush(self.settings.shutdown_flush_s)
@@ -358,6 +381,20 @@ class Agent:
                 last = result = await self._run_on_event(xid)
             if self.state.judged and _reports(result, event) and self._tasks is not None:
                 self._tasks.start_soon(self._measure_fault_to_label, event.at)
+
+    async def _watch_sxids(self, kernel_log: KernelLog) -> None:
+        """Run the sxid check as soon as the kernel log holds an SXID line (NVML has
+        no event for them). XIDs are left to NVML's events and the periodic runs: a
+        run for a line NVML already delivered would count as a clean run."""
+        sxid = planned_check(self.config, "sxid")
+        while True:
+            try:
+                await kernel_log.wait(KERNEL_LOG_POLL_S)
+                if await anyio.to_thread.run_sync(kernel_log.pending, "sxid"):
+                    log.info("SXID in the kernel log")
+                    await self._run_on_event(sxid)
+            except (LogUnavailable, OSError):
+                await anyio.sleep(KERNEL_LOG_RETRY_S)  # the checks report why
 
     async def _run_on_event(self, xid: Planned) -> CheckResult:
         return await self.runner.run(xid.key, xid.check, Trigger.EVENT, xid.timeout_s,

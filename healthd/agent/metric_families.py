@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from checks.base import POD_NETWORK, CheckResult, Entity, EntityKind, Finding, Severity, Value
+from checks.rdma import ERROR_COUNTERS as RDMA_ERROR_COUNTERS
 from healthd.kube.conventions import Verdict
 
 if TYPE_CHECKING:
@@ -31,6 +32,8 @@ ENTITY_LABELS: dict[EntityKind, tuple[str, ...]] = {
     "node": (),
     "network": ("network",),
     "nic": ("interface", "network"),
+    "nvswitch": ("nvswitch",),
+    "rdma": ("port", "network"),
 }
 # Check name -> Autopilot's `health` label value (Autopilot calls power `power-slowdown`).
 AUTOPILOT_HEALTH = {
@@ -101,6 +104,15 @@ MEASURES: tuple[Measure, ...] = (
     Measure("ping", "healthd_network_peer_ping_rtt_seconds", "Average ping round-trip time "
             "on a secondary network, in seconds.", "rtt_avg_ms", "peer", scale=1e-3,
             secondary=True),
+    Measure("fabric", "healthd_gpu_fabric_registered", "1 when the GPU is registered in its "
+            "NVLink fabric (NVSwitch systems).", "fabric_registered"),
+    Measure("rdma", "healthd_rdma_port_up", "1 when the RDMA port is ACTIVE with its "
+            "physical link up.", "up", "rdma"),
+    Measure("rdma", "healthd_rdma_port_rate_gbps", "The RDMA port's rate in Gb/s.",
+            "rate_gbps", "rdma"),
+    *_split("rdma", "healthd_rdma_port_errors", "The RDMA port's error counters, as sysfs "
+            "shows them.", "counter", {name: name for name in RDMA_ERROR_COUNTERS},
+            kind="rdma"),
     Measure("pvc", "healthd_storage_pvc_bind_seconds",
             "Seconds the test PVC took to bind.", "bind_s", "storage"),
 )
@@ -237,7 +249,8 @@ class SnapshotCollector:
         self, out: _Families, m: Measure, entity: Entity, values: Mapping[str, Value]
     ) -> None:
         value = number(values.get(m.value))
-        if entity.kind != m.kind or value is None or bool(entity.network) != m.secondary:
+        peer_elsewhere = entity.kind == "peer" and bool(entity.network) != m.secondary
+        if entity.kind != m.kind or value is None or peer_elsewhere:
             return
         labels = {"node": self._node, **_entity_labels(entity), **dict(m.extra)}
         if m.secondary:
@@ -288,6 +301,8 @@ def _entity_labels(entity: Entity) -> dict[str, str]:
         return gpu_labels(entity)
     if entity.kind == "nic":
         return {"interface": entity.name, "network": entity.network}
+    if entity.kind == "rdma":
+        return {"port": entity.name, "network": entity.network}
     return {name: entity.name for name in ENTITY_LABELS[entity.kind]}
 
 

@@ -42,6 +42,11 @@ dcgm-exporter's labels so joins with it work: `gpu` (index), `UUID`, `pci_bus_id
 | `healthd_gpu_power_watts` | gauge | GPU labels | power draw (power) |
 | `healthd_gpu_power_limit_watts` | gauge | GPU labels | enforced power limit (power) |
 | `healthd_gpu_xid_events_total` | counter | GPU labels, xid | XID events received, by code (each XID finding adds its `count` value) |
+| `healthd_nvswitch_sxid_events_total` | counter | node, nvswitch, sxid | NVSwitch SXID lines read from the kernel log, by code (sxid) |
+| `healthd_gpu_fabric_registered` | gauge | GPU labels | 1 when the GPU is registered in its NVLink fabric (fabric) |
+| `healthd_rdma_port_up` | gauge | node, port, network | 1 when the RDMA port is ACTIVE with its physical link up (rdma) |
+| `healthd_rdma_port_rate_gbps` | gauge | node, port, network | the port's rate in Gb/s (rdma) |
+| `healthd_rdma_port_errors` | gauge | node, port, network, counter | the port's error counters as sysfs shows them: `symbol_error`, `link_downed`, ... (rdma) |
 | `healthd_peer_ping_loss_ratio` | gauge | node, peer | share of echoes lost on the peer's best address (ping) |
 | `healthd_peer_ping_rtt_seconds` | gauge | node, peer, stat | round-trip time, `avg` / `max` (ping) |
 | `healthd_network_peer_ping_loss_ratio` | gauge | node, peer, network | the same on a secondary network (`net1`, ...) |
@@ -137,6 +142,10 @@ class AgentMetrics:
             "healthd_gpu_xid_events_total", "XID events received, by code.",
             ["node", *GPU_LABELS, "xid"], registry=registry,
         )
+        self._sxids = Counter(
+            "healthd_nvswitch_sxid_events_total", "NVSwitch SXID errors logged, by code.",
+            ["node", "nvswitch", "sxid"], registry=registry,
+        )
         self._fault_to_label = Histogram(
             "healthd_agent_fault_to_label_seconds",
             "Seconds from a fault's detection to the node label carrying it.",
@@ -167,7 +176,7 @@ class AgentMetrics:
         self._runs.labels(self.node, key, result.status.value).inc()
         self._durations.labels(self.node, key).observe(max(0.0, result.duration_s))
         for finding in result.findings:
-            self._count_xid(finding)
+            self._count_event(finding)
         with self._lock:
             self._seq += 1
             self._latest[key] = Latest(self._seq, result, ended)
@@ -195,11 +204,14 @@ class AgentMetrics:
         with self._lock:
             return Snapshot(dict(self._latest), self._state)
 
-    def _count_xid(self, finding: Finding) -> None:
-        xid = finding.values.get("xid")
-        if finding.entity.kind != "gpu" or not finding.code.startswith("XID_") or xid is None:
-            return
+    def _count_event(self, finding: Finding) -> None:
+        """XID findings count per GPU and code, SXID findings per NVSwitch and code."""
         count = number(finding.values.get("count", 1)) or 0.0
-        if count > 0:
+        xid, sxid = finding.values.get("xid"), finding.values.get("sxid")
+        if count <= 0:
+            return
+        if finding.entity.kind == "gpu" and finding.code.startswith("XID_") and xid is not None:
             labels = gpu_labels(finding.entity).values()
             self._xids.labels(self.node, *labels, str(xid)).inc(count)
+        elif finding.entity.kind == "nvswitch" and sxid is not None:
+            self._sxids.labels(self.node, finding.entity.name, str(sxid)).inc(count)

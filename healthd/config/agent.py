@@ -13,6 +13,7 @@ interval, cron, timeout, params); this section adds what only the agent needs:
         - {check: "dcgm:3", cron: "0 3 * * 0"}
       deep_diagnostics: {namespace: healthd-system, image: ..., schedule_deadline: 5m}
       peers: {namespace: healthd-system, label_selector: app.kubernetes.io/name=healthd-agent}
+      kernel_log: {path: /dev/kmsg, state_file: /var/lib/healthd/kmsg-position.json}
 """
 
 from __future__ import annotations
@@ -102,6 +103,23 @@ class ScheduleEntry(Frozen):
         return self
 
 
+class KernelLogSettings(Frozen):
+    """Where the agent reads XIDs and SXIDs that NVML did not deliver live (the
+    kernel log), and where it keeps its position so a restart neither loses nor
+    repeats one. Reading /dev/kmsg needs CAP_SYSLOG when kernel.dmesg_restrict=1."""
+
+    enabled: bool = Field(True, description="read the kernel log (xid and sxid checks)")
+    path: str = Field("/dev/kmsg", description="the kernel log: /dev/kmsg, or a file in its format")
+    state_file: str = Field(
+        "/var/lib/healthd/kmsg-position.json",
+        description="the last kernel-log record each check has read, per boot",
+    )
+    dedup_window_s: float = Field(
+        10.0, ge=0, le=3600,
+        description="an XID in the log and from NVML this close together on one GPU counts once",
+    )
+
+
 class AgentSettings(Frozen):
     """The `agent:` config section."""
 
@@ -136,3 +154,4 @@ class AgentSettings(Frozen):
     )
     deep_diagnostics: DeepDiagSettings = DeepDiagSettings()
     peers: PeerSettings = PeerSettings()
+    kernel_log: KernelLogSettings = KernelLogSettings()

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from healthd.sim.machine import (
     ClockReason,
     EccFault,
+    FabricSpec,
     GpuFault,
     MachineSpec,
     PowerSpec,
@@ -74,6 +75,7 @@ class GpuState:
     pcie_replays: int = 0
     ecc: EccFault = _NO_ECC_ERRORS
     nvlinks_down: frozenset[int] = field(default_factory=frozenset)
+    fabric: FabricSpec | None = None  # None: no NVLink fabric (NOT_SUPPORTED)
 
 
 def is_active(fault: GpuFault, t: float) -> bool:
@@ -111,6 +113,7 @@ def gpu_state(spec: MachineSpec, faults: Sequence[GpuFault], index: int, t: floa
         pcie_max_gen=gpus.pcie.max_gen or gpus.pcie.gen,
         pcie_max_width=gpus.pcie.max_width or gpus.pcie.width,
         pcie_replays=replay_count(faults, t),
+        fabric=spec.fabric,
     )
     active = [f for f in faults if is_active(f, t)]
     return _merge(state, active) if active else state
@@ -136,6 +139,9 @@ def _merge(state: GpuState, active: Sequence[GpuFault]) -> GpuState:
             changes["power"] = fault.power
         if fault.ecc is not None:
             changes["ecc"] = fault.ecc
+        if fault.fabric is not None and state.fabric is not None:
+            changes["fabric"] = state.fabric.model_copy(
+                update=fault.fabric.model_dump(exclude_none=True))
         if fault.pcie is not None:
             changes["pcie_gen"] = fault.pcie.gen or state.pcie_gen
             changes["pcie_width"] = fault.pcie.width or state.pcie_width

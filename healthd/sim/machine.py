@@ -75,6 +75,55 @@ NvmlErrorName = Literal[
 ]
 
 
+FabricStateName = Literal["not_started", "in_progress", "completed"]
+
+
+class FabricSpec(Frozen):
+    """An NVLink fabric (HGX/DGX boards with NVSwitches): what NVML's fabric info
+    (nvmlDeviceGetGpuFabricInfoV) says for every GPU unless a fault says otherwise.
+    No `fabric` section: a PCIe board, the call answers NOT_SUPPORTED."""
+
+    state: FabricStateName = Field("completed", description="the Fabric Manager's registration")
+    status: Literal["SUCCESS"] | NvmlErrorName = Field(
+        "SUCCESS", description="the registration's outcome, as an NVML return code name")
+    clique_id: int = Field(0, ge=0, le=2**32 - 1)
+    cluster_uuid: str = Field("", pattern=r"^([0-9a-f]{32})?$",
+                              description="32 hex digits; empty: all zero")
+
+
+class FabricFault(Frozen):
+    """One GPU's fabric registration; unset fields keep the machine's."""
+
+    state: FabricStateName | None = None
+    status: Literal["SUCCESS"] | NvmlErrorName | None = None
+
+
+class RdmaPortSpec(Frozen):
+    """One RDMA port as sysfs shows it; unset fields take the `rdma` section's."""
+
+    device: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="e.g. mlx5_3")
+    port: int = Field(1, ge=1, le=16)
+    state: str = Field("ACTIVE", pattern=r"^[A-Z_]+$",
+                       description="ACTIVE, DOWN, INIT, ARMED, ACTIVE_DEFER")
+    phys_state: str = Field("LinkUp", pattern=r"^[A-Za-z ]+$",
+                            description="LinkUp, Disabled, Polling, Sleep, ...")
+    rate_gbps: float | None = Field(None, gt=0)
+    link_layer: Literal["InfiniBand", "Ethernet"] | None = None
+    netdev: str | None = Field(None, description="its network interface (unset: none)")
+    counters: dict[str, int] = Field({}, description="error counters, e.g. symbol_error: 3")
+
+
+class RdmaSpec(Frozen):
+    """The node's RDMA NICs, written as a fake /sys/class/infiniband tree: `devices`
+    single-port devices mlx5_0.. (netdevs net1.., the names Multus gives secondary
+    interfaces), plus `ports` that override or add ports."""
+
+    devices: int = Field(0, ge=0, le=64)
+    link_layer: Literal["InfiniBand", "Ethernet"] = "Ethernet"
+    rate_gbps: float = Field(400.0, gt=0)
+    ports: list[RdmaPortSpec] = []
+
+
 class PcieSpec(Frozen):
     gen: int = Field(5, ge=1, le=7)
     width: int = Field(16, ge=1, le=32)
@@ -183,6 +232,7 @@ class GpuFault(Frozen):
     missing: bool = Field(False, description="the GPU is not enumerated at all")
     mig: bool = False
     xid: list[XidSpec] = []
+    fabric: FabricFault | None = None
     nvml_errors: list[NvmlErrorSpec] = []
 
 
@@ -194,7 +244,16 @@ class MachineSpec(Frozen):
     driver_version: str = "580.65.06"
     cuda_driver_version: int = 13000
     gpus: GpuDefaults = GpuDefaults()
+    fabric: FabricSpec | None = Field(None, description="an NVSwitch fabric; unset: none")
+    uptime_s: float = Field(
+        3600.0, ge=0, description="seconds since the node booted when the machine starts")
     faults: list[GpuFault] = []
+    rdma: RdmaSpec | None = Field(None, description="RDMA NICs; unset: none")
+    kernel_log: list[str] | None = Field(
+        None, description="kernel-log messages written before the machine starts, in order "
+        "(XID and SXID lines); unset: a log without NVIDIA lines")
+    not_recorded: list[Literal["kernel_log", "rdma"]] = Field(
+        [], description="sources a recording could not read: replayed as SKIPPED 'not recorded'")
     dcgm: DcgmSim = Field(DcgmSim(), description="what the fake dcgmi answers")
 
     @model_validator(mode="after")
@@ -213,6 +272,9 @@ class MachineSpec(Frozen):
                 )
             if fault.mig and not self.gpus.mig_capable:
                 raise ValueError(f"gpu {fault.gpu}: mig: true needs gpus.mig_capable: true")
+            if fault.fabric is not None and self.fabric is None:
+                raise ValueError(f"gpu {fault.gpu}: fabric needs a machine-wide fabric "
+                                 "section (an NVSwitch system)")
             for link in fault.nvlink_down:
                 if link >= self.gpus.nvlinks:
                     raise ValueError(

@@ -21,10 +21,12 @@ Usage::
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pynvml
@@ -107,7 +109,10 @@ def simulate_nodes(specs: Mapping[str, MachineSpec]) -> Iterator[SimulatedNodes]
             pynvml.nvmlLib = _Dispatcher(first.library)
             pynvml._nvmlGetFunctionPointer_cache.clear()
         network = SimNetwork(list(named))
-        yield SimulatedNodes({name: _simulated(fake.library, fake, network)
-                              for name, fake in fakes.items()}, network)
+        nodes = {name: _simulated(fake.library, fake, network) for name, fake in fakes.items()}
+        with tempfile.TemporaryDirectory(prefix="healthd-sim-") as workdir:
+            for name, node in nodes.items():  # each machine's kernel log and sysfs tree
+                node.start_files(Path(workdir) / name)
+            yield SimulatedNodes(nodes, network)
     finally:
         first.uninstall()

@@ -1,5 +1,5 @@
 """A simulated GPU node: the fake NVML library under the real pynvml, the simulated
-bandwidth probe and the fake dcgmi, all from one machine spec.
+bandwidth probe, the fake dcgmi and a kernel-log file, all from one machine spec.
 
 `healthd check --sim SPEC` prepares its planned checks with it (`prepare`); an agent
 on the simulated machine is built from the adapted config (`adapt`) and handed the
@@ -8,6 +8,7 @@ simulated probes (`probes`), so the product never knows it is simulated.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
@@ -15,14 +16,19 @@ from pathlib import Path
 
 from checks.base import CheckContext, Probes
 from checks.dcgm import DcgmCheck
+from checks.kernel_log import KernelLog, KernelLogSource
+from checks.rdma import RdmaReader, SysfsRdmaReader
 from healthd.config import Config
+from healthd.config.agent import KernelLogSettings
 from healthd.plans import Planned
 from healthd.sim.control import ControlFile
 from healthd.sim.cuda import SimBandwidthProbe
 from healthd.sim.dcgm import DcgmSim, fake_dcgmi_command
 from healthd.sim.fakenvml import FakeNvml, install
-from healthd.sim.machine import MachineSpec, MachineSpecError, load_machine_spec
+from healthd.sim.kernellog import NotRecordedLog, SimKernelLog
+from healthd.sim.machine import MachineSpec, MachineSpecError, RdmaSpec, load_machine_spec
 from healthd.sim.network import SimNetwork
+from healthd.sim.rdma import NotRecordedRdma, SimRdma
 
 NO_DRIVER_OUTPUT = "v4-runtime-error"  # what DCGM says when it cannot start
 
@@ -37,6 +43,34 @@ class SimulatedNode:
     nvml: FakeNvml
     bandwidth: SimBandwidthProbe
     network: SimNetwork | None = None  # the simulated fleet's links (multinode only)
+    workdir: Path | None = None  # the machine's files (kernel log); None: none
+    kernel_log: SimKernelLog | None = None  # None: none (a recording that holds none)
+    rdma: SimRdma | None = None  # the fake /sys/class/infiniband (None: not recorded)
+
+    def start_files(self, workdir: Path) -> None:
+        """Write the machine's files under `workdir`: its kernel log's history."""
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        if "kernel_log" not in self.spec.not_recorded:
+            self.kernel_log = SimKernelLog(workdir / "kmsg", self.uptime)
+            self.kernel_log.write_history(self.spec.kernel_log or [])
+        if "rdma" not in self.spec.not_recorded:
+            self.rdma = SimRdma(workdir / "infiniband", self.spec.rdma or RdmaSpec())
+
+    def rdma_reader(self) -> RdmaReader | None:
+        """The rdma check's reader: the machine's fake sysfs tree (None: no files)."""
+        if self.workdir is None:
+            return None
+        if self.rdma is None:
+            return NotRecordedRdma()
+        return SysfsRdmaReader(self.rdma.root)
+
+    def kernel_log_source(self) -> KernelLogSource:
+        """What a one-shot check reads the machine's kernel log through."""
+        log = self.kernel_log
+        if log is None:
+            return NotRecordedLog()
+        return KernelLog(log.path, uptime=self.uptime)
 
     @property
     def node(self) -> str:
@@ -45,13 +79,19 @@ class SimulatedNode:
     def probes(self) -> Probes:
         """The simulated bandwidth probe, and the fleet's links and pings if any."""
         if self.network is None:
-            return Probes(bandwidth=self.bandwidth)
+            return Probes(bandwidth=self.bandwidth, uptime=self.uptime, rdma=self.rdma_reader())
         return Probes(bandwidth=self.bandwidth, links=self.network.links(self.spec.node),
-                      ping=self.network.prober(self.spec.node))
+                      ping=self.network.prober(self.spec.node), uptime=self.uptime,
+                      rdma=self.rdma_reader())
+
+    def uptime(self) -> float:
+        """Seconds since the simulated node booted (the spec's `uptime_s` at start)."""
+        return self.spec.uptime_s + self.nvml.now()
 
     def prepare(self, ctx: CheckContext, planned: Sequence[Planned]) -> list[Planned]:
         """Point the context and the planned checks at the simulated hardware."""
         self.probes().apply(ctx)
+        ctx.kernel_log = self.kernel_log_source()
         ctx.node_name = ctx.node_name or self.spec.node
         if ctx.expected_gpus is None:
             ctx.expected_gpus = self.spec.gpus.count  # the machine should have them all
@@ -64,7 +104,24 @@ class SimulatedNode:
         params = {**dcgm.params, "command": self._dcgmi()}
         checks = {**config.checks, "dcgm": dcgm.model_copy(update={"params": params})}
         expected = self.spec.gpus.count if config.expected_gpus is None else config.expected_gpus
-        return config.model_copy(update={"checks": checks, "expected_gpus": expected})
+        agent = config.agent.model_copy(update={"kernel_log": self._kernel_log_settings(
+            config.agent.kernel_log)})
+        return config.model_copy(update={"checks": checks, "expected_gpus": expected,
+                                         "agent": agent})
+
+    def _kernel_log_settings(self, given: KernelLogSettings) -> KernelLogSettings:
+        """The machine's kernel log and a position file beside it, unless the config
+        names its own (a test that restarts the agent on one log)."""
+        log = self.kernel_log
+        if log is None or self.workdir is None:
+            return given.model_copy(update={"enabled": False})
+        default = KernelLogSettings()
+        update = {}
+        if given.path == default.path:
+            update["path"] = str(log.path)
+        if given.state_file == default.state_file:
+            update["state_file"] = str(self.workdir / "kmsg-position.json")
+        return given.model_copy(update=update)
 
     def _dcgmi(self) -> list[str]:
         dcgm = self.spec.dcgm
@@ -88,8 +145,11 @@ def simulate(source: str | Path | MachineSpec,
         spec = source if isinstance(source, MachineSpec) else load_machine_spec(source)
     except MachineSpecError as exc:
         raise SimulationError(str(exc)) from exc
-    with install(spec) as fake, ExitStack() as stack:
+    with (install(spec) as fake, ExitStack() as stack,
+          tempfile.TemporaryDirectory(prefix="healthd-sim-") as workdir):
         if control is not None:
             stack.enter_context(ControlFile(Path(control), fake))
         probe = SimBandwidthProbe(spec, clock=fake.clock, faults=fake.faults_for)
-        yield SimulatedNode(spec, fake, probe)
+        node = SimulatedNode(spec, fake, probe)
+        node.start_files(Path(workdir))
+        yield node

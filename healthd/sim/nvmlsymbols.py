@@ -326,6 +326,43 @@ def _nvlink_state(_lib: FakeNvmlLibrary, gpu: GpuState, link: Any, out: Any) -> 
     return SUCCESS
 
 
+_FABRIC_STATES = {
+    "not_started": pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED,
+    "in_progress": pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS,
+    "completed": pynvml.NVML_GPU_FABRIC_STATE_COMPLETED,
+}
+
+
+def _fill_fabric(gpu: GpuState, info: Any) -> int:
+    """Write the GPU's fabric info into pynvml's own struct, as the driver does: a
+    GPU outside any fabric answers NOT_SUPPORTED."""
+    fabric = gpu.fabric
+    if fabric is None:
+        return code("NOT_SUPPORTED")
+    info.state = _FABRIC_STATES[fabric.state]
+    info.status = SUCCESS if fabric.status == "SUCCESS" else code(fabric.status)
+    info.cliqueId = fabric.clique_id
+    uuid = bytes.fromhex(fabric.cluster_uuid) if fabric.cluster_uuid else bytes(16)
+    ctypes.memmove(info.clusterUuid, uuid, len(uuid))
+    return SUCCESS
+
+
+@symbol("nvmlDeviceGetGpuFabricInfo")
+def _fabric_info(_lib: FakeNvmlLibrary, gpu: GpuState, out: Any) -> int:
+    return _fill_fabric(gpu, out._obj)
+
+
+@symbol("nvmlDeviceGetGpuFabricInfoV")
+def _fabric_info_v(_lib: FakeNvmlLibrary, gpu: GpuState, out: Any) -> int:
+    info = out._obj
+    if info.version != pynvml.nvmlGpuFabricInfo_v2:
+        return code("ARGUMENT_VERSION_MISMATCH")
+    result = _fill_fabric(gpu, info)
+    if result == SUCCESS:
+        info.healthMask = 0
+    return result
+
+
 # -- events ------------------------------------------------------------------------
 
 @symbol("nvmlDeviceGetSupportedEventTypes")

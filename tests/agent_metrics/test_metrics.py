@@ -178,6 +178,29 @@ def test_xid_events_counted_by_code(metrics: AgentMetrics, registry: CollectorRe
     assert get("healthd_gpu_xid_events_total", {**labels, "xid": "13"}) == 1
 
 
+def test_sxids_fabric_and_rdma_ports(metrics: AgentMetrics, registry: CollectorRegistry) -> None:
+    b = builder("sxid")
+    b.finding("SXID_12020", Entity("nvswitch", "nvswitch2"), "fatal", sxid=12020, count=2)
+    metrics.observe_result("sxid", stamped(b.build()))
+    b = builder("fabric")
+    b.seen(Entity.gpu(0, "GPU-0000"), fabric_registered=0, fabric_state="not_started")
+    metrics.observe_result("fabric", stamped(b.build()))
+    b = builder("rdma")
+    port = Entity("rdma", "mlx5_0/1", network="net1")
+    b.seen(port, up=0, rate_gbps=400.0, symbol_error=7, state="DOWN")
+    metrics.observe_result("rdma", stamped(b.build()))
+    get = registry.get_sample_value
+    assert get("healthd_nvswitch_sxid_events_total",
+               {"node": NODE, "nvswitch": "nvswitch2", "sxid": "12020"}) == 2
+    assert get("healthd_gpu_fabric_registered",
+               {"node": NODE, "gpu": "0", "UUID": "GPU-0000", "pci_bus_id": "",
+                "modelName": ""}) == 0
+    where = {"node": NODE, "port": "mlx5_0/1", "network": "net1"}
+    assert get("healthd_rdma_port_up", where) == 0
+    assert get("healthd_rdma_port_rate_gbps", where) == 400
+    assert get("healthd_rdma_port_errors", {**where, "counter": "symbol_error"}) == 7
+
+
 def test_verdict_state_set(metrics: AgentMetrics, registry: CollectorRegistry) -> None:
     before = registry.get_sample_value("healthd_node_verdict", {"node": NODE, "verdict": "PASS"})
     assert before is None  # no state yet: no claim about the verdict

@@ -43,6 +43,8 @@ def test_rehearsal_on_a_simulated_vm_runs_every_step() -> None:
     assert figures["nvml_readings"]["clock_event_reasons"] == {
         "unsupported:nvmlDeviceGetCurrentClocksEventReasons:NOT_SUPPORTED": 8}
     assert figures["nvml_readings"]["power"] == {"ok": 8}
+    assert figures["fabric"] == {"none": 8}  # a VM: no NVLink fabric
+    assert figures["kernel_log"]["readable"] is True
     assert figures["record_replay"]["record_exit_code"] == 0
     assert figures["record_replay"]["status_or_code_mismatches"] == []
     assert goals["replay_mismatches"]["value"] == 0
@@ -51,3 +53,13 @@ def test_rehearsal_on_a_simulated_vm_runs_every_step() -> None:
     assert figures["agent"]["rss_mib_peak"] > 0
     assert set(goals) >= {"gpu_tests_failed", "nvml_round_p99_ms", "pciebw_min_ratio",
                           "agent_rss_mib_peak", "agent_cpu_pct_of_core_steady"}
+
+
+def test_rehearsal_reads_fabric_state_and_the_kernel_log() -> None:
+    proc, report = run("--sim", "hgx-h100-sxid-fatal", "--agent-minutes", "0.1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = report["figures"]
+    assert figures["fabric"] == {"completed/SUCCESS": 8}
+    assert figures["kernel_log"]["sxid_lines"] == {"12020": 1}
+    assert figures["kernel_log"]["xid_pci_unmatched"] == []
+    assert figures["record_replay"]["status_or_code_mismatches"] == []

@@ -34,6 +34,8 @@ EXPECTED: dict[str, tuple[set[tuple[str, str]], int]] = {
     "no-driver": (set(), 3),
     "dcgm-pcie-fail": ({("DCGM_PCIE", "gpu1")}, 2),
     "h100-vm-notsupported": (set(), 0),
+    "hgx-h100-fabric-not-registered": ({("FABRIC_NOT_STARTED", f"gpu{i}") for i in range(8)}, 2),
+    "hgx-h100-sxid-fatal": ({("SXID_12020", "nvswitch")}, 2),
 }
 
 

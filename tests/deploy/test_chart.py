@@ -197,32 +197,34 @@ def test_a_change_to_the_kustomize_base_reaches_the_chart(helm_path: Path,
     new check's host file would be) is in the Helm render with no edit of the chart."""
     path = edited_sources / "daemonset" / "base" / "agent-daemonset.yaml"
     text = path.read_text().replace(
-        "        - name: tmp   # on disk", "        - name: kmsg\n          hostPath:\n"
-        "            path: /dev/kmsg\n        - name: tmp   # on disk")
+        "        - name: tmp   # on disk", "        - name: added-by-test\n          hostPath:\n"
+        "            path: /run/added\n        - name: tmp   # on disk")
     path.write_text(text)
     proc = helm(helm_path, "template", "healthd", str(edited_sources / "helm" / "healthd"),
                 "--namespace", NAMESPACE, "--kube-version", "1.35.4")
     (agent,) = [o for o in yaml.safe_load_all(proc.stdout) if o and o["kind"] == "DaemonSet"]
     volumes = {v["name"]: v for v in agent["spec"]["template"]["spec"]["volumes"]}
-    assert volumes["kmsg"] == {"name": "kmsg", "hostPath": {"path": "/dev/kmsg"}}
+    assert volumes["added-by-test"] == {"name": "added-by-test",
+                                        "hostPath": {"path": "/run/added"}}
 
 
 def test_a_new_overlay_patch_renders_as_kustomize_renders_it(helm_path: Path,
                                                             edited_sources: Path) -> None:
-    """A strategic-merge patch with a target, added to an overlay (a host file and a
-    capability for a new check): both renders still agree, object by object."""
+    """A strategic-merge patch with a target, added to an overlay (a host file for a new
+    check): both renders still agree, object by object."""
     overlay = edited_sources / "daemonset" / "overlays" / "device-plugin"
-    (overlay / "kmsg.yaml").write_text(yaml.safe_dump({
+    (overlay / "added.yaml").write_text(yaml.safe_dump({
         "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "any"},
         "spec": {"template": {"spec": {
             "containers": [{"name": "agent",
-                            "securityContext": {"capabilities": {"add": ["SYSLOG"]}},
-                            "volumeMounts": [{"name": "kmsg", "mountPath": "/dev/kmsg",
-                                              "readOnly": True}]}],
-            "volumes": [{"name": "kmsg", "hostPath": {"path": "/dev/kmsg"}}]}}}}))
+                            "volumeMounts": [{"name": "added-by-test",
+                                              "mountPath": "/run/added", "readOnly": True}]}],
+            "volumes": [{"name": "added-by-test", "hostPath": {"path": "/run/added"}}]}}}}))
     kustomization = overlay / "kustomization.yaml"
-    kustomization.write_text(kustomization.read_text() + "  - path: kmsg.yaml\n    target:\n"
-                             "      kind: DaemonSet\n      name: healthd-agent\n")
+    edited = yaml.safe_load(kustomization.read_text())
+    edited["patches"].append({"path": "added.yaml",
+                              "target": {"kind": "DaemonSet", "name": "healthd-agent"}})
+    kustomization.write_text(yaml.safe_dump(edited))
     chart = documents(helm(helm_path, "template", "healthd",
                            str(edited_sources / "helm" / "healthd"), "--namespace", NAMESPACE,
                            "--kube-version", KUBE_VERSION, "--set", "platform=device-plugin"
@@ -230,7 +232,7 @@ def test_a_new_overlay_patch_renders_as_kustomize_renders_it(helm_path: Path,
     ours, theirs = normalized(chart), normalized(render(overlay))
     assert ours == theirs
     agent = ours[("DaemonSet", NAMESPACE, "healthd-agent")]["spec"]["template"]["spec"]
-    assert {"name": "kmsg", "hostPath": {"path": "/dev/kmsg"}} in agent["volumes"]
+    assert {"name": "added-by-test", "hostPath": {"path": "/run/added"}} in agent["volumes"]
 
 
 # -- values reach the objects ---------------------------------------------------------------

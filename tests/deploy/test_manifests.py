@@ -158,9 +158,19 @@ def test_pods_are_hardened(rendered: dict[str, list[Obj]], kind: str, name: str)
         sc = main_container["securityContext"]
         assert sc["readOnlyRootFilesystem"] is True
         assert sc["allowPrivilegeEscalation"] is False and sc["privileged"] is False
-        assert sc["capabilities"] == {"drop": ["ALL"]}
+        host_paths = [v for v in spec.get("volumes", []) if "hostPath" in v]
+        if kind == "DaemonSet" and overlay != "openshift":
+            # The kernel log (components/kernel-log): the one capability reading
+            # /dev/kmsg needs under kernel.dmesg_restrict=1, and the device read-only.
+            assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG"]}
+            assert host_paths == [{"name": "kmsg", "hostPath": {"path": "/dev/kmsg",
+                                                                 "type": "CharDevice"}}]
+            (mount,) = [m for m in main_container["volumeMounts"] if m["name"] == "kmsg"]
+            assert mount == {"name": "kmsg", "mountPath": "/dev/kmsg", "readOnly": True}
+        else:
+            assert sc["capabilities"] == {"drop": ["ALL"]}
+            assert host_paths == []
         assert not spec.get("hostNetwork") and not spec.get("hostPID")
-        assert all("hostPath" not in v for v in spec.get("volumes", []))
         resources = main_container["resources"]
         assert {"cpu", "memory"} <= set(resources["requests"]) and "memory" in resources["limits"]
 

@@ -15,7 +15,6 @@ from tests.e2e.mlbatch import documented_operator_autopilot
 from tests.realcluster import addons
 from tests.realcluster.cluster import ControlPlane
 
-
 E2E_TIMEOUT_S = 300  # a story on real programs waits on their own clocks (60 s requeues)
 
 

@@ -11,7 +11,10 @@ they would publish; the `nic` check reads each host's links over netlink.
 - net1 blackholed or its echo dropped by nftables on one host: per-network
   reachability says so on net1 only;
 - an MTU raised on one host's net1: NIC_MTU_MISMATCH on that host only;
-- a link unplugged and replugged between two rounds: NIC_FLAPPING (carrier changes).
+- a link unplugged and replugged between two rounds: NIC_FLAPPING (carrier changes);
+- each host's RDMA NIC behind net1 (a fake /sys/class/infiniband tree whose port
+  follows net1's carrier, as a RoCE port follows its link): unplugged, the `rdma`
+  check says RDMA_PORT_DOWN on that host's port, attributed to net1.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -27,8 +31,11 @@ import pytest
 from checks.base import Attachment, CheckContext, CheckResult, run_check
 from checks.catalog import Catalog
 from checks.nic import NetlinkReader, NicCheck
+from checks.rdma import RdmaCheck, SysfsRdmaReader
 from healthd.kube.conventions import Keys
 from healthd.network_blame import Assessment, assess_networks, ping_rows
+from healthd.sim.machine import RdmaPortSpec, RdmaSpec
+from healthd.sim.rdma import SimRdma
 from tests.conftest import require_binary
 from tests.network.netlab import INTERFACES, Fabric, FabricHost
 
@@ -78,6 +85,21 @@ async def nic_of(host: FabricHost, **params: Any) -> CheckResult:
                        attachments=[Attachment("net1", INTERFACES["net1"])],
                        link_reader=NetlinkReader(netns=host.netns))
     return await run_check(NicCheck(params), ctx, timeout_s=10)
+
+
+async def rdma_of(host: FabricHost, root: Path) -> CheckResult:
+    """The rdma check on `host`, whose one RoCE port (mlx5_0, netdev net1) is up
+    exactly when net1 has a carrier."""
+    link = (await NetlinkReader(netns=host.netns).read([INTERFACES["net1"]]))[
+        INTERFACES["net1"]]
+    port = RdmaPortSpec(device="mlx5_0", netdev=INTERFACES["net1"],
+                        state="ACTIVE" if link.up else "DOWN",
+                        phys_state="LinkUp" if link.up else "Disabled")
+    tree = SimRdma(root / host.name, RdmaSpec(ports=[port]))
+    ctx = CheckContext(catalog=Catalog(), node_name=host.name,
+                       attachments=[Attachment("net1", INTERFACES["net1"])],
+                       rdma_reader=SysfsRdmaReader(tree.root))
+    return await run_check(RdmaCheck(), ctx, timeout_s=10)
 
 
 def findings(result: CheckResult) -> list[tuple[str, str]]:
@@ -153,3 +175,13 @@ async def test_carrier_lost_and_back_between_rounds_is_flapping(fabric: Fabric) 
     result = await run_check(check, ctx, timeout_s=10)
     assert findings(result) == [("NIC_FLAPPING", "nic/net1")]
     assert result.findings[0].values["carrier_changes_delta"] >= 2
+
+
+async def test_rdma_port_behind_an_unplugged_net1_is_down_on_net1(fabric: Fabric,
+                                                                  tmp_path: Path) -> None:
+    assert (await rdma_of(fabric.hosts["h1"], tmp_path / "before")).findings == ()
+    await fabric.unplug("h1", "net1")
+    down = await rdma_of(fabric.hosts["h1"], tmp_path / "after")
+    assert [(f.code, f.entity.name, f.entity.network) for f in down.findings] == [
+        ("RDMA_PORT_DOWN", "mlx5_0/1", "net1")]
+    assert (await rdma_of(fabric.hosts["h0"], tmp_path / "after")).findings == ()

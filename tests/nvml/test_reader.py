@@ -209,3 +209,33 @@ def test_faults_appear_between_passes(machine: Machine, reader: NvmlReader) -> N
     assert value(reader.read().gpus[0], "remapped") == RemappedRows(0, 0, False, False)
     fake.inject(GpuFault(gpu=0, remapped_rows={"pending": True}))  # type: ignore[arg-type]
     assert value(reader.read().gpus[0], "remapped") == RemappedRows(0, 0, True, False)
+
+
+def test_fabric_info_comes_through_pynvmls_own_struct(reader: NvmlReader) -> None:
+    from checks.snapshot import Fabric
+
+    spec = load_machine_spec("hgx-h100-fabric-not-registered")
+    spec = spec.model_copy(update={"faults": [GpuFault(gpu=2, fabric={  # type: ignore[arg-type]
+        "state": "completed", "status": "INSUFFICIENT_RESOURCES"})]})
+    with install(spec):
+        snap = reader.read()
+    assert value(snap.gpus[0], "fabric") == Fabric("not_started", "SUCCESS", 0, "00" * 16)
+    assert value(snap.gpus[2], "fabric") == Fabric(
+        "completed", "INSUFFICIENT_RESOURCES", 0, "00" * 16)
+
+
+def test_no_fabric_is_unsupported(reader: NvmlReader) -> None:
+    with install(load_machine_spec("healthy-8xh100")):
+        snap = reader.read()
+    assert all(isinstance(gpu.fabric, Unsupported) for gpu in snap.gpus)
+
+
+def test_older_driver_without_the_versioned_call_uses_the_original(
+        reader: NvmlReader, monkeypatch: pytest.MonkeyPatch) -> None:
+    from checks.snapshot import Fabric
+    from healthd.sim import nvmlsymbols
+
+    monkeypatch.delitem(nvmlsymbols.SYMBOLS, "nvmlDeviceGetGpuFabricInfoV")
+    with install(load_machine_spec("hgx-h100-fabric-not-registered")):
+        snap = reader.read()
+    assert snap.gpus[0].fabric == Ok(Fabric("not_started", "SUCCESS", 0, "00" * 16))

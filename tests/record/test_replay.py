@@ -96,3 +96,29 @@ def test_replay_keeps_per_gpu_errors_masks_and_links(
 
     assert functions(by_gpu[2]) == functions(ODD_MACHINE["faults"][2])
     assert by_gpu[1]["clock_event_mask"] == 0x401
+
+
+def test_a_kernel_log_that_was_not_recorded_replays_as_skipped_never_pass(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "unreadable-log.yaml"
+    spec.write_text(yaml.safe_dump({"node": "hgx", "fabric": {}, "not_recorded": ["kernel_log"]}))
+    recording = tmp_path / "recorded.yaml"
+    assert record(capsys, str(spec), recording) == 0
+    assert yaml.safe_load(recording.read_text())["not_recorded"] == ["kernel_log"]
+    (sxid,) = [c for c in check_json(capsys, str(recording))["checks"] if c["check"] == "sxid"]
+    assert sxid["status"] == "SKIPPED"
+    assert [e["reason"] for e in sxid["entities"]] == ["not recorded"]
+
+
+def test_kernel_log_lines_replay_to_the_same_findings(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "logged.yaml"
+    spec.write_text(yaml.safe_dump({"node": "hgx", "fabric": {}, "kernel_log": [
+        "NVRM: Xid (PCI:0000:28:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off",
+        "nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 30 LTSSM Fault Up"]}))
+    recording = tmp_path / "recorded.yaml"
+    assert record(capsys, str(spec), recording) == 0
+    replayed = comparable(check_json(capsys, str(recording)))
+    assert replayed == comparable(check_json(capsys, str(spec)))
+    codes = {f["code"] for c in replayed["checks"] for f in c["findings"]}
+    assert {"XID_79", "SXID_20034"} <= codes

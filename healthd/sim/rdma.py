@@ -1,0 +1,71 @@
+"""The simulated RDMA NICs: a fake `/sys/class/infiniband` tree in the machine's work
+directory, read by the real sysfs reader (checks.rdma.SysfsRdmaReader), written from
+the machine spec's `rdma` section. Tests change a port while checks run
+(`set_port`), as a cable pulled or a switch port disabled would.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from checks.rdma import RdmaPort, RdmaUnavailable
+from healthd.sim.machine import RdmaPortSpec, RdmaSpec
+
+NOT_RECORDED = "not recorded"
+# The numbers sysfs prints before each name (include/rdma/ib_verbs.h).
+_STATE_NUMBERS = {"DOWN": 1, "INIT": 2, "ARMED": 3, "ACTIVE": 4, "ACTIVE_DEFER": 5}
+_PHYS_NUMBERS = {"Sleep": 1, "Polling": 2, "Disabled": 3, "PortConfigurationTraining": 4,
+                 "LinkUp": 5, "LinkErrorRecovery": 6, "Phy Test": 7}
+_WIDTH = {"InfiniBand": "4X NDR", "Ethernet": "4X"}
+
+
+def ports_of(spec: RdmaSpec) -> list[RdmaPortSpec]:
+    """Every port the section describes: the generated ones, overridden or added to."""
+    ports = {(f"mlx5_{i}", 1): RdmaPortSpec(device=f"mlx5_{i}", netdev=f"net{i + 1}")
+             for i in range(spec.devices)}
+    for port in spec.ports:
+        ports[(port.device, port.port)] = port
+    return list(ports.values())
+
+
+class SimRdma:
+    """The fake sysfs tree under `root` (`root/<device>/ports/<n>/...`)."""
+
+    def __init__(self, root: Path, spec: RdmaSpec) -> None:
+        self.root = root
+        self.spec = spec
+        root.mkdir(parents=True, exist_ok=True)
+        for port in ports_of(spec):
+            self._write(port)
+
+    def set_port(self, device: str, port: int = 1, **changes: Any) -> None:
+        """Change one port (state, phys_state, rate_gbps, counters) from now on."""
+        current = next(p for p in ports_of(self.spec) if (p.device, p.port) == (device, port))
+        self._write(current.model_copy(update=changes))
+
+    def _write(self, port: RdmaPortSpec) -> None:
+        base = self.root / port.device / "ports" / str(port.port)
+        (base / "counters").mkdir(parents=True, exist_ok=True)
+        layer = port.link_layer or self.spec.link_layer
+        rate = port.rate_gbps or self.spec.rate_gbps
+        files = {
+            "state": f"{_STATE_NUMBERS.get(port.state, 0)}: {port.state}",
+            "phys_state": f"{_PHYS_NUMBERS.get(port.phys_state, 0)}: {port.phys_state}",
+            "link_layer": layer,
+            "rate": f"{rate:g} Gb/sec ({_WIDTH[layer]})",
+        }
+        for name, text in files.items():
+            (base / name).write_text(text + "\n")
+        for name, value in port.counters.items():
+            (base / "counters" / name).write_text(f"{value}\n")
+        if port.netdev:
+            (self.root / port.device / "device" / "net" / port.netdev).mkdir(
+                parents=True, exist_ok=True)
+
+
+class NotRecordedRdma:
+    """The RDMA ports of a recording that holds none (checks.rdma.RdmaReader)."""
+
+    def read(self) -> list[RdmaPort]:
+        raise RdmaUnavailable(NOT_RECORDED, not_recorded=True)

@@ -1,0 +1,64 @@
+"""The kernel log on a running agent: an XID 79 logged while the agent was stopped is
+EVICT once it starts again (as a live one is), and a fatal NVSwitch SXID reaches the
+label with its documented verdict, EVICT, without waiting for the sxid check's next
+periodic run (the agent watches the log)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from healthd.config import Config
+from healthd.sim.apiserver import ApiEmulator
+from healthd.sim.kernellog import SimKernelLog
+from healthd.sim.machine import FabricSpec, load_machine_spec
+from tests.agent.harness import KEYS, NODE, eventually, fast_config, running_agent
+
+pytestmark = pytest.mark.anyio
+
+# GPU 5 of a simulated 8-GPU machine sits on bus 0x68 (00000000:68:00.0).
+XID79_GPU5 = ("NVRM: Xid (PCI:0000:68:00): 79, pid='<unknown>', name=<unknown>, "
+              "GPU has fallen off the bus.")
+FATAL_SXID = "nvidia-nvswitch2: SXid (PCI:0000:8a:00.0): 22003, Fatal, Link 12 Minion Halt"
+
+
+def findings(h: Any) -> list[dict[str, Any]]:
+    return list(json.loads(h.annotations()[KEYS.health])["held"])
+
+
+def with_log(log: SimKernelLog, state: Path, **intervals: float) -> Config:
+    config = fast_config(kernel_log={"path": str(log.path), "state_file": str(state)})
+    checks = {**config.checks, **{name: config.checks["xid"].model_copy(
+        update={"interval": seconds}) for name, seconds in intervals.items()}}
+    return config.model_copy(update={"checks": checks})
+
+
+async def test_an_xid_logged_while_the_agent_was_stopped_is_evict_after_it_starts(
+        api: ApiEmulator, tmp_path: Path) -> None:
+    log = SimKernelLog(tmp_path / "kmsg", lambda: 3600.0)
+    log.write_history(["Linux version 6.8.0 (boot)"])
+    config = with_log(log, tmp_path / "state" / "kmsg-position.json")
+    async with running_agent(api, tmp_path, config=config) as h:
+        await eventually(lambda: h.verdict() == "PASS", what="PASS label")
+    log.append(XID79_GPU5)  # the agent is down: no NVML event reaches anyone
+    async with running_agent(api, tmp_path, config=config, seed=False) as h:
+        await eventually(lambda: h.verdict() == "EVICT", what="EVICT label")
+        assert ("XID_79", "gpu5") in [(f["code"], f["entity"]) for f in findings(h)]
+
+
+async def test_a_fatal_sxid_is_evict_without_waiting_for_a_periodic_run(
+        api: ApiEmulator, tmp_path: Path) -> None:
+    log = SimKernelLog(tmp_path / "kmsg", lambda: 3600.0)
+    config = with_log(log, tmp_path / "kmsg-position.json", sxid=3600.0)
+    hgx = load_machine_spec("healthy-8xh100").model_copy(update={"fabric": FabricSpec()})
+    async with running_agent(api, tmp_path, config=config, spec=hgx) as h:
+        await eventually(lambda: h.verdict() == "PASS", what="PASS label")
+        log.append(FATAL_SXID)
+        await eventually(lambda: h.verdict() == "EVICT", timeout_s=10, what="EVICT label")
+        assert h.metric("healthd_check_runs_total", node=NODE, check="sxid",
+                        result="EVICT") == 1
+        (held,) = [f for f in findings(h) if f["code"] == "SXID_22003"]
+        assert held["entity"] == "nvswitch/nvswitch2"

@@ -1,0 +1,52 @@
+"""The `fabric` check: NVLink fabric registration per GPU.
+
+- a registration that completed with an error status is FABRIC_REGISTRATION_FAILED (ERR);
+- a GPU not (yet) registered is a fault only once the node has been up past the grace;
+- GPUs without a fabric (PCIe boards) are SKIPPED, never PASS.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from checks.base import Severity
+from checks.fabric import FabricCheck
+from checks.snapshot import Fabric, Ok, Unsupported
+
+from .gpufakes import codes_by_gpu, context, entity_status, findings_on, healthy_gpu, node, run
+
+pytestmark = pytest.mark.anyio
+
+
+def registered(state: str = "completed", status: str = "SUCCESS") -> Ok[Fabric]:
+    return Ok(Fabric(state=state, status=status, clique_id=1))  # type: ignore[arg-type]
+
+
+async def test_failed_registration_is_err_on_that_gpu() -> None:
+    snap = node(healthy_gpu(0, fabric=registered()),
+                healthy_gpu(3, fabric=registered(status="INSUFFICIENT_RESOURCES")))
+    result = await run(FabricCheck(), context(snap, uptime=lambda: 10.0))
+    assert codes_by_gpu(result) == {3: ["FABRIC_REGISTRATION_FAILED"]}
+    assert findings_on(result, 3)[0].severity is Severity.ERR
+    assert "INSUFFICIENT_RESOURCES" in findings_on(result, 3)[0].message
+    assert entity_status(result, 0).status is Severity.PASS
+
+
+@pytest.mark.parametrize(("state", "code"), [("not_started", "FABRIC_NOT_STARTED"),
+                                             ("in_progress", "FABRIC_IN_PROGRESS")])
+async def test_unregistered_gpu_is_err_only_after_the_grace(state: str, code: str) -> None:
+    snap = node(healthy_gpu(0, fabric=registered(state)))
+    check = FabricCheck({"grace_s": 120})
+    early = await run(check, context(snap, uptime=lambda: 119.0))
+    late = await run(check, context(snap, uptime=lambda: 121.0))
+    assert early.findings == () and early.status is Severity.PASS
+    assert entity_status(early, 0).values["fabric_state"] == state
+    assert codes_by_gpu(late) == {0: [code]}
+    assert late.status is Severity.ERR
+
+
+async def test_gpu_without_fabric_is_skipped() -> None:
+    snap = node(healthy_gpu(0, fabric=Unsupported("no NVLink fabric")))
+    result = await run(FabricCheck(), context(snap, uptime=lambda: 9999.0))
+    assert result.status is Severity.SKIPPED
+    assert result.findings == ()

@@ -1,0 +1,140 @@
+"""The kernel log as a source (checks.kernel_log): records and NVIDIA lines parsed,
+PCI addresses matched whatever printed them, the position kept across restarts (and
+forgotten on a new boot), and XIDs NVML already delivered counted once."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from checks.kernel_log import (
+    KernelLog,
+    LoggedSxid,
+    LoggedXid,
+    LogUnavailable,
+    parse_nvidia,
+    parse_record,
+    pci_key,
+)
+from checks.snapshot import XidEvent
+from healthd.sim.kernellog import SimKernelLog
+
+from .gpufakes import healthy_gpu
+
+XID79 = ("NVRM: Xid (PCI:0000:58:00): 79, pid='<unknown>', name=<unknown>, "
+         "GPU has fallen off the bus.")
+SXID = "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12020, Fatal, Link 32 egress sequence ID error"
+
+
+def test_records_and_nvidia_lines_are_parsed() -> None:
+    record = parse_record(f"4,1234,5000000,-;{XID79}\n")
+    assert record is not None and (record.seq, record.usec) == (1234, 5_000_000)
+    assert parse_nvidia(record) == LoggedXid(79, "0000:58:00", 1234, 5_000_000, XID79)
+    sxid = parse_nvidia(parse_record(f"4,7,9,-,caller=T1;{SXID}"))  # type: ignore[arg-type]
+    assert isinstance(sxid, LoggedSxid)
+    assert (sxid.sxid, sxid.switch, sxid.pci, sxid.fatal, sxid.link) == (
+        12020, "nvswitch3", "0000:05:00", True, 32)
+    for junk in (" SUBSYSTEM=pci", "no header", "4,x,1,-;text", ""):
+        assert parse_record(junk) is None
+    assert parse_nvidia(parse_record("6,1,1,-;eth0: link up")) is None  # type: ignore[arg-type]
+
+
+def test_pci_addresses_match_whatever_printed_them() -> None:
+    assert pci_key("0000:58:00") == pci_key("00000000:58:00.0") == pci_key("58:00.0")
+    assert pci_key("0000:58:00") != pci_key("0000:59:00")
+
+
+def log_in(tmp_path: Path) -> tuple[SimKernelLog, Path]:
+    return SimKernelLog(tmp_path / "kmsg", lambda: 100.0), tmp_path / "state" / "pos.json"
+
+
+def test_a_restart_neither_loses_nor_repeats_a_line(tmp_path: Path) -> None:
+    sim, state = log_in(tmp_path)
+    sim.write_history(["boot noise", XID79])
+    first = KernelLog(sim.path, state_file=state)
+    assert [x.xid for x in first.take("xid")] == [79]
+    assert first.take("xid") == []  # handed out once
+    first.close()
+    sim.append(XID79.replace("79,", "48,"))  # logged while the agent was down
+    second = KernelLog(sim.path, state_file=state)
+    assert [x.xid for x in second.take("xid")] == [48]
+    assert second.take("sxid") == []  # each consumer has its own position
+
+
+def test_a_new_boot_reads_from_the_start_and_a_damaged_state_too(tmp_path: Path) -> None:
+    sim, state = log_in(tmp_path)
+    sim.write_history([XID79])
+    KernelLog(sim.path, state_file=state).take("xid")
+    saved = json.loads(state.read_text())
+    state.write_text(json.dumps({**saved, "boot_id": "another-boot"}))
+    assert [x.xid for x in KernelLog(sim.path, state_file=state).take("xid")] == [79]
+    state.write_text("{not json")
+    assert [x.xid for x in KernelLog(sim.path, state_file=state).take("xid")] == [79]
+
+
+def test_an_xid_nvml_delivered_is_counted_once(tmp_path: Path) -> None:
+    sim, _ = log_in(tmp_path)
+    sim.write_history([XID79])
+    log = KernelLog(sim.path, uptime=lambda: 100.0, dedup_window_s=10)
+    gpu = healthy_gpu(4)  # bus 0x58
+    live = XidEvent(79, 4, gpu.uuid, at=time.time())
+    logged = [x for x in log.take("xid") if isinstance(x, LoggedXid)]
+    assert log.merge_xids([live], logged, [gpu]) == [live]
+
+
+def test_an_xid_only_the_log_saw_is_on_its_gpu(tmp_path: Path) -> None:
+    sim, _ = log_in(tmp_path)
+    sim.write_history([XID79])
+    log = KernelLog(sim.path, uptime=lambda: 100.0)
+    gpu = healthy_gpu(4)
+    logged = [x for x in log.take("xid") if isinstance(x, LoggedXid)]
+    (event,) = log.merge_xids([], logged, [gpu])
+    assert (event.xid, event.gpu_index, event.uuid) == (79, 4, gpu.uuid)
+
+
+def test_an_unreadable_log_is_unavailable_not_a_crash(tmp_path: Path) -> None:
+    (tmp_path / "missing").mkdir()  # opens, but cannot be read
+    with pytest.raises(LogUnavailable, match="cannot read"):
+        KernelLog(tmp_path / "missing").take("xid")
+
+
+@pytest.mark.root
+@pytest.mark.anyio
+async def test_the_real_device_is_read_to_its_end_and_wakes_a_waiter() -> None:
+    kmsg = Path("/dev/kmsg")
+    if not kmsg.is_char_device():
+        pytest.skip("no /dev/kmsg here")
+    import anyio
+
+    log = KernelLog(kmsg)
+    try:
+        log.take("xid")  # whatever this host logged: read to its end (EAGAIN), no error
+        woke = anyio.Event()
+
+        async def waiter() -> None:
+            await log.wait(poll_s=60)
+            woke.set()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(waiter)
+            await anyio.sleep(0.05)
+            with kmsg.open("w") as device:  # one harmless line in the host's log
+                device.write("<6>healthd test: kernel-log reader wake-up\n")
+            with anyio.fail_after(5):
+                await woke.wait()
+    finally:
+        log.close()
+
+
+def test_a_position_that_cannot_be_kept_loses_nothing(tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    sim, _ = log_in(tmp_path)
+    sim.write_history([XID79])
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    log = KernelLog(sim.path, state_file=blocker / "pos.json")
+    assert [x.xid for x in log.take("xid")] == [79]
+    assert "cannot keep the kernel-log position" in caplog.text
