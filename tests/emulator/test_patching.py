@@ -77,7 +77,8 @@ async def test_strategic_merge_merges_conditions_by_type(kube: Kube) -> None:
     gpu = {"type": "GPUUnhealthy", "status": "False", "reason": "AllChecksPassed", "message": ""}
     out = await kube.call("CoreV1Api", "patch_node_status", name,
                           {"status": {"conditions": [gpu]}})
-    assert sorted(c.type for c in out.status.conditions) == ["GPUUnhealthy", "Ready"]
+    # The real server's order: the patch's new item first (what `describe node` lists).
+    assert [c.type for c in out.status.conditions] == ["GPUUnhealthy", "Ready"]
     out = await kube.call("CoreV1Api", "patch_node_status", name,
                           {"status": {"conditions": [{**gpu, "status": "True"}]}})
     assert {c.type: c.status for c in out.status.conditions} == {
