@@ -3,7 +3,7 @@ on-demand request of 200,000 characters is answered with a bounded echo that say
 it was cut, and a Node whose other owners' annotations leave no room for healthd's
 gets its label and condition anyway, the refused patch never sent again as it was.
 The API emulator enforces the real server's limit (all annotations of an object
-together at most 256 KiB; 422 "Too long: must have at most 262144 bytes")."""
+together at most 256 KiB; 422 "Too long: may not be more than 262144 bytes")."""
 
 from __future__ import annotations
 

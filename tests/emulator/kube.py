@@ -59,12 +59,19 @@ class Kube:
 
     async def error(self, api: str, method: str, *args: Any, **kwargs: Any) -> Any:
         """The ApiException the call raises (fails the test when it succeeds)."""
+        err = await self.error_or_none(api, method, *args, **kwargs)
+        if err is None:
+            raise AssertionError(f"{method} succeeded")
+        return err
+
+    async def error_or_none(self, api: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """The ApiException the call raises, or None when it succeeds."""
         exc_type = aio_client.ApiException if self.is_async else sync_client.ApiException
         try:
-            result = await self.call(api, method, *args, **kwargs)
+            await self.call(api, method, *args, **kwargs)
         except exc_type as exc:
             return exc
-        raise AssertionError(f"{method} succeeded: {result!r}")
+        return None
 
     def later(self, api: str, method: str, *args: Any) -> None:
         """Delete something at teardown (cluster-scoped objects on a real cluster)."""

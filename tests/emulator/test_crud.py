@@ -1,13 +1,20 @@
 """Create, get, list and delete through the typed and custom-object APIs: metadata the
 server fills in, generateName, 201 on create (the client drops a CR body otherwise),
 409 AlreadyExists, 404, list kind/resourceVersion, Status vs object on delete,
-finalizers, and Events through both APIs sharing one storage."""
+finalizers, Events through both APIs sharing one storage, and the real server's
+namespace rules for Events.
+
+Against a real server, controllers write too (the node TTL controller annotates a new
+Node, the PVC protection controller holds a PVC's deletion a moment): a round trip
+compares identity, not byte equality, and waits for a deletion to finish."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import pytest
 
 from tests.emulator.kube import Kube
@@ -15,6 +22,10 @@ from tests.emulator.kube import Kube
 pytestmark = pytest.mark.anyio
 
 CONTAINERS = {"containers": [{"name": "c", "image": "busybox"}]}
+# A MicroTime with non-zero microseconds: client 37 turns the string into a datetime
+# and sends `isoformat()`, which drops a zero fraction (the real server then answers 400).
+EVENT_TIME = "2026-01-01T00:00:00.123456Z"
+DELETED_WITHIN_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -31,7 +42,7 @@ class Case:
 CASES = [
     Case("CoreV1Api", "namespaced_pod", True, {"spec": CONTAINERS}),
     Case("CoreV1Api", "namespaced_event", True,
-         {"involvedObject": {"kind": "Node", "name": "n1"}, "reason": "Test", "message": "m"}),
+         {"involvedObject": {"kind": "Pod", "name": "p1"}, "reason": "Test", "message": "m"}),
     Case("CoreV1Api", "namespaced_persistent_volume_claim", True,
          {"spec": {"accessModes": ["ReadWriteOnce"],
                    "resources": {"requests": {"storage": "1Gi"}}}}),
@@ -40,9 +51,9 @@ CASES = [
     Case("CoreV1Api", "namespaced_config_map", True, {"data": {"k": "v"}}),
     Case("CoreV1Api", "node", False, {"spec": {}}),
     Case("EventsV1Api", "namespaced_event", True,
-         {"eventTime": "2026-01-01T00:00:00.000000Z", "reportingController": "healthd.io/agent",
+         {"eventTime": EVENT_TIME, "reportingController": "healthd.io/agent",
           "reportingInstance": "a", "action": "Check", "reason": "Test", "type": "Normal",
-          "note": "n"}),
+          "note": "n", "regarding": {"kind": "Pod", "name": "p1"}}),
     Case("BatchV1Api", "namespaced_job", True,
          {"spec": {"template": {"spec": {**CONTAINERS, "restartPolicy": "Never"}}}}),
     Case("CoordinationV1Api", "namespaced_lease", True, {"spec": {"holderIdentity": "a"}}),
@@ -50,6 +61,26 @@ CASES = [
     Case("DiscoveryV1Api", "namespaced_endpoint_slice", True,
          {"addressType": "IPv4", "endpoints": []}),
 ]
+
+
+def _body(kube: Kube, case: Case, name: str) -> dict[str, Any]:
+    """The case's object named `name`; an Event's object lives in the test's namespace."""
+    body: dict[str, Any] = {"metadata": {"name": name}, **case.body}
+    for ref in ("involvedObject", "regarding"):
+        if ref in body:
+            body[ref] = {**body[ref], "namespace": kube.namespace}
+    return body
+
+
+async def _gone(kube: Kube, api: str, method: str, *args: Any) -> int:
+    """The status of reading a deleted object once it is gone (a finalizer the
+    server's own controllers remove may hold it a moment)."""
+    with anyio.fail_after(DELETED_WITHIN_S):
+        while True:
+            err = await kube.error_or_none(api, method, *args)
+            if err is not None:
+                return int(err.status)
+            await anyio.sleep(0.1)
 
 
 def _in_ns(kube: Kube, case: Case, *rest: Any) -> tuple[Any, ...]:
@@ -65,21 +96,23 @@ def _named(kube: Kube, case: Case, name: str) -> tuple[Any, ...]:
 @pytest.mark.parametrize("case", CASES, ids=str)
 async def test_every_kind_round_trips(kube: Kube, case: Case) -> None:
     name = kube.name("obj")
-    body = {"metadata": {"name": name}, **case.body}
     if not case.namespaced:
         kube.later(case.api, f"delete_{case.suffix}", name)
-    created = await kube.call(case.api, f"create_{case.suffix}", *_in_ns(kube, case, body))
+    created = await kube.call(case.api, f"create_{case.suffix}",
+                              *_in_ns(kube, case, _body(kube, case, name)))
     assert created.metadata.name == name and created.metadata.uid
     if case.namespaced:
         assert created.metadata.namespace == kube.namespace
     read = await kube.call(case.api, f"read_{case.suffix}", *_named(kube, case, name))
-    assert read.metadata.resource_version == created.metadata.resource_version
+    assert read.metadata.uid == created.metadata.uid
+    assert int(read.metadata.resource_version) >= int(created.metadata.resource_version)
     listing = await kube.call(case.api, f"list_{case.suffix}", *_in_ns(kube, case))
     assert name in [item.metadata.name for item in listing.items]
     assert int(listing.metadata.resource_version) >= int(created.metadata.resource_version)
-    await kube.call(case.api, f"delete_{case.suffix}", *_named(kube, case, name))
-    err = await kube.error(case.api, f"read_{case.suffix}", *_named(kube, case, name))
-    assert err.status == 404
+    # Background, as healthd deletes: batch/v1 Jobs otherwise default to orphaning.
+    await kube.call(case.api, f"delete_{case.suffix}", *_named(kube, case, name),
+                    propagation_policy="Background")
+    assert await _gone(kube, case.api, f"read_{case.suffix}", *_named(kube, case, name)) == 404
 
 
 async def test_create_fills_in_metadata_from_the_server(kube: Kube) -> None:
@@ -177,10 +210,54 @@ async def test_finalizers_hold_deletion_until_removed(kube: Kube) -> None:
 
 async def test_events_of_both_apis_share_storage(kube: Kube) -> None:
     await kube.call("EventsV1Api", "create_namespaced_event", kube.namespace, {
-        "metadata": {"name": "ev1"}, "eventTime": "2026-01-01T00:00:00.000000Z",
+        "metadata": {"name": "ev1"}, "eventTime": EVENT_TIME,
         "reportingController": "healthd.io/agent", "reportingInstance": "node-1",
         "action": "Check", "reason": "GPUUnhealthy", "type": "Warning", "note": "XID 79",
-        "regarding": {"kind": "Node", "name": "node-1"}})
+        "regarding": {"kind": "Pod", "name": "job-0", "namespace": kube.namespace}})
     core = await kube.call("CoreV1Api", "read_namespaced_event", "ev1", kube.namespace)
-    assert core.message == "XID 79" and core.involved_object.name == "node-1"
+    assert core.message == "XID 79" and core.involved_object.name == "job-0"
     assert core.reason == "GPUUnhealthy"
+
+
+NODE_EVENT = {"involvedObject": {"kind": "Node", "name": "gpu-node-1"},
+              "reason": "GPUUnhealthy", "message": "XID 79", "type": "Warning"}
+
+
+async def test_an_event_about_a_node_lives_in_default(kube: Kube) -> None:
+    """healthd posts a Node's Events in `default`; anywhere else the server refuses."""
+    name = kube.name("ev")
+    kube.later("CoreV1Api", "delete_namespaced_event", name, "default")
+    made = await kube.call("CoreV1Api", "create_namespaced_event", "default",
+                           {"metadata": {"name": name}, **NODE_EVENT})
+    assert made.involved_object.name == "gpu-node-1"
+    err = await kube.error("CoreV1Api", "create_namespaced_event", kube.namespace,
+                           {"metadata": {"name": name}, **NODE_EVENT})
+    assert err.status == 422
+    body = json.loads(err.body)
+    assert body["message"] == (f'Event "{name}" is invalid: involvedObject.namespace: '
+                               'Invalid value: "": does not match event.namespace')
+    assert [c["field"] for c in body["details"]["causes"]] == ["involvedObject.namespace"]
+
+
+async def test_an_event_lives_in_its_objects_namespace(kube: Kube) -> None:
+    err = await kube.error("CoreV1Api", "create_namespaced_event", kube.namespace, {
+        "metadata": {"name": "ev"}, "reason": "Reset", "message": "m",
+        "involvedObject": {"kind": "Pod", "name": "p", "namespace": "elsewhere"}})
+    assert err.status == 422 and "does not match event.namespace" in err.body
+
+
+async def test_a_new_style_event_needs_who_reported_what(kube: Kube) -> None:
+    err = await kube.error("EventsV1Api", "create_namespaced_event", kube.namespace, {
+        "metadata": {"name": "ev"}, "eventTime": EVENT_TIME, "type": "Normal",
+        "regarding": {"kind": "Pod", "name": "p", "namespace": kube.namespace}})
+    assert err.status == 422
+    causes = [(c["field"], c["message"]) for c in json.loads(err.body)["details"]["causes"]]
+    assert causes == [
+        ("reportingController", "Required value"),
+        ("reportingController", 'Invalid value: "": name part must be non-empty'),
+        ("reportingController", 'Invalid value: "": name part must consist of alphanumeric '
+         "characters, '-', '_' or '.', and must start and end with an alphanumeric character"
+         " (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is "
+         "'([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"),
+        ("reportingInstance", "Required value"), ("action", "Required value"),
+        ("reason", "Required value")]

@@ -49,7 +49,8 @@ async def test_json_patch_failing_test_is_422_and_writes_nothing(kube: Kube) -> 
         {"op": "remove", "path": "/metadata/annotations/healthd.io~1run"}])
     assert err.status == 422 and json.loads(err.body)["kind"] == "Status"
     node = await kube.call("CoreV1Api", "read_node", name)
-    assert node.metadata.annotations == {"healthd.io/run": "newer"}
+    # Only our key: a real cluster's node TTL controller adds its own annotation.
+    assert node.metadata.annotations["healthd.io/run"] == "newer"
 
 
 async def test_json_patch_on_custom_resource_status(ekube: Kube) -> None:
@@ -76,7 +77,8 @@ async def test_strategic_merge_merges_conditions_by_type(kube: Kube) -> None:
     gpu = {"type": "GPUUnhealthy", "status": "False", "reason": "AllChecksPassed", "message": ""}
     out = await kube.call("CoreV1Api", "patch_node_status", name,
                           {"status": {"conditions": [gpu]}})
-    assert sorted(c.type for c in out.status.conditions) == ["GPUUnhealthy", "Ready"]
+    # The real server's order: the patch's new item first (what `describe node` lists).
+    assert [c.type for c in out.status.conditions] == ["GPUUnhealthy", "Ready"]
     out = await kube.call("CoreV1Api", "patch_node_status", name,
                           {"status": {"conditions": [{**gpu, "status": "True"}]}})
     assert {c.type: c.status for c in out.status.conditions} == {
@@ -132,7 +134,9 @@ async def test_annotations_past_256_kib_together_are_refused_as_the_real_server_
                            _content_type=MERGE)
     assert err.status == 422
     body = json.loads(err.body)
-    assert "metadata.annotations: Too long: must have at most 262144 bytes" in body["message"]
-    assert [c["reason"] for c in body["details"]["causes"]] == ["FieldValueTooLong"]
+    assert "metadata.annotations: Too long: may not be more than 262144 bytes" in body["message"]
+    # The real server lists the same cause once per validation pass that sees it.
+    assert {(c["reason"], c["field"]) for c in body["details"]["causes"]} == {
+        ("FieldValueTooLong", "metadata.annotations")}
     out = await kube.call("CoreV1Api", "read_node", name)
-    assert set(out.metadata.annotations) == {"a.example/big"}  # nothing written
+    assert "b.example/big" not in out.metadata.annotations  # nothing written

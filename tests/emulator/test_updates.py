@@ -4,6 +4,9 @@ that change nothing leaving the resourceVersion alone."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
 from tests.emulator.kube import Kube
@@ -37,12 +40,27 @@ async def test_replace_with_stale_resource_version_is_409(kube: Kube) -> None:
     assert now.data == {"v": "2"}
 
 
+async def _replace_node(kube: Kube, name: str, change: Callable[[Any], None]) -> Any:
+    """Read, change, replace; again on 409 (a real cluster's node controllers write
+    the Node too, as they would between any client's read and write)."""
+    for _ in range(5):
+        node = await kube.call("CoreV1Api", "read_node", name)
+        change(node)
+        err = await kube.error_or_none("CoreV1Api", "replace_node", name, node)
+        if err is None:
+            return await kube.call("CoreV1Api", "read_node", name)
+        assert err.status == 409
+    raise AssertionError("replace_node conflicted five times")
+
+
 async def test_replace_never_changes_status(kube: Kube) -> None:
     name = await _node(kube)
-    node = await kube.call("CoreV1Api", "read_node", name)
-    node.metadata.labels = {"healthd.io/x": "y"}
-    node.status.conditions[0].status = "False"
-    out = await kube.call("CoreV1Api", "replace_node", name, node)
+
+    def change(node: Any) -> None:
+        node.metadata.labels = {"healthd.io/x": "y"}
+        node.status.conditions[0].status = "False"
+
+    out = await _replace_node(kube, name, change)
     assert out.metadata.labels == {"healthd.io/x": "y"}
     assert out.status.conditions[0].status == "True"
 
@@ -84,8 +102,10 @@ async def test_custom_resource_status_isolation(ekube: Kube) -> None:
 
 
 async def test_write_that_changes_nothing_keeps_resource_version(kube: Kube) -> None:
-    name = await _node(kube)
-    before = await kube.call("CoreV1Api", "read_node", name)
-    after = await kube.call("CoreV1Api", "patch_node", name,
-                            {"metadata": {"labels": None}})
+    # A ConfigMap, not a Node: a real cluster's node controllers write Nodes meanwhile.
+    await kube.call("CoreV1Api", "create_namespaced_config_map", kube.namespace,
+                    {"metadata": {"name": "same", "labels": {"a": "1"}}})
+    before = await kube.call("CoreV1Api", "read_namespaced_config_map", "same", kube.namespace)
+    after = await kube.call("CoreV1Api", "patch_namespaced_config_map", "same", kube.namespace,
+                            {"metadata": {"labels": {"a": "1"}}})
     assert after.metadata.resource_version == before.metadata.resource_version

@@ -16,13 +16,18 @@ from tests.emulator.kube import Event, Kube, types_of
 pytestmark = pytest.mark.anyio
 
 
+# Every ConfigMap a test makes carries this label and the watches select it: a real
+# cluster's root-CA publisher puts `kube-root-ca.crt` into each new namespace meanwhile.
+OURS = "test.healthd.io/made"
+
+
 def _count(n: int) -> Callable[[list[Event]], bool]:
     return lambda events: len(events) >= n
 
 
 async def _cm(kube: Kube, name: str, namespace: str | None = None, **labels: str) -> None:
     await kube.call("CoreV1Api", "create_namespaced_config_map", namespace or kube.namespace,
-                    {"metadata": {"name": name, "labels": labels}})
+                    {"metadata": {"name": name, "labels": {OURS: "yes", **labels}}})
 
 
 async def _rv(kube: Kube) -> str:
@@ -34,7 +39,7 @@ async def test_watch_without_version_starts_with_added(kube: Kube) -> None:
     await _cm(kube, "a")
     await _cm(kube, "b")
     events = await kube.watch("CoreV1Api", "list_namespaced_config_map", kube.namespace,
-                              timeout_seconds=5, until=_count(2))
+                              label_selector=OURS, timeout_seconds=5, until=_count(2))
     assert sorted(types_of(events)) == [("ADDED", "a"), ("ADDED", "b")]
     assert events[0]["object"].metadata.name in ("a", "b")  # typed objects for both clients
 
@@ -47,7 +52,8 @@ async def test_resume_replays_only_later_events(kube: Kube) -> None:
                     {"data": {"k": "v"}})
     await kube.call("CoreV1Api", "delete_namespaced_config_map", "new", kube.namespace)
     events = await kube.watch("CoreV1Api", "list_namespaced_config_map", kube.namespace,
-                              resource_version=rv, timeout_seconds=5, until=_count(3))
+                              label_selector=OURS, resource_version=rv, timeout_seconds=5,
+                              until=_count(3))
     assert types_of(events) == [("ADDED", "new"), ("MODIFIED", "new"), ("DELETED", "new")]
 
 
@@ -78,7 +84,8 @@ async def test_namespaced_watch_sees_only_its_namespace(kube: Kube) -> None:
     await _cm(kube, "elsewhere", namespace=other)
     await _cm(kube, "here")
     events = await kube.watch("CoreV1Api", "list_namespaced_config_map", kube.namespace,
-                              resource_version=rv, timeout_seconds=5, until=_count(1))
+                              label_selector=OURS, resource_version=rv, timeout_seconds=5,
+                              until=_count(1))
     assert types_of(events) == [("ADDED", "here")]
 
 

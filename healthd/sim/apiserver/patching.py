@@ -108,6 +108,24 @@ def _merge_list_by_key(target: list[Any], patch: list[Any], key: str,
             out.append(_strip_directives(item))
         else:
             out[index] = strategic_merge(out[index], item, path)
+    return _real_order(out, [i[key] for i in patch if i.get("$patch") != "delete"],
+                       [i.get(key) for i in target if isinstance(i, dict)], key)
+
+
+def _real_order(merged: list[Any], patched: list[Any], server: list[Any],
+                key: str) -> list[Any]:
+    """The real server's order (strategicpatch's normalizeElementOrder): patched items
+    in the patch's order, each server-only item placed before the first patched item
+    it precedes on the server. A new condition thus comes before the old ones."""
+    mine = sorted((i for i in merged if i.get(key) in patched),
+                  key=lambda i: patched.index(i[key]))
+    theirs = [i for i in merged if i.get(key) not in patched]
+    where = {k: n for n, k in enumerate(server)}
+    out: list[Any] = []
+    while theirs or mine:
+        first_theirs = bool(theirs) and (not mine or where.get(mine[0][key], -1) >
+                                          where[theirs[0][key]] >= 0)
+        out.append((theirs if first_theirs else mine).pop(0))
     return out
 
 

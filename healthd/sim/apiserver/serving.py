@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from healthd.sim.apiserver import discovery
+from healthd.sim.apiserver import discovery, tables
 from healthd.sim.apiserver.errors import ApiError, status_body
 from healthd.sim.apiserver.recording import Fault, RecordedRequest, Recorder, now
 from healthd.sim.apiserver.resources import ResourceTable, ResourceType
@@ -198,8 +198,26 @@ class ApiHandler:
             record(200)
             return await serve_watch(request, self.store, watch,
                                      bookmark_interval=self.bookmark_interval)
+        if verb in ("get", "list") and tables.wants_table(request.headers.get("Accept", "")):
+            printed = self._table(target, query)
+            if printed is not None:
+                return _json(printed)
         handler: Callable[..., Awaitable[web.StreamResponse]] = getattr(self, f"_{verb}")
         return await handler(target, body, query, request.headers.get("Content-Type", ""))
+
+    def _table(self, target: Target, query: dict[str, str]) -> dict[str, Any] | None:
+        """What `kubectl get` prints, for the kinds with a printer (see `tables`)."""
+        rt = target.rt
+        core = self.table.lookup("", "v1", rt.plural) if rt.storage_key == "events" else rt
+        if core is None:
+            return None
+        if target.name:
+            items = [self.store.get(core, target.namespace or "", target.name)]
+            rv = items[0]["metadata"]["resourceVersion"]
+        else:
+            items, at = self.store.list(core, target.namespace, self._selector(target, query))
+            rv = str(at)
+        return tables.table(core.group, core.kind, items, rv)
 
     @staticmethod
     def _selector(target: Target, query: dict[str, str]) -> Selector:

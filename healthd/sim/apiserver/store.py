@@ -34,6 +34,12 @@ from healthd.sim.apiserver.resources import (
     to_version,
 )
 from healthd.sim.apiserver.selectors import Selector
+from healthd.sim.apiserver.validation import (
+    annotation_errors,
+    check_event_time,
+    event_errors,
+    refuse,
+)
 from healthd.times import rfc3339
 
 _SYSTEM_METADATA = ("uid", "creationTimestamp", "deletionTimestamp",
@@ -41,7 +47,6 @@ _SYSTEM_METADATA = ("uid", "creationTimestamp", "deletionTimestamp",
 _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # the real server's generateName alphabet
 
 Key = tuple[str, str]  # (namespace or "", name)
-ANNOTATIONS_LIMIT = 256 * 1024  # bytes of all keys and values together, as the real server
 
 
 def now_text() -> str:
@@ -55,19 +60,13 @@ def _meta(obj: Obj) -> Obj:
     return meta
 
 
-def check_annotations(rt: ResourceType, obj: Obj) -> None:
-    """The real server's limit on an object's annotations (keys and values together),
-    with the same status, message and cause."""
-    annotations = _meta(obj).get("annotations") or {}
-    size = sum(len(str(k).encode()) + len(str(v).encode()) for k, v in annotations.items())
-    if size <= ANNOTATIONS_LIMIT:
-        return
-    detail = f"Too long: must have at most {ANNOTATIONS_LIMIT} bytes"
-    name = str(_meta(obj).get("name") or "")
-    raise ApiError(422, f'{rt.kind} "{name}" is invalid: metadata.annotations: {detail}',
-                   "Invalid", {"name": name, "group": rt.group, "kind": rt.kind,
-                               "causes": [{"reason": "FieldValueTooLong", "message": detail,
-                                           "field": "metadata.annotations"}]})
+def validate(rt: ResourceType, obj: Obj, *, creating: bool) -> None:
+    """The real server's rules that product writes can meet (see `validation`)."""
+    errors = annotation_errors(obj)
+    if rt.storage_key == "events":
+        check_event_time(rt, obj)
+        errors += event_errors(rt, obj, creating=creating)
+    refuse(rt, obj, errors)
 
 
 def render(obj: Obj, rt: ResourceType) -> Obj:
@@ -204,7 +203,7 @@ class Store:
             for key in ("deletionTimestamp", "deletionGracePeriodSeconds"):
                 meta.pop(key, None)
             self._fill_new_metadata(meta, namespace if rt.namespaced else None)
-            check_annotations(rt, obj)
+            validate(rt, obj, creating=True)
             if rt.status and not rt.keeps_status_on_create:
                 obj.pop("status", None)
                 if rt.initial_status is not None:
@@ -251,7 +250,7 @@ class Store:
         else:
             self._keep_system_fields(rt, old, new)
         new["metadata"]["resourceVersion"] = old_meta["resourceVersion"]
-        check_annotations(rt, new)
+        validate(rt, new, creating=False)
         if new == old:  # the real server skips writes that change nothing
             return render(old, rt)
         if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
