@@ -70,7 +70,8 @@ def _namespace(name: str) -> Obj:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
 
 
-def _queue(name: str, gpus: int, *, namespaces: list[str] | None = None) -> Obj:
+def cluster_queue(name: str, gpus: int, *, namespaces: list[str] | None = None) -> Obj:
+    """A ClusterQueue of `gpus` GPUs in the tutorial's cohort (for `namespaces` only)."""
     selector = ({"matchExpressions": [{"key": "kubernetes.io/metadata.name",
                                        "operator": "In", "values": namespaces}]}
                 if namespaces else {})
@@ -106,9 +107,9 @@ def cluster_objects(nodes: list[str], gpus: int, model: str) -> list[Obj]:
     return [*(_namespace(n) for n in (*TEAMS, SYSTEM_NAMESPACE)),
             {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
              "metadata": {"name": FLAVOR}, "spec": {}},
-            *(_queue(f"{team}-cluster-queue", GPUS_PER_QUEUE, namespaces=[team])
+            *(cluster_queue(f"{team}-cluster-queue", GPUS_PER_QUEUE, namespaces=[team])
               for team in TEAMS),
-            _queue(SLACK_QUEUE, GPUS_PER_QUEUE),
+            cluster_queue(SLACK_QUEUE, GPUS_PER_QUEUE),
             *(node_object(name, gpus, model) for name in nodes)]
 
 

@@ -15,6 +15,7 @@ import contextlib
 import json
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,6 +218,20 @@ class Healthd:
         program.start()
         self.controller = Process(program)
         return self.controller
+
+    def start_fleet(self, tag: str, count: int, **controller: Any) -> list[str]:
+        """`count` new GPU nodes named after `tag`, an agent on each and the controller
+        (its config section overridden by `controller`); returns once all are PASS."""
+        suffix = uuid.uuid4().hex[:5]
+        nodes = [f"{tag}-{suffix}-{i}" for i in range(1, count + 1)]
+        self.add_nodes(*nodes)
+        for node in nodes:
+            self.start_agent(node)
+        self.start_controller(controller=controller)
+        for node in nodes:
+            eventually(lambda n=node: self.label(n) == "PASS", 90,  # type: ignore[misc]
+                       f"PASS on {node}")
+        return nodes
 
     def stop(self) -> None:
         for process in [*self.agents.values(), *([self.controller] if self.controller else [])]:

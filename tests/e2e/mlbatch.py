@@ -19,27 +19,14 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import watch
 
-COHORT = "default-cohort"
-FLAVOR = "default-flavor"
-SLACK = "slack-cluster-queue"
+from healthd.demo.cluster import FLAVOR, SLACK_QUEUE, cluster_queue
+
+SLACK = SLACK_QUEUE
 LOCAL_QUEUE = "default-queue"
 GPU = "nvidia.com/gpu"
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 APPWRAPPERS = ("workload.codeflare.dev", "v1beta2", "appwrappers")
 Obj = dict[str, Any]
-
-
-def cluster_queue(name: str, gpus: int, *, namespaces: list[str] | None = None) -> Obj:
-    selector = ({"matchExpressions": [{"key": "kubernetes.io/metadata.name",
-                                       "operator": "In", "values": namespaces}]}
-                if namespaces else {})
-    return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
-            "metadata": {"name": name},
-            "spec": {"cohortName": COHORT, "namespaceSelector": selector,
-                     "queueingStrategy": "BestEffortFIFO",
-                     "resourceGroups": [{"coveredResources": [GPU], "flavors": [
-                         {"name": FLAVOR, "resources": [{"name": GPU,
-                                                         "nominalQuota": gpus}]}]}]}}
 
 
 def tutorial(team_gpus: int = 8, slack_gpus: int = 16) -> list[Obj]:

@@ -35,17 +35,10 @@ class Outcome:
 
 
 def _evict_under(healthd: Healthd, *, breaker_open: bool, settle_s: float = SETTLE_S) -> Outcome:
-    suffix = uuid.uuid4().hex[:5]
-    nodes = [f"op-{suffix}-1", f"op-{suffix}-2"]
     workloads = Workloads(healthd.client)
-    healthd.add_nodes(*nodes)
     healthd.applier.apply(tutorial())
-    agents = {node: healthd.start_agent(node) for node in nodes}
-    healthd.start_controller(controller=BREAKER_OPEN if breaker_open else {})
-    for node in nodes:
-        eventually(lambda n=node: healthd.label(n) == "PASS", 90,  # type: ignore[misc]
-                   f"PASS on {node}")
-    name = f"job-{suffix}"
+    healthd.start_fleet("op", 2, **(BREAKER_OPEN if breaker_open else {}))
+    name = f"job-{uuid.uuid4().hex[:5]}"
     job = appwrapper(name, "blue", pods=1, gpus_per_pod=4)
     healthd.applier.apply([job])
     eventually(lambda: workloads.phase("blue", name) == "Running"
@@ -53,7 +46,7 @@ def _evict_under(healthd: Healthd, *, breaker_open: bool, settle_s: float = SETT
     bad = workloads.running_nodes("blue", name)[0]
     recorder = PhaseRecorder(healthd.client, "blue", name)
     try:
-        agents[bad].fault(op="emit_xid", gpu=0, code=79)
+        healthd.agents[bad].fault(op="emit_xid", gpu=0, code=79)
         eventually(lambda: healthd.label(bad) == "EVICT", 30, f"EVICT on {bad}")
         time.sleep(settle_s)
         if recorder.resets():

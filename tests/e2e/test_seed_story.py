@@ -18,17 +18,10 @@ SLACK_GPUS = 16
 
 
 def test_xid79_evicts_resets_moves_and_lends_honestly(healthd: Healthd, operator: Operator) -> None:
-    suffix = uuid.uuid4().hex[:5]
-    nodes = [f"hgx-{suffix}-{i}" for i in range(1, 6)]
     workloads = Workloads(healthd.client)
-    healthd.add_nodes(*nodes)
     healthd.applier.apply(tutorial(team_gpus=8, slack_gpus=SLACK_GPUS))
-    agents = {node: healthd.start_agent(node) for node in nodes}
-    healthd.start_controller()
-    for node in nodes:
-        eventually(lambda n=node: healthd.label(n) == "PASS", 90,  # type: ignore[misc]
-                   f"PASS on {node}")
-
+    healthd.start_fleet("hgx", 5)
+    suffix = uuid.uuid4().hex[:5]
     large = f"large-{suffix}"
     healthd.applier.apply([appwrapper(large, "blue", pods=4, gpus_per_pod=4)])
     eventually(lambda: len(workloads.running_nodes("blue", large)) == 4
@@ -39,7 +32,7 @@ def test_xid79_evicts_resets_moves_and_lends_honestly(healthd: Healthd, operator
     old_pods = {p.metadata.uid for p in workloads.pods("blue", large)}
     assert workloads.lending_limit() is None  # nothing unavailable yet
 
-    agents[bad].fault(op="emit_xid", gpu=3, code=79)
+    healthd.agents[bad].fault(op="emit_xid", gpu=3, code=79)
     eventually(lambda: healthd.label(bad) == "EVICT", 30, f"EVICT on {bad}")
 
     def moved() -> bool:

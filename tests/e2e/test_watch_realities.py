@@ -17,18 +17,10 @@ from tests.realcluster.cluster import ControlPlane
 
 def _running(healthd: Healthd, tag: str) -> tuple[list[str], str, Workloads]:
     """Two nodes with agents, the controller, a job on the first node; (nodes, job)."""
-    suffix = uuid.uuid4().hex[:5]
-    nodes = [f"{tag}-{suffix}-1", f"{tag}-{suffix}-2"]
     workloads = Workloads(healthd.client)
-    healthd.add_nodes(*nodes)
     healthd.applier.apply(tutorial())
-    for node in nodes:
-        healthd.start_agent(node)
-    healthd.start_controller()
-    for node in nodes:
-        eventually(lambda n=node: healthd.label(n) == "PASS", 90,  # type: ignore[misc]
-                   f"PASS on {node}")
-    name = f"job-{suffix}"
+    nodes = healthd.start_fleet(tag, 2)
+    name = f"job-{uuid.uuid4().hex[:5]}"
     healthd.applier.apply([appwrapper(name, "blue", pods=1, gpus_per_pod=8)])
     eventually(lambda: len(workloads.running_nodes("blue", name)) == 1
                and workloads.phase("blue", name) == "Running", 120, "the job Running")

@@ -114,27 +114,25 @@ class ControlPlane:
             "--enable-admission-plugins=NodeRestriction",
             "--allow-privileged=true", "--profiling=false", "--v=1"])
 
-    def _controller_manager(self) -> Program:
-        return self._program("kube-controller-manager", [
-            str(programs.build("kube-controller-manager")),
-            f"--kubeconfig={self.admin_kubeconfig}",
-            f"--authentication-kubeconfig={self.admin_kubeconfig}",
-            f"--authorization-kubeconfig={self.admin_kubeconfig}",
+    def _component(self, name: str, *flags: str) -> Program:
+        """A control-plane component that reaches the API server as the admin and
+        serves its own health on a loopback port; no leader election (one of each)."""
+        config = self.admin_kubeconfig
+        return self._program(name, [
+            str(programs.build(name)), f"--kubeconfig={config}",
+            f"--authentication-kubeconfig={config}", f"--authorization-kubeconfig={config}",
             "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
-            "--leader-elect=false", "--controllers=*",
+            "--leader-elect=false", "--v=1", *flags])
+
+    def _controller_manager(self) -> Program:
+        return self._component(
+            "kube-controller-manager", "--controllers=*",
             f"--service-account-private-key-file={self.pki / 'sa.key'}",
             f"--root-ca-file={self.pki / 'ca.crt'}",
-            "--use-service-account-credentials=false",
-            "--concurrent-gc-syncs=5", "--v=1"])
+            "--use-service-account-credentials=false", "--concurrent-gc-syncs=5")
 
     def _scheduler(self) -> Program:
-        return self._program("kube-scheduler", [
-            str(programs.build("kube-scheduler")),
-            f"--kubeconfig={self.admin_kubeconfig}",
-            f"--authentication-kubeconfig={self.admin_kubeconfig}",
-            f"--authorization-kubeconfig={self.admin_kubeconfig}",
-            "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
-            "--leader-elect=false", "--v=1"])
+        return self._component("kube-scheduler")
 
     def _kwok(self) -> Program:
         return self._program("kwok", [
