@@ -40,7 +40,6 @@ MODIFIED = "MODIFIED"
 DELETED = "DELETED"
 BOOKMARK = "BOOKMARK"
 _KINDS = frozenset({ADDED, MODIFIED, DELETED, BOOKMARK})
-_READ_MARGIN_S = 30  # past timeoutSeconds, a silent stream is a dead connection
 _QUICK_END_S = 1.0  # a stream that ends this fast with nothing in it earns a backoff
 
 
@@ -54,13 +53,16 @@ class WatchEvent:
 
 async def _stream(kube: Kube, res: Resource, namespace: str | None, *,
                   label_selector: str | None, field_selector: str | None,
-                  resource_version: str | None, timeout_s: int) -> AsyncGenerator[WatchEvent, None]:
-    """One watch request, BOOKMARKs included; ERROR events raise their error."""
+                  resource_version: str | None, timeout_s: int | None
+                  ) -> AsyncGenerator[WatchEvent, None]:
+    """One watch request, BOOKMARKs included; ERROR events raise their error. A
+    stream silent past its timeout plus the client's margin is a dead connection."""
+    timeout_s = kube.watch_timeout_s if timeout_s is None else timeout_s
     query = {"watch": True, "allowWatchBookmarks": True, "timeoutSeconds": timeout_s,
              "labelSelector": label_selector, "fieldSelector": field_selector,
              "resourceVersion": resource_version}
     lines = kube.stream(res.path(namespace), query=query,
-                        read_timeout_s=timeout_s + _READ_MARGIN_S)
+                        read_timeout_s=timeout_s + kube.watch_read_margin_s)
     async with aclosing(lines):
         async for line in lines:
             kind, obj = line.get("type"), line.get("object")
@@ -75,8 +77,9 @@ async def _stream(kube: Kube, res: Resource, namespace: str | None, *,
 async def watch(kube: Kube, res: Resource, namespace: str | None = None, *,
                 label_selector: str | None = None, field_selector: str | None = None,
                 resource_version: str | None = None,
-                timeout_s: int = 300) -> AsyncGenerator[WatchEvent, None]:
+                timeout_s: int | None = None) -> AsyncGenerator[WatchEvent, None]:
     """One watch request; raises `Gone` on 410 (and other `KubeError`s as they come).
+    `timeout_s` is the server-side timeout (None: the client's `watch_timeout_s`).
 
     Without `resource_version` the server starts with ADDED for every current object.
     """
@@ -114,7 +117,7 @@ def _remember(known: dict[str, dict[str, Any]], event: WatchEvent) -> None:
 async def watch_forever(kube: Kube, res: Resource, namespace: str | None = None, *,
                         label_selector: str | None = None, field_selector: str | None = None,
                         backoff: Backoff | None = None,
-                        timeout_s: int = 300) -> AsyncGenerator[WatchEvent, None]:
+                        timeout_s: int | None = None) -> AsyncGenerator[WatchEvent, None]:
     """List, then watch and resume forever; relist on 410; back off while unreachable.
 
     Never raises `KubeError`; runs until cancelled (or the consumer stops iterating).
