@@ -6,7 +6,8 @@ the resume point and are not yielded; an expired resourceVersion raises `Gone`.
 
 `watch_forever` is what every cache and loop in healthd uses (no polling anywhere):
 list, then watch from the list's resourceVersion, resume from the last version
-seen whenever a stream ends or breaks, relist when the version expired (410) and
+seen whenever a stream ends or breaks, relist when the version expired (410) or
+the server never had it (after a silent watch, a one-item list asks) and
 turn the difference into events (ADDED and MODIFIED for what is there, DELETED for
 what vanished meanwhile), and wait with backoff and jitter while the server is
 unreachable. It never raises `KubeError` and runs until cancelled.
@@ -29,7 +30,7 @@ from typing import Any
 import anyio
 
 from healthd.kube.backoff import Backoff
-from healthd.kube.client import Kube
+from healthd.kube.client import Kube, Query
 from healthd.kube.errors import Gone, KubeError, from_status_object
 from healthd.kube.objects import Resource, key_of, resource_version_of
 
@@ -107,6 +108,18 @@ def _relist(known: dict[str, dict[str, Any]], items: list[dict[str, Any]]
             yield WatchEvent(MODIFIED, obj)
 
 
+async def _known_version(kube: Kube, res: Resource, namespace: str | None, version: str,
+                         selectors: dict[str, str | None]) -> None:
+    """`Gone` unless the server has reached `version`. A watch from a version the
+    server never had (a restored or replaced server: versions started again) is
+    accepted and stays silent, so after a silent watch a one-item list from that
+    version asks; the server refuses a version it has not reached (504 TooLarge)."""
+    query: Query = {"resourceVersion": version, "resourceVersionMatch": "NotOlderThan",
+                    "limit": 1, "labelSelector": selectors["label_selector"],
+                    "fieldSelector": selectors["field_selector"]}
+    await kube.request("GET", res.path(namespace), query=query)
+
+
 def _remember(known: dict[str, dict[str, Any]], event: WatchEvent) -> None:
     if event.type == DELETED:
         known.pop(key_of(event.object), None)
@@ -118,7 +131,8 @@ async def watch_forever(kube: Kube, res: Resource, namespace: str | None = None,
                         label_selector: str | None = None, field_selector: str | None = None,
                         backoff: Backoff | None = None,
                         timeout_s: int | None = None) -> AsyncGenerator[WatchEvent, None]:
-    """List, then watch and resume forever; relist on 410; back off while unreachable.
+    """List, then watch and resume forever; relist on 410 or a version the server
+    never had; back off while unreachable.
 
     Never raises `KubeError`; runs until cancelled (or the consumer stops iterating).
     """
@@ -146,6 +160,8 @@ async def watch_forever(kube: Kube, res: Resource, namespace: str | None = None,
                     if event.type != BOOKMARK:
                         _remember(known, event)
                         yield event
+            if not received and version and time.monotonic() - started >= _QUICK_END_S:
+                await _known_version(kube, res, namespace, version, selectors)
         except Gone:
             log.info("watch on %s expired at version %s: relisting", res, version)
             version = None
