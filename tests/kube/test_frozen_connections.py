@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import anyio
 import pytest
@@ -48,54 +49,46 @@ async def test_after_a_request_times_out_the_next_goes_out_over_a_fresh_connecti
         assert (await kube.get(NODES, "n1"))["metadata"]["name"] == "n1"
 
 
+@asynccontextmanager
+async def following(kube: Kube) -> AsyncIterator[list[str]]:
+    """`watch_forever` on Nodes in the background: the names it saw, once the first."""
+    seen: list[str] = []
+
+    async def follow() -> None:
+        async for event in watch_forever(kube, NODES, backoff=Backoff(initial=0.05,
+                                                                      maximum=0.1)):
+            seen.append(event.object["metadata"]["name"])
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(follow)
+        await sees(seen, "n1", 5)
+        yield seen
+        group.cancel_scope.cancel()
+
+
+async def sees(seen: list[str], name: str, within: float) -> None:
+    with anyio.fail_after(within):
+        while name not in seen:
+            await anyio.sleep(0.02)
+
+
 async def test_a_silent_watch_is_given_up_and_resumed_within_its_timeout_and_margin(
         api: ApiEmulator, proxy: FreezingProxy) -> None:
     api.seed(node("n1"))
-    seen: list[str] = []
     async with Kube(async_api_client(proxy.url), timeout_s=1, watch_timeout_s=2,
-                    watch_read_margin_s=1) as kube:
-
-        async def follow() -> None:
-            async for event in watch_forever(kube, NODES,
-                                             backoff=Backoff(initial=0.05, maximum=0.1)):
-                seen.append(event.object["metadata"]["name"])
-
-        async with anyio.create_task_group() as group:
-            group.start_soon(follow)
-            with anyio.fail_after(5):
-                while "n1" not in seen:
-                    await anyio.sleep(0.02)
-            assert proxy.freeze() >= 1
-            api.seed(node("n2"))
-            # The stream is silent: given up 2 + 1 s after it started at the latest.
-            with anyio.fail_after(6):
-                while "n2" not in seen:
-                    await anyio.sleep(0.05)
-            group.cancel_scope.cancel()
+                    watch_read_margin_s=1) as kube, following(kube) as seen:
+        assert proxy.freeze() >= 1
+        api.seed(node("n2"))
+        await sees(seen, "n2", 6)  # given up 2 + 1 s after its last byte at the latest
 
 
 async def test_an_open_watch_resumes_at_once_when_the_connections_are_dropped(
         api: ApiEmulator) -> None:
     api.seed(node("n1"))
-    seen: list[str] = []
-    async with Kube(api.async_client(), timeout_s=1) as kube:  # a 60 s watch timeout
-
-        async def follow() -> None:
-            async for event in watch_forever(kube, NODES,
-                                             backoff=Backoff(initial=0.05, maximum=0.1)):
-                seen.append(event.object["metadata"]["name"])
-
-        async with anyio.create_task_group() as group:
-            group.start_soon(follow)
-            with anyio.fail_after(5):
-                while "n1" not in seen:
-                    await anyio.sleep(0.02)
-            await kube.drop_connections()
-            api.seed(node("n2"))
-            with anyio.fail_after(5):  # not at the end of the watch's 60 + 10 s
-                while "n2" not in seen:
-                    await anyio.sleep(0.05)
-            group.cancel_scope.cancel()
+    async with Kube(api.async_client(), timeout_s=1) as kube, following(kube) as seen:
+        await kube.drop_connections()
+        api.seed(node("n2"))
+        await sees(seen, "n2", 5)  # not at the end of the watch's 60 + 10 s
 
 
 def test_the_clients_sockets_keep_tcp_keepalive_on() -> None:
