@@ -140,8 +140,13 @@ class LeaseElector:
             except LostLease as exc:
                 log.error("%s: %s", self.identity, exc)
                 return
-            except (KubeError, TimeoutError) as exc:
-                log.warning("%s: renewing the Lease failed: %s", self.identity, exc or "timeout")
+            except TimeoutError:
+                log.warning("%s: renewing the Lease got no answer", self.identity)
+                # A connection gone silent: the next try (or taking the Lease back)
+                # must go out over a fresh one.
+                await self._kube.drop_connections()
+            except KubeError as exc:
+                log.warning("%s: renewing the Lease failed: %s", self.identity, exc)
 
     # -- one step each -------------------------------------------------------------
 

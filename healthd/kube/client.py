@@ -11,6 +11,15 @@ JSON dicts, exactly as the server sends them.
 The verbs (`get`, `list`, `create`, `replace`, `delete`, the three patch kinds)
 are thin wrappers over `request`; `stream` serves watches (JSON lines).
 
+Dead connections (a load balancer that failed over, a conntrack flush: the
+connection stays open but nothing arrives, no FIN, no RST) are noticed within a
+bound, set here: a request within its deadline (`timeout_s`); a watch within
+`watch_timeout_s` (its server-side `timeoutSeconds`) plus `watch_read_margin_s`;
+an idle connection whose peer vanished by TCP keepalive. When a request or a watch
+passes its deadline, every connection of the client is dropped (pooled ones and
+open watches alike, as the kubelet does after a failed heartbeat), so the next
+request, a Lease renewal say, goes out over a fresh connection.
+
 Usage::
 
     async with await Kube.connect() as kube:
@@ -22,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
 from pathlib import Path
@@ -51,6 +61,11 @@ JSON_PATCH = "application/json-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 _AUTH = ["BearerToken"]
 _CHUNK_LIMIT = 16 * 2**20  # a watch line larger than this is not a Kubernetes object
+WATCH_TIMEOUT_S = 60  # each watch's timeoutSeconds: the server ends it then, we resume
+WATCH_READ_MARGIN_S = 10  # past timeoutSeconds, a silent watch is a dead connection
+# TCP keepalive: an idle connection whose peer is gone is closed after about
+# idle + interval * count seconds (client-go probes after 30 s too).
+_KEEPALIVE = (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3))
 
 Query = Mapping[str, str | int | bool | None]
 JsonPatch = list[dict[str, Any]]  # RFC 6902 operations
@@ -60,13 +75,21 @@ class Kube:
     """Facade over a kubernetes.aio ApiClient; every request goes through `request`.
 
     `timeout_s` is the default deadline of one request (connect, send, read the
-    answer); a request that passes it raises `Unavailable`.
+    answer); a request that passes it raises `Unavailable`. `watch_timeout_s` is
+    each watch's server-side timeout; a watch silent `watch_read_margin_s` longer
+    than that is a dead connection (see the module docstring).
     """
 
-    def __init__(self, api_client: ApiClient, *, timeout_s: float = 10) -> None:
+    def __init__(self, api_client: ApiClient, *, timeout_s: float = 10,
+                 watch_timeout_s: int = WATCH_TIMEOUT_S,
+                 watch_read_margin_s: float = WATCH_READ_MARGIN_S) -> None:
         _environment_once(api_client)
         self._client = api_client
         self.timeout_s = timeout_s
+        self.watch_timeout_s = watch_timeout_s
+        self.watch_read_margin_s = watch_read_margin_s
+        self._generation = 0  # how many times the connections were dropped
+        self._streams: set[aiohttp.StreamReader] = set()  # bodies of the open watches
 
     # -- construction --------------------------------------------------------------
 
@@ -94,6 +117,31 @@ class Kube:
         """The API server URL, for log lines."""
         return str(self._client.configuration.host)
 
+    async def drop_connections(self, generation: int | None = None) -> None:
+        """Close every connection (pooled ones and open watches: those resume on fresh
+        ones); the next request connects anew. With `generation`, only when no drop
+        happened since that `_generation` was read: a fresh pool is kept."""
+        if generation is not None and generation != self._generation:
+            return
+        self._generation += 1
+        # aiohttp closes a connection without waking a reader of its body: wake each
+        # open watch with the error of a lost connection, so it resumes elsewhere.
+        for body in self._streams:
+            body.set_exception(aiohttp.ClientConnectionError("connections dropped"))
+        rest = self._client.rest_client
+        session, rest.pool_manager = rest.pool_manager, None
+        retrying, rest.retry_client = rest.retry_client, None
+        if retrying is not None:
+            await retrying.close()
+        if session is not None:
+            await session.close()
+
+    async def _timed_out(self, generation: int, what: str, deadline: float) -> Unavailable:
+        """The error for a request or stream past its deadline, after dropping the
+        connections it may have been stuck on."""
+        await self.drop_connections(generation)
+        return Unavailable(f"{what}: no answer within {deadline:g} s", reason="Timeout")
+
     # -- the choke point -----------------------------------------------------------
 
     async def request(self, method: str, path: str, *, query: Query | None = None,
@@ -104,14 +152,14 @@ class Kube:
         Raises a `healthd.kube.errors.KubeError` subclass for every failure.
         """
         deadline = self.timeout_s if timeout_s is None else timeout_s
+        generation = self._generation
         try:
             with anyio.fail_after(deadline):
                 resp = await self._send(method, path, query, body, content_type,
                                         aiohttp.ClientTimeout(total=deadline + 1))
                 raw = await _read(resp)
         except TimeoutError as exc:
-            raise Unavailable(f"{method} {path}: no answer within {deadline:g} s",
-                              reason="Timeout") from exc
+            raise await self._timed_out(generation, f"{method} {path}", deadline) from exc
         return _decode(method, path, raw)
 
     async def stream(self, path: str, *, query: Query | None = None,
@@ -121,24 +169,30 @@ class Kube:
 
         `timeout_s` bounds getting the answer's headers, `read_timeout_s` the wait
         for each further piece (None: no bound). The stream ends when the server
-        ends it; a broken connection raises `Unavailable`.
+        ends it; a broken connection raises `Unavailable`, and so does silence
+        past either bound (all connections are dropped then, see `request`).
         """
         deadline = self.timeout_s if timeout_s is None else timeout_s
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=deadline,
                                         sock_read=read_timeout_s)
+        generation = self._generation
         try:
             with anyio.fail_after(deadline):
                 resp = await self._send("GET", path, query, None, None, timeout)
         except TimeoutError as exc:
-            raise Unavailable(f"GET {path}: no answer within {deadline:g} s",
-                              reason="Timeout") from exc
+            raise await self._timed_out(generation, f"GET {path}", deadline) from exc
+        body = resp.response.content
+        self._streams.add(body)
         try:
             if resp.status >= 300:
                 await _read(resp)  # raises the translated error
             async with aclosing(_lines(resp, path)) as lines:
                 async for line in lines:
                     yield _decode("GET", path, line)
+        except _Silent as exc:
+            raise await self._timed_out(generation, f"GET {path}", read_timeout_s or 0) from exc
         finally:
+            self._streams.discard(body)
             resp.response.close()  # a watch cut short: drop its connection
 
     async def _send(self, method: str, path: str, query: Query | None, body: Any,
@@ -250,6 +304,9 @@ def _environment_once(api_client: ApiClient) -> None:
     config = api_client.configuration
     if rest.pool_manager is not None:  # the session exists already: nothing to change
         return
+    # Every pool the REST client builds (the first, and each after `drop_connections`)
+    # gets sockets with TCP keepalive.
+    rest._create_connector = lambda: _keepalive_connector(rest)
     # No cookie jar either, as client-go keeps none: filtering one costs every request.
     config.client_session_kwargs = {"trust_env": False, "cookie_jar": aiohttp.DummyCookieJar(),
                                     **(config.client_session_kwargs or {})}
@@ -262,6 +319,25 @@ def _environment_once(api_client: ApiClient) -> None:
         if auth is not None:
             rest.proxy_headers = {**(rest.proxy_headers or {}),
                                   "Proxy-Authorization": auth.encode()}
+
+
+def _keepalive_connector(rest: Any) -> aiohttp.TCPConnector:
+    """The REST client's own connector (pool size, TLS), its sockets with keepalive."""
+    limit_per_host = getattr(rest.configuration, "tcp_connector_limit_per_host", None)
+    return aiohttp.TCPConnector(limit=rest.maxsize, ssl=rest.ssl_context,
+                                limit_per_host=limit_per_host or 0,
+                                socket_factory=keepalive_socket)
+
+
+def keepalive_socket(addr_info: tuple[Any, ...]) -> socket.socket:
+    """A socket for `addr_info` (family, type, proto, ...) with TCP keepalive on."""
+    family, kind, proto = addr_info[:3]
+    sock = socket.socket(family=family, type=kind, proto=proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in _KEEPALIVE:
+        if hasattr(socket, option):  # Linux names; other systems keep their defaults
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+    return sock
 
 
 def _query_value(value: str | int | bool) -> str:
@@ -297,8 +373,13 @@ async def _read(resp: RESTResponse) -> bytes:
     return bytes(raw)
 
 
+class _Silent(Exception):
+    """A stream sent nothing for longer than its read timeout."""
+
+
 async def _lines(resp: RESTResponse, path: str) -> AsyncGenerator[bytes, None]:
-    """Complete non-empty lines of a streamed body, as they arrive."""
+    """Complete non-empty lines of a streamed body, as they arrive; `_Silent` when
+    nothing arrives within the read timeout."""
     pending = b""
     try:
         async for chunk in resp.response.content.iter_any():
@@ -310,7 +391,9 @@ async def _lines(resp: RESTResponse, path: str) -> AsyncGenerator[bytes, None]:
             if len(pending) > _CHUNK_LIMIT:
                 raise KubeError(f"GET {path}: a line over {_CHUNK_LIMIT} bytes",
                                 reason="BadResponse")
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+    except TimeoutError as exc:  # aiohttp's sock_read: a timeout of its own kind
+        raise _Silent() from exc
+    except (aiohttp.ClientError, OSError) as exc:
         raise _unreachable("GET", path, exc) from exc
     if pending.strip():
         yield pending

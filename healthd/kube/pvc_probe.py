@@ -31,7 +31,6 @@ from healthd.times import parse_time
 PVC_KIND = "PersistentVolumeClaim"
 PROVISIONING_FAILED = "ProvisioningFailed"
 PROBE_VALUE = "pvc"
-WATCH_S = 300  # one watch request's server-side timeout
 _MAX_LABEL = 63
 _MAX_REASON = 300
 _REWATCH_PAUSE_S = 0.2  # spacing between re-watches when the server ends a watch early
@@ -136,7 +135,7 @@ class KubeProbeApi(ProbeApi):
     async def _watch_until_bound(self, name: str, version: str) -> bool:
         """True when the watch saw the PVC Bound; False when the stream ended first."""
         events = watch(self.kube, PVCS, self.namespace, field_selector=f"metadata.name={name}",
-                       resource_version=version, timeout_s=WATCH_S)
+                       resource_version=version)
         try:
             async with translated("cannot watch the test PVC"), aclosing(events):
                 async for event in events:

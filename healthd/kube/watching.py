@@ -6,7 +6,8 @@ the resume point and are not yielded; an expired resourceVersion raises `Gone`.
 
 `watch_forever` is what every cache and loop in healthd uses (no polling anywhere):
 list, then watch from the list's resourceVersion, resume from the last version
-seen whenever a stream ends or breaks, relist when the version expired (410) and
+seen whenever a stream ends or breaks, relist when the version expired (410) or
+the server never had it (after a silent watch, a one-item list asks) and
 turn the difference into events (ADDED and MODIFIED for what is there, DELETED for
 what vanished meanwhile), and wait with backoff and jitter while the server is
 unreachable. It never raises `KubeError` and runs until cancelled.
@@ -29,7 +30,7 @@ from typing import Any
 import anyio
 
 from healthd.kube.backoff import Backoff
-from healthd.kube.client import Kube
+from healthd.kube.client import Kube, Query
 from healthd.kube.errors import Gone, KubeError, from_status_object
 from healthd.kube.objects import Resource, key_of, resource_version_of
 
@@ -40,7 +41,6 @@ MODIFIED = "MODIFIED"
 DELETED = "DELETED"
 BOOKMARK = "BOOKMARK"
 _KINDS = frozenset({ADDED, MODIFIED, DELETED, BOOKMARK})
-_READ_MARGIN_S = 30  # past timeoutSeconds, a silent stream is a dead connection
 _QUICK_END_S = 1.0  # a stream that ends this fast with nothing in it earns a backoff
 
 
@@ -54,13 +54,16 @@ class WatchEvent:
 
 async def _stream(kube: Kube, res: Resource, namespace: str | None, *,
                   label_selector: str | None, field_selector: str | None,
-                  resource_version: str | None, timeout_s: int) -> AsyncGenerator[WatchEvent, None]:
-    """One watch request, BOOKMARKs included; ERROR events raise their error."""
+                  resource_version: str | None, timeout_s: int | None
+                  ) -> AsyncGenerator[WatchEvent, None]:
+    """One watch request, BOOKMARKs included; ERROR events raise their error. A
+    stream silent past its timeout plus the client's margin is a dead connection."""
+    timeout_s = kube.watch_timeout_s if timeout_s is None else timeout_s
     query = {"watch": True, "allowWatchBookmarks": True, "timeoutSeconds": timeout_s,
              "labelSelector": label_selector, "fieldSelector": field_selector,
              "resourceVersion": resource_version}
     lines = kube.stream(res.path(namespace), query=query,
-                        read_timeout_s=timeout_s + _READ_MARGIN_S)
+                        read_timeout_s=timeout_s + kube.watch_read_margin_s)
     async with aclosing(lines):
         async for line in lines:
             kind, obj = line.get("type"), line.get("object")
@@ -75,8 +78,9 @@ async def _stream(kube: Kube, res: Resource, namespace: str | None, *,
 async def watch(kube: Kube, res: Resource, namespace: str | None = None, *,
                 label_selector: str | None = None, field_selector: str | None = None,
                 resource_version: str | None = None,
-                timeout_s: int = 300) -> AsyncGenerator[WatchEvent, None]:
+                timeout_s: int | None = None) -> AsyncGenerator[WatchEvent, None]:
     """One watch request; raises `Gone` on 410 (and other `KubeError`s as they come).
+    `timeout_s` is the server-side timeout (None: the client's `watch_timeout_s`).
 
     Without `resource_version` the server starts with ADDED for every current object.
     """
@@ -104,6 +108,18 @@ def _relist(known: dict[str, dict[str, Any]], items: list[dict[str, Any]]
             yield WatchEvent(MODIFIED, obj)
 
 
+async def _known_version(kube: Kube, res: Resource, namespace: str | None, version: str,
+                         selectors: dict[str, str | None]) -> None:
+    """`Gone` unless the server has reached `version`. A watch from a version the
+    server never had (a restored or replaced server: versions started again) is
+    accepted and stays silent, so after a silent watch a one-item list from that
+    version asks; the server refuses a version it has not reached (504 TooLarge)."""
+    query: Query = {"resourceVersion": version, "resourceVersionMatch": "NotOlderThan",
+                    "limit": 1, "labelSelector": selectors["label_selector"],
+                    "fieldSelector": selectors["field_selector"]}
+    await kube.request("GET", res.path(namespace), query=query)
+
+
 def _remember(known: dict[str, dict[str, Any]], event: WatchEvent) -> None:
     if event.type == DELETED:
         known.pop(key_of(event.object), None)
@@ -114,8 +130,9 @@ def _remember(known: dict[str, dict[str, Any]], event: WatchEvent) -> None:
 async def watch_forever(kube: Kube, res: Resource, namespace: str | None = None, *,
                         label_selector: str | None = None, field_selector: str | None = None,
                         backoff: Backoff | None = None,
-                        timeout_s: int = 300) -> AsyncGenerator[WatchEvent, None]:
-    """List, then watch and resume forever; relist on 410; back off while unreachable.
+                        timeout_s: int | None = None) -> AsyncGenerator[WatchEvent, None]:
+    """List, then watch and resume forever; relist on 410 or a version the server
+    never had; back off while unreachable.
 
     Never raises `KubeError`; runs until cancelled (or the consumer stops iterating).
     """
@@ -143,6 +160,8 @@ async def watch_forever(kube: Kube, res: Resource, namespace: str | None = None,
                     if event.type != BOOKMARK:
                         _remember(known, event)
                         yield event
+            if not received and version and time.monotonic() - started >= _QUICK_END_S:
+                await _known_version(kube, res, namespace, version, selectors)
         except Gone:
             log.info("watch on %s expired at version %s: relisting", res, version)
             version = None

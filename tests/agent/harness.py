@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from healthd.agent.agent import Agent
 from healthd.config import Config
+from healthd.kube.client import Kube
 from healthd.kube.conventions import CONDITION_TYPE, Keys
 from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.machine import MachineSpec, load_machine_spec
@@ -128,15 +129,17 @@ async def eventually(predicate: Callable[[], Any], timeout_s: float = 5.0,
 async def running_agent(api: ApiEmulator, tmp_path: Path, *,
                         spec: str | MachineSpec = "healthy-8xh100",
                         config: Config | None = None, seed: bool = True,
-                        wait_ready: bool = True) -> AsyncIterator[Harness]:
-    """The agent on the test's loop, talking to `api` through a kubeconfig file."""
+                        wait_ready: bool = True, kube: Kube | None = None
+                        ) -> AsyncIterator[Harness]:
+    """The agent on the test's loop, talking to `api` through a kubeconfig file (or
+    through `kube`, a client the test made)."""
     if seed:
         api.seed(node_object())
     kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
     machine = spec if isinstance(spec, MachineSpec) else load_machine_spec(spec)
     with simulate(machine.model_copy(update={"node": NODE})) as sim:
         agent = Agent(sim.adapt(config or fast_config()), node=NODE, kubeconfig=str(kubeconfig),
-                      probes=sim.probes(),
+                      kube=kube, probes=sim.probes(),
                       http_port=0, registry=CollectorRegistry())
         async with anyio.create_task_group() as group:
             group.start_soon(agent.run)

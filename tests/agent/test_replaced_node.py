@@ -4,7 +4,8 @@ fresh one (etcd restored, a new control plane: resourceVersions start again) and
 Nodes register again without healthd's keys. The agent notices (its watch relists,
 or sees the keys gone) and publishes again at once, not at its next change. (On a
 fresh server the Node's versions are lower than the last one the agent saw, and its
-watch's resume point is a version that server never had.)"""
+watch's resume point is a version that server never had: the server keeps such a
+watch silent, so the agent learns of it when the watch ends, and relists.)"""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from healthd.kube.client import Kube
 from healthd.sim.apiserver import ApiEmulator
 from tests.agent.harness import KEYS, NODE, Harness, eventually, node_object, running_agent
 
@@ -37,7 +39,11 @@ async def test_a_node_deleted_and_registered_again_gets_its_state_back(
 async def test_a_fresh_api_server_gets_the_state_back(tmp_path: Path) -> None:
     async with AsyncExitStack() as stack:
         first = await stack.enter_async_context(ApiEmulator())
-        h = await stack.enter_async_context(running_agent(first, tmp_path))
+        # The fresh server accepts a watch from a version it never had and keeps it
+        # silent; the agent finds out when that watch ends: a short one here.
+        kube = await stack.enter_async_context(Kube(first.async_client(), timeout_s=2,
+                                                    watch_timeout_s=2))
+        h = await stack.enter_async_context(running_agent(first, tmp_path, kube=kube))
         await eventually(lambda: published(h), 10, "the first verdict")
         h.sim.nvml.emit_xid(3, 79)
         await eventually(lambda: h.verdict() == "EVICT", 10, "EVICT on the first server")

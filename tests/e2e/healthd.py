@@ -176,7 +176,10 @@ class Healthd:
             service_account, NAMESPACE, request)
         return str(answer.status.token)
 
-    def _kubeconfig_for(self, pod: Obj, service_account: str) -> Path:
+    def _kubeconfig_for(self, pod: Obj, service_account: str,
+                        server: str | None = None) -> Path:
+        """A kubeconfig with a token bound to `pod`, for the API server or `server`
+        (another address of it, such as a proxy in front)."""
         from tests.realcluster.cluster import kubeconfig
 
         admin = yaml.safe_load(self.kubeconfig.read_text())
@@ -186,19 +189,20 @@ class Healthd:
         if not ca.exists():
             import base64
             ca.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
-        path.write_text(kubeconfig(cluster["server"], ca,
+        path.write_text(kubeconfig(server or cluster["server"], ca,
                                    user={"token": self.token_for(pod, service_account)}))
         return path
 
     # -- the programs -------------------------------------------------------------------
 
-    def start_agent(self, node: str, *, sim: str = "healthy-8xh100", **overrides: Any) -> Process:
+    def start_agent(self, node: str, *, sim: str = "healthy-8xh100", server: str | None = None,
+                    **overrides: Any) -> Process:
         pod = self.running_pod("app.kubernetes.io/name=healthd-agent", node)
         control = self.root / f"{node}.control.jsonl"
         control.touch()
         program = Program(f"agent-{node}", [
             *HEALTHD, "agent", "--sim", sim, "--sim-control", str(control),
-            "--kubeconfig", str(self._kubeconfig_for(pod, "healthd-agent")),
+            "--kubeconfig", str(self._kubeconfig_for(pod, "healthd-agent", server)),
             "--config", str(self.config_file(**overrides)), "--http-port", "0"],
             self.root / f"agent-{node}.log",
             {"NODE_NAME": node, "POD_NAME": pod["metadata"]["name"],
@@ -207,11 +211,11 @@ class Healthd:
         self.agents[node] = Process(program, control)
         return self.agents[node]
 
-    def start_controller(self, **overrides: Any) -> Process:
+    def start_controller(self, *, server: str | None = None, **overrides: Any) -> Process:
         pod = self.running_pod("app.kubernetes.io/name=healthd-controller")
         program = Program("controller", [
             *HEALTHD, "controller",
-            "--kubeconfig", str(self._kubeconfig_for(pod, "healthd-controller")),
+            "--kubeconfig", str(self._kubeconfig_for(pod, "healthd-controller", server)),
             "--config", str(self.config_file(**overrides)), "--http-port", "0"],
             self.root / "controller.log",
             {"POD_NAME": pod["metadata"]["name"], "POD_NAMESPACE": NAMESPACE})

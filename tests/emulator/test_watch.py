@@ -5,6 +5,7 @@ selector enter/leave as ADDED/DELETED, namespace scope, and the spellings of
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import aiohttp
@@ -98,6 +99,28 @@ async def test_expired_version_is_410(emulator: ApiEmulator, ekube: Kube) -> Non
         await ekube.watch("CoreV1Api", "list_namespaced_config_map", ekube.namespace,
                           resource_version=rv, timeout_seconds=5)
     assert getattr(info.value, "status", None) == 410
+
+
+async def test_a_watch_from_a_version_the_server_never_had_stays_silent(kube: Kube) -> None:
+    # A restored or replaced server (versions started again) accepts the watch and
+    # sends nothing, not even a bookmark, until its timeout ends it.
+    await _cm(kube, "a")
+    future = str(int(await _rv(kube)) + 10**7)
+    await _cm(kube, "b")
+    events = await kube.watch("CoreV1Api", "list_namespaced_config_map", kube.namespace,
+                              resource_version=future, timeout_seconds=2,
+                              allow_watch_bookmarks=True)
+    assert events == []
+
+
+async def test_a_list_from_a_version_the_server_never_had_is_504_too_large(
+        kube: Kube) -> None:
+    future = str(int(await _rv(kube)) + 10**7)
+    error = await kube.error("CoreV1Api", "list_namespaced_config_map", kube.namespace,
+                             resource_version=future, resource_version_match="NotOlderThan")
+    assert error.status == 504
+    causes = json.loads(error.body)["details"]["causes"]
+    assert [c["reason"] for c in causes] == ["ResourceVersionTooLarge"]
 
 
 async def test_bookmarks_carry_the_resource_version(ekube: Kube) -> None:

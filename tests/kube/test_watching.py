@@ -164,6 +164,22 @@ async def test_forever_relists_on_gone_and_reports_what_vanished(
     assert len(list_calls(api)) == 2
 
 
+async def test_forever_relists_on_a_fresh_server_that_never_had_its_version() -> None:
+    async with ApiEmulator() as old, Kube(old.async_client(), watch_timeout_s=1) as k:
+        old.seed(*(pod(f"old-{i}") for i in range(5)))
+        async with forever(k) as seen:
+            await until(lambda: len(seen) == 5)
+            await old.go_away()
+            # A restored etcd, a new control plane: versions start again, lower.
+            async with ApiEmulator(port=old.port) as fresh:
+                fresh.seed(pod("new"))
+                # Its watch from the old version is silent; the one-item list from that
+                # version is refused (504 TooLarge), so it relists and sees the truth.
+                await until(lambda: ("ADDED", "new") in seen)
+                assert sorted(seen[5:]) == [("ADDED", "new"), *(("DELETED", f"old-{i}")
+                                                                 for i in range(5))]
+
+
 async def test_forever_resumes_from_bookmarks() -> None:
     async with ApiEmulator(bookmark_interval=0.1) as api, Kube(api.async_client()) as k:
         async with forever(k, label_selector="app=agent", timeout_s=1) as seen:

@@ -239,10 +239,21 @@ class ApiHandler:
 
     async def _list(self, target: Target, _body: Any, query: dict[str, str],
                     _ct: str) -> web.Response:
+        self._not_too_large(query.get("resourceVersion"))
         items, rv = self.store.list(target.rt, target.namespace, self._selector(target, query))
         rt = target.rt
         return _json({"kind": f"{rt.kind}List", "apiVersion": rt.group_version,
                       "metadata": {"resourceVersion": str(rv)}, "items": items})
+
+    def _not_too_large(self, version: str | None) -> None:
+        """A list from a version newer than the server's own (a restored or replaced
+        server) is refused as the real one refuses it (after waiting 3 s for it)."""
+        current = self.store.resource_version
+        if version and version.isdigit() and int(version) > current:
+            raise ApiError(504, f"Too large resource version: {version}, current: {current}",
+                           "Timeout", {"causes": [{"reason": "ResourceVersionTooLarge",
+                                                   "message": "Too large resource version"}],
+                                       "retryAfterSeconds": 1})
 
     async def _create(self, target: Target, body: Any, _query: dict[str, str],
                       content_type: str) -> web.Response:

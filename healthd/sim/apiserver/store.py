@@ -96,6 +96,9 @@ class Subscription:
     storage: str
     loop: asyncio.AbstractEventLoop
     start_rv: int
+    # A watch from a version newer than the server's own (a restored or replaced
+    # server): nothing at or below it is sent, not even a BOOKMARK.
+    silent_until: int = 0
     queue: asyncio.Queue[StoreEvent | None] = field(default_factory=asyncio.Queue)
 
     def push(self, event: StoreEvent | None) -> None:
@@ -356,6 +359,7 @@ class Store:
                   ) -> tuple[Subscription, builtins.list[StoreEvent]]:
         """Register a watcher; return it with the events it must see first."""
         with self._lock:
+            silent_until = 0
             if since in (None, "", "0"):
                 initial = [StoreEvent("ADDED", int(o["metadata"]["resourceVersion"]),
                                       rt.storage_key, copy_json(o))
@@ -368,15 +372,12 @@ class Store:
                     raise ApiError.bad_request(f"invalid resourceVersion {since!r}") from exc
                 if start < self._floor:
                     raise Expired(f"too old resource version: {start} ({self._floor})")
-                if start > self._rv:  # a version from another server (a restored etcd)
-                    raise ApiError(504, f"Too large resource version: {start}, current: "
-                                   f"{self._rv}", "Timeout", {
-                                       "causes": [{"reason": "ResourceVersionTooLarge",
-                                                   "message": "Too large resource version"}],
-                                       "retryAfterSeconds": 1})
                 initial = [e for e in self._history
                            if e.rv > start and e.storage == rt.storage_key]
-            sub = Subscription(rt.storage_key, loop, self._rv)
+                # A version from another server (a restored etcd) is accepted as the
+                # real server does: a silent stream until that version comes.
+                silent_until = start if start > self._rv else 0
+            sub = Subscription(rt.storage_key, loop, self._rv, silent_until=silent_until)
             self._subs.add(sub)
             return sub, initial
 

@@ -2,8 +2,9 @@
 
 Faithful to the real server where clients notice: `resourceVersion=N` replays only
 later events and answers 410 Expired as an ERROR event (HTTP 200) when N is older
-than the history, and 504 "Too large resource version" when N is newer than the
-server's own (a restored or replaced server); no resourceVersion (or "0") starts
+than the history; when N is newer than the server's own (a restored or replaced
+server) the stream stays silent, bookmarks included, until the server reaches N or
+the timeout ends it; no resourceVersion (or "0") starts
 with ADDED for every match; an object that stops matching a selector arrives as
 DELETED and one that starts matching as ADDED; `timeoutSeconds` ends the stream
 cleanly; `allowWatchBookmarks` adds BOOKMARK events, always one just before a
@@ -23,7 +24,7 @@ from aiohttp import web
 from healthd.sim.apiserver.errors import ApiError, status_body
 from healthd.sim.apiserver.resources import Obj, ResourceType
 from healthd.sim.apiserver.selectors import Selector
-from healthd.sim.apiserver.store import Expired, Store, StoreEvent, render
+from healthd.sim.apiserver.store import Expired, Store, StoreEvent, Subscription, render
 
 _TRUE = ("true", "1", "yes")
 
@@ -109,7 +110,7 @@ async def serve_watch(request: web.Request, store: Store, watch: WatchRequest, *
         for event in initial:
             if (shown := watch.translate(event)) is not None:
                 await _send(resp, shown)
-        await _pump(request, resp, sub.queue, watch, sub.start_rv, bookmark_interval)
+        await _pump(request, resp, sub, watch, bookmark_interval)
     except (ConnectionResetError, ConnectionError):
         pass  # the client went away
     finally:
@@ -117,23 +118,24 @@ async def serve_watch(request: web.Request, store: Store, watch: WatchRequest, *
     return resp
 
 
-async def _pump(request: web.Request, resp: web.StreamResponse,
-                queue: asyncio.Queue[StoreEvent | None], watch: WatchRequest, seen_rv: int,
-                bookmark_interval: float) -> None:
+async def _pump(request: web.Request, resp: web.StreamResponse, sub: Subscription,
+                watch: WatchRequest, bookmark_interval: float) -> None:
+    queue, seen_rv = sub.queue, sub.start_rv
     deadline = None if watch.timeout is None else time.monotonic() + watch.timeout
     next_bookmark = time.monotonic() + bookmark_interval
     while True:
         now = time.monotonic()
+        bookmarks = watch.bookmarks and seen_rv >= sub.silent_until
         if deadline is not None and now >= deadline:
-            if watch.bookmarks:
+            if bookmarks:
                 await _send(resp, watch.bookmark(seen_rv))
             return
-        wake = min(d for d in (deadline, next_bookmark if watch.bookmarks else None, now + 3600)
+        wake = min(d for d in (deadline, next_bookmark if bookmarks else None, now + 3600)
                    if d is not None)
         try:
             event = await asyncio.wait_for(queue.get(), timeout=max(0.0, wake - now))
         except TimeoutError:
-            if watch.bookmarks and time.monotonic() >= next_bookmark:
+            if bookmarks and time.monotonic() >= next_bookmark:
                 await _send(resp, watch.bookmark(seen_rv))
                 next_bookmark = time.monotonic() + bookmark_interval
             continue
@@ -141,6 +143,8 @@ async def _pump(request: web.Request, resp: web.StreamResponse,
             if request.transport is not None:
                 request.transport.abort()
             raise ConnectionResetError("server went away")
+        if event.rv <= sub.silent_until:
+            continue
         seen_rv = event.rv
         if (shown := watch.translate(event)) is not None:
             await _send(resp, shown)
