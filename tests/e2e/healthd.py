@@ -223,15 +223,17 @@ class Healthd:
         self.controller = Process(program)
         return self.controller
 
-    def start_fleet(self, tag: str, count: int, **controller: Any) -> list[str]:
+    def start_fleet(self, tag: str, count: int, *, server: str | None = None,
+                    **controller: Any) -> list[str]:
         """`count` new GPU nodes named after `tag`, an agent on each and the controller
-        (its config section overridden by `controller`); returns once all are PASS."""
+        (its config section overridden by `controller`; all talking to `server` when
+        given); returns once all are PASS."""
         suffix = uuid.uuid4().hex[:5]
         nodes = [f"{tag}-{suffix}-{i}" for i in range(1, count + 1)]
         self.add_nodes(*nodes)
         for node in nodes:
-            self.start_agent(node)
-        self.start_controller(controller=controller)
+            self.start_agent(node, server=server)
+        self.start_controller(server=server, controller=controller)
         for node in nodes:
             eventually(lambda n=node: self.label(n) == "PASS", 90,  # type: ignore[misc]
                        f"PASS on {node}")

@@ -39,18 +39,10 @@ class RunningJob:
 def running_job(healthd: Healthd, tag: str, *, server: str | None = None) -> RunningJob:
     """Set it all up (agents and controller talking to `server` when given) and wait
     until the job runs."""
-    suffix = uuid.uuid4().hex[:5]
-    nodes = [f"{tag}-{suffix}-1", f"{tag}-{suffix}-2"]
     workloads = Workloads(healthd.client)
-    healthd.add_nodes(*nodes)
     healthd.applier.apply(tutorial())
-    for node in nodes:
-        healthd.start_agent(node, server=server)
-    healthd.start_controller(server=server)
-    for node in nodes:
-        eventually(lambda n=node: healthd.label(n) == "PASS", 90,  # type: ignore[misc]
-                   f"PASS on {node}")
-    name = f"job-{suffix}"
+    nodes = healthd.start_fleet(tag, 2, server=server)
+    name = f"job-{uuid.uuid4().hex[:5]}"
     healthd.applier.apply([appwrapper(name, "blue", pods=1, gpus_per_pod=8)])
     eventually(lambda: len(workloads.running_nodes("blue", name)) == 1
                and workloads.phase("blue", name) == "Running", 120, "the job Running")
