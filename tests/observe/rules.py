@@ -14,7 +14,9 @@ from tests.observe.dashboards import DASHBOARDS, ROOT
 
 ALERTS = DASHBOARDS / "alerts.yaml"
 RULE_TESTS = sorted((DASHBOARDS / "tests").glob("*.yaml"))
-RUNBOOK = ROOT / "README.md"  # the runbook is a README section
+RUNBOOK = ROOT / "docs" / "runbook.md"
+# Where an alert's runbook_url points: the runbook page as the repository shows it.
+RUNBOOK_URL = "https://github.com/healthd/healthd/blob/main/docs/runbook.md"
 
 
 @dataclass(frozen=True)
@@ -40,9 +42,11 @@ def expectations(path: Path) -> list[tuple[str, bool]]:
 
 
 def anchors(markdown: str) -> set[str]:
-    """GitHub's anchors for the headings of a Markdown text."""
+    """GitHub's anchors for the headings of a Markdown text (a `#` line inside a fenced
+    code block is a shell comment, not a heading)."""
+    prose = re.sub(r"^```.*?^```", "", markdown, flags=re.MULTILINE | re.DOTALL)
     out = set()
-    for heading in re.findall(r"^#+\s+(.+?)\s*$", markdown, flags=re.MULTILINE):
+    for heading in re.findall(r"^#+\s+(.+?)\s*$", prose, flags=re.MULTILINE):
         slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
         out.add(slug)
     return out

@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.observe.rules import ALERTS, RULE_TESTS, RUNBOOK, alerts, anchors, expectations
+from tests.observe.rules import (
+    ALERTS,
+    RULE_TESTS,
+    RUNBOOK,
+    RUNBOOK_URL,
+    alerts,
+    anchors,
+    expectations,
+)
 
 
 def test_promtool_check_rules_accepts_the_alert_file(promtool: str) -> None:
@@ -41,13 +49,23 @@ def test_every_alert_explains_itself_and_links_its_runbook_section() -> None:
         missing = {"summary", "description", "runbook_url"} - set(alert.annotations)
         if missing:
             problems.append(f"{alert.name}: no {sorted(missing)}")
-        anchor = alert.annotations.get("runbook_url", "").rpartition("#")[2]
+        page, _, anchor = alert.annotations.get("runbook_url", "").partition("#")
+        if page != RUNBOOK_URL:
+            problems.append(f"{alert.name}: runbook_url {page!r} is not {RUNBOOK_URL}")
         if anchor not in sections:
             problems.append(f"{alert.name}: runbook_url anchor #{anchor} is not a heading "
                             f"of {RUNBOOK.name}")
         if alert.labels.get("severity") not in ("critical", "warning"):
             problems.append(f"{alert.name}: severity must be critical or warning")
     assert not problems, problems
+
+
+def test_every_runbook_section_is_an_alert() -> None:
+    """The runbook has no section for an alert that no longer exists (a renamed alert
+    leaves its old section behind otherwise)."""
+    text = RUNBOOK.read_text()
+    sections = set(re.findall(r"^## (Healthd\w+)\s*$", text, flags=re.MULTILINE))
+    assert sections == {alert.name for alert in alerts()}
 
 
 AGGREGATION = re.compile(
