@@ -23,6 +23,7 @@ import pytest
 
 from tests.deploy.chart import CHART, KUBE_VERSION, documented_values, helm, helm_binary
 from tests.deploy.manifests import NAMESPACE, ROOT, kubectl
+from tests.e2e.healthd import Healthd
 from tests.realcluster.cluster import ControlPlane
 
 pytestmark = pytest.mark.timeout(900)
@@ -43,8 +44,11 @@ POLL_S = 1.0
 
 
 @pytest.fixture
-def kubeconfig(realcluster: ControlPlane) -> Path:
-    """The admin kubeconfig of the session's real control plane."""
+def kubeconfig(realcluster: ControlPlane, tmp_path: Path) -> Path:
+    """The admin kubeconfig of the session's real control plane, with no healthd
+    installed from the kustomize sources (the e2e tests install it so): Helm takes over
+    no object it did not make, so an SRE switching removes that installation first."""
+    Healthd(realcluster.admin_kubeconfig, tmp_path).uninstall()
     return realcluster.admin_kubeconfig
 
 

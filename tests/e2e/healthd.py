@@ -71,6 +71,16 @@ def merge(base: Obj, over: Obj) -> Obj:
     return out
 
 
+SYSTEM_NODES = ("e2e-system-1", "e2e-system-2")  # two: the controller's replicas spread
+
+
+def system_node(name: str) -> Obj:
+    """A kwok node without GPUs, for the cluster's own Pods; never removed."""
+    node = gpu_node(name, gpus=0)
+    node["metadata"]["labels"] = {"kubernetes.io/hostname": name, "type": "kwok"}
+    return node
+
+
 def gpu_node(name: str, gpus: int = 8) -> Obj:
     """A kwok node with `gpus` GPUs that healthd's agent selects."""
     capacity = {GPU: str(gpus), "cpu": "96", "memory": "1Ti", "pods": "110"}
@@ -120,13 +130,31 @@ class Healthd:
     # -- install ------------------------------------------------------------------------
 
     def install(self) -> list[Obj]:
+        """The manifests, applied; and the nodes a cluster's system Pods (healthd's
+        controller) live on, which no test removes."""
         self.objects = render(OVERLAYS["device-plugin"])
+        self._namespace_gone_or_active()
         self.applier.apply(self.objects)
+        self.applier.apply(system_node(name) for name in SYSTEM_NODES)
         return self.objects
 
     def uninstall(self) -> None:
+        """Everything the manifests made, the namespace included (as `kubectl delete
+        -k` would), once it is gone: the cluster is ready for another installation."""
         self.stop()
-        self.applier.delete(reversed(self.objects))
+        self.applier.delete(reversed(self.objects or render(OVERLAYS["device-plugin"])))
+        self._namespace_gone_or_active(require_gone=True)
+
+    def _namespace_gone_or_active(self, require_gone: bool = False) -> None:
+        def settled() -> bool:
+            try:
+                namespace = self.core.read_namespace(NAMESPACE)
+            except k8s.ApiException as exc:
+                if exc.status == 404:
+                    return True
+                raise
+            return not require_gone and namespace.status.phase != "Terminating"
+        eventually(settled, 120, f"namespace {NAMESPACE} {'gone' if require_gone else 'usable'}")
 
     def config_file(self, **overrides: Any) -> Path:
         """The installed ConfigMap's config with the test's short clocks."""
@@ -160,10 +188,20 @@ class Healthd:
             fields = f"spec.nodeName={node}" if node else None
             pods = self.core.list_namespaced_pod(NAMESPACE, label_selector=selector,
                                                  field_selector=fields).items
+            # A Pod whose node is gone is about to be collected, its tokens with it.
             running = [p for p in pods if p.status.phase == "Running"
-                       and p.metadata.deletion_timestamp is None]
+                       and p.metadata.deletion_timestamp is None
+                       and self._node_exists(p.spec.node_name)]
             return self.client.sanitize_for_serialization(running[0]) if running else None
         return eventually(found, 90, f"a Running pod {selector} on {node or 'any node'}")
+
+    def _node_exists(self, name: str) -> bool:
+        try:
+            return self.core.read_node(name).metadata.deletion_timestamp is None
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
 
     def token_for(self, pod: Obj, service_account: str) -> str:
         """A token bound to `pod`, as the kubelet mounts one into it."""
