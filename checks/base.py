@@ -3,7 +3,10 @@
 A check observes hardware (GPUs, links, storage, peers) and reports what it saw as
 `Finding`s about `Entity`s. It never raises for a hardware problem; it reports it.
 An exception or a timeout means the check could not tell, which `run_check` turns
-into an UNKNOWN result with the reason: never a crash, never a PASS.
+into an UNKNOWN result with the reason: never a crash, never a PASS. An exception is
+a bug in the check, so its traceback is logged too: once per distinct fault (the
+check, the exception's type and the line that raised it), not on every run, so a
+check that fails every 30 s does not flood the log, and a new fault still shows.
 
 Severity order: PASS < WARN < ERR < EVICT. UNKNOWN ("could not tell") and SKIPPED
 ("does not apply here") stand outside the order.
@@ -12,7 +15,9 @@ Severity order: PASS < WARN < ERR < EVICT. UNKNOWN ("could not tell") and SKIPPE
 from __future__ import annotations
 
 import enum
+import logging
 import time
+import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
@@ -29,6 +34,8 @@ if TYPE_CHECKING:
     from checks.pvc_api import ProbeApiFactory
     from checks.rdma import RdmaReader
     from checks.snapshot import GpuSource
+
+log = logging.getLogger(__name__)
 
 Value = int | float | str | bool
 
@@ -440,5 +447,23 @@ async def run_check(check: Check, ctx: CheckContext, timeout_s: float | None = N
         if result is None:
             result = CheckResult.unknown(check.NAME, f"timed out after {limit:g} s")
     except Exception as exc:  # a broken check must never take the caller down
+        _log_fault(check.NAME, exc)
         result = CheckResult.unknown(check.NAME, f"check failed: {type(exc).__name__}: {exc}")
     return result.timed(started_wall, time.monotonic() - started)
+
+
+_MAX_FAULTS = 1000  # distinct faults remembered: a bound, should a message vary a lot
+_logged_faults: set[tuple[str, str, str, int]] = set()
+
+
+def _log_fault(check: str, exc: Exception) -> None:
+    """Log the traceback of a check's exception, once per distinct fault (see the
+    module docstring); later runs with the same fault only make it UNKNOWN."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    origin = (frames[-1].filename, frames[-1].lineno or 0) if frames else ("", 0)
+    fault = (check, type(exc).__qualname__, *origin)
+    if fault in _logged_faults:
+        return
+    if len(_logged_faults) < _MAX_FAULTS:
+        _logged_faults.add(fault)
+    log.error("check %s failed: %s: %s", check, type(exc).__name__, exc, exc_info=exc)
