@@ -295,6 +295,44 @@ class ResultBuilder:
         return EntityStatus(entity, status, self._values[entity], reason)
 
 
+@dataclass(frozen=True)
+class Measure:
+    """One value a check records on its entities (`EntityStatus.values[value]`), which
+    the agent exports as a gauge `family`. Sibling values of one family are told apart
+    by fixed labels (`extra`, e.g. `direction="h2d"`); `scale` converts the value to
+    the family's unit (ms to seconds); `secondary` selects peers on a secondary
+    network (else the pod network's)."""
+
+    family: str
+    help: str
+    value: str
+    kind: EntityKind = "gpu"
+    extra: tuple[tuple[str, str], ...] = ()
+    scale: float = 1.0
+    secondary: bool = False
+
+
+def measures(family: str, help: str, label: str, values: Mapping[str, str], *,
+             kind: EntityKind = "gpu", scale: float = 1.0) -> tuple[Measure, ...]:
+    """Sibling values of one family told apart by one label: `{label value: value key}`
+    (`direction`: `{"h2d": "h2d_gbps", "d2h": "d2h_gbps"}`)."""
+    return tuple(Measure(family, help, key, kind, ((label, v),), scale)
+                 for v, key in values.items())
+
+
+@dataclass(frozen=True)
+class AutopilotGauge:
+    """How a check shows in Autopilot's `autopilot_health_checks` gauge, for the
+    dashboards written for Autopilot: its `health` label, and what a sample is. `per`
+    "gpu" or "peer": one sample per GPU index or pod-network peer, `value` from that
+    entity's values (a measure key) or, without one, 1 for a WARN-or-worse finding
+    about it and 0 when it was judged fine. `per` "node": one sample, deviceid ""."""
+
+    health: str
+    per: Literal["gpu", "peer", "node"] = "gpu"
+    value: str | None = None
+
+
 class NoParams(BaseModel):
     """Parameters of a check that takes none."""
 
@@ -390,6 +428,9 @@ class Check(Protocol):
     @property
     def timeout_s(self) -> float: ...
 
+    @property
+    def labelled_level(self) -> int | None: ...
+
     async def run(self, ctx: CheckContext) -> CheckResult: ...
 
 
@@ -402,6 +443,13 @@ class BaseCheck:
     - ARG: the parameter that `name:value` on the command line sets (`dcgm:3`), if any
     - DEFAULT_INTERVAL_S, DEFAULT_TIMEOUT_S: schedule defaults for the agent
     - EXCLUSIVE: needs all GPUs to itself (deep diagnostics)
+    - MEASURES: the values its results carry that the agent exports as gauges
+    - AUTOPILOT: its place in Autopilot's compatibility gauge, if Autopilot has it
+    - CODES: the finding codes it reports (see checks.catalog); a family of codes
+      is written with a `*` (`XID_*`)
+
+    Adding a check with a metric touches its module and its registry line: the
+    agent builds its metric families and the Autopilot gauge from these.
     """
 
     NAME: ClassVar[str]
@@ -411,6 +459,9 @@ class BaseCheck:
     DEFAULT_TIMEOUT_S: ClassVar[float] = 10.0
     EXCLUSIVE: ClassVar[bool] = False
     DESCRIPTION: ClassVar[str] = ""
+    MEASURES: ClassVar[tuple[Measure, ...]] = ()
+    AUTOPILOT: ClassVar[AutopilotGauge | None] = None
+    CODES: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, params: BaseModel | Mapping[str, Any] | None = None) -> None:
         if isinstance(params, BaseModel):
@@ -427,6 +478,12 @@ class BaseCheck:
     def timeout_s(self) -> float:
         """This instance's deadline (may depend on params, e.g. the DCGM level)."""
         return self.DEFAULT_TIMEOUT_S
+
+    @property
+    def labelled_level(self) -> int | None:
+        """The diagnostic level whose node label (`<prefix>dcgm.level.N`, Autopilot's)
+        a deep run of this instance leaves; None: no label."""
+        return None
 
     async def run(self, ctx: CheckContext) -> CheckResult:  # pragma: no cover - abstract
         raise NotImplementedError
