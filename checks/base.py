@@ -8,25 +8,27 @@ a bug in the check, so its traceback is logged too: once per distinct fault (the
 check, the exception's type and the line that raised it), not on every run, so a
 check that fails every 30 s does not flood the log, and a new fault still shows.
 
-Severity order: PASS < WARN < ERR < EVICT. UNKNOWN ("could not tell") and SKIPPED
-("does not apply here") stand outside the order.
+Severities and their order live in checks.severity (the catalog needs them too,
+without the rest of the contract).
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import anyio
 from pydantic import BaseModel, ConfigDict
 
+from checks.catalog import Catalog
+from checks.severity import Severity as Severity
+from checks.severity import worst as worst
+
 if TYPE_CHECKING:
-    from checks.catalog import Catalog
     from checks.kernel_log import KernelLogSource
     from checks.nic import LinkReader
     from checks.pciebw import BandwidthProbe
@@ -38,57 +40,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Value = int | float | str | bool
-
-
-class Severity(enum.StrEnum):
-    PASS = "PASS"
-    WARN = "WARN"
-    ERR = "ERR"
-    EVICT = "EVICT"
-    UNKNOWN = "UNKNOWN"
-    SKIPPED = "SKIPPED"
-
-    @property
-    def ordered(self) -> bool:
-        """True for the four severities that have an order."""
-        return self in _ORDER
-
-    @property
-    def rank(self) -> int:
-        """Position in PASS < WARN < ERR < EVICT; -1 for UNKNOWN and SKIPPED."""
-        return _ORDER.get(self, -1)
-
-    @property
-    def exit_code(self) -> int:
-        """Nagios convention: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN."""
-        return _EXIT_CODES[self]
-
-
-_ORDER = {Severity.PASS: 0, Severity.WARN: 1, Severity.ERR: 2, Severity.EVICT: 3}
-_EXIT_CODES = {
-    Severity.PASS: 0,
-    Severity.SKIPPED: 0,
-    Severity.WARN: 1,
-    Severity.ERR: 2,
-    Severity.EVICT: 2,
-    Severity.UNKNOWN: 3,
-}
-
-
-def worst(severities: Iterable[Severity]) -> Severity:
-    """Combine statuses: the worst ordered one wins over UNKNOWN only when it is ERR or
-    EVICT (an unknown check may hide a fault, so UNKNOWN outranks PASS and WARN).
-    SKIPPED counts only when everything was skipped; nothing at all is PASS."""
-    seen = list(severities)
-    ordered = [s for s in seen if s.ordered]
-    top = max(ordered, key=lambda s: s.rank) if ordered else None
-    if top is not None and top.rank >= Severity.ERR.rank:
-        return top
-    if Severity.UNKNOWN in seen:
-        return Severity.UNKNOWN
-    if top is not None:
-        return top
-    return Severity.SKIPPED if seen else Severity.PASS
 
 
 EntityKind = Literal["gpu", "node", "peer", "storage", "network", "nic", "nvswitch", "rdma"]
@@ -380,7 +331,6 @@ class CheckContext:
     kernel_log: KernelLogSource | None = None  # None: no kernel-log history (NVML only)
     rdma_reader: RdmaReader | None = None  # None: sysfs under the rdma check's sysfs_root
     namespace: str = "healthd-system"
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
