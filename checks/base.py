@@ -3,25 +3,32 @@
 A check observes hardware (GPUs, links, storage, peers) and reports what it saw as
 `Finding`s about `Entity`s. It never raises for a hardware problem; it reports it.
 An exception or a timeout means the check could not tell, which `run_check` turns
-into an UNKNOWN result with the reason: never a crash, never a PASS.
+into an UNKNOWN result with the reason: never a crash, never a PASS. An exception is
+a bug in the check, so its traceback is logged too: once per distinct fault (the
+check, the exception's type and the line that raised it), not on every run, so a
+check that fails every 30 s does not flood the log, and a new fault still shows.
 
-Severity order: PASS < WARN < ERR < EVICT. UNKNOWN ("could not tell") and SKIPPED
-("does not apply here") stand outside the order.
+Severities and their order live in checks.severity (the catalog needs them too,
+without the rest of the contract).
 """
 
 from __future__ import annotations
 
-import enum
+import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import traceback
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import anyio
 from pydantic import BaseModel, ConfigDict
 
+from checks.catalog import Catalog
+from checks.severity import Severity as Severity
+from checks.severity import worst as worst
+
 if TYPE_CHECKING:
-    from checks.catalog import Catalog
     from checks.kernel_log import KernelLogSource
     from checks.nic import LinkReader
     from checks.pciebw import BandwidthProbe
@@ -30,58 +37,9 @@ if TYPE_CHECKING:
     from checks.rdma import RdmaReader
     from checks.snapshot import GpuSource
 
+log = logging.getLogger(__name__)
+
 Value = int | float | str | bool
-
-
-class Severity(enum.StrEnum):
-    PASS = "PASS"
-    WARN = "WARN"
-    ERR = "ERR"
-    EVICT = "EVICT"
-    UNKNOWN = "UNKNOWN"
-    SKIPPED = "SKIPPED"
-
-    @property
-    def ordered(self) -> bool:
-        """True for the four severities that have an order."""
-        return self in _ORDER
-
-    @property
-    def rank(self) -> int:
-        """Position in PASS < WARN < ERR < EVICT; -1 for UNKNOWN and SKIPPED."""
-        return _ORDER.get(self, -1)
-
-    @property
-    def exit_code(self) -> int:
-        """Nagios convention: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN."""
-        return _EXIT_CODES[self]
-
-
-_ORDER = {Severity.PASS: 0, Severity.WARN: 1, Severity.ERR: 2, Severity.EVICT: 3}
-_EXIT_CODES = {
-    Severity.PASS: 0,
-    Severity.SKIPPED: 0,
-    Severity.WARN: 1,
-    Severity.ERR: 2,
-    Severity.EVICT: 2,
-    Severity.UNKNOWN: 3,
-}
-
-
-def worst(severities: Iterable[Severity]) -> Severity:
-    """Combine statuses: the worst ordered one wins over UNKNOWN only when it is ERR or
-    EVICT (an unknown check may hide a fault, so UNKNOWN outranks PASS and WARN).
-    SKIPPED counts only when everything was skipped; nothing at all is PASS."""
-    seen = list(severities)
-    ordered = [s for s in seen if s.ordered]
-    top = max(ordered, key=lambda s: s.rank) if ordered else None
-    if top is not None and top.rank >= Severity.ERR.rank:
-        return top
-    if Severity.UNKNOWN in seen:
-        return Severity.UNKNOWN
-    if top is not None:
-        return top
-    return Severity.SKIPPED if seen else Severity.PASS
 
 
 EntityKind = Literal["gpu", "node", "peer", "storage", "network", "nic", "nvswitch", "rdma"]
@@ -288,6 +246,44 @@ class ResultBuilder:
         return EntityStatus(entity, status, self._values[entity], reason)
 
 
+@dataclass(frozen=True)
+class Measure:
+    """One value a check records on its entities (`EntityStatus.values[value]`), which
+    the agent exports as a gauge `family`. Sibling values of one family are told apart
+    by fixed labels (`extra`, e.g. `direction="h2d"`); `scale` converts the value to
+    the family's unit (ms to seconds); `secondary` selects peers on a secondary
+    network (else the pod network's)."""
+
+    family: str
+    help: str
+    value: str
+    kind: EntityKind = "gpu"
+    extra: tuple[tuple[str, str], ...] = ()
+    scale: float = 1.0
+    secondary: bool = False
+
+
+def measures(family: str, help: str, label: str, values: Mapping[str, str], *,
+             kind: EntityKind = "gpu", scale: float = 1.0) -> tuple[Measure, ...]:
+    """Sibling values of one family told apart by one label: `{label value: value key}`
+    (`direction`: `{"h2d": "h2d_gbps", "d2h": "d2h_gbps"}`)."""
+    return tuple(Measure(family, help, key, kind, ((label, v),), scale)
+                 for v, key in values.items())
+
+
+@dataclass(frozen=True)
+class AutopilotGauge:
+    """How a check shows in Autopilot's `autopilot_health_checks` gauge, for the
+    dashboards written for Autopilot: its `health` label, and what a sample is. `per`
+    "gpu" or "peer": one sample per GPU index or pod-network peer, `value` from that
+    entity's values (a measure key) or, without one, 1 for a WARN-or-worse finding
+    about it and 0 when it was judged fine. `per` "node": one sample, deviceid ""."""
+
+    health: str
+    per: Literal["gpu", "peer", "node"] = "gpu"
+    value: str | None = None
+
+
 class NoParams(BaseModel):
     """Parameters of a check that takes none."""
 
@@ -335,7 +331,6 @@ class CheckContext:
     kernel_log: KernelLogSource | None = None  # None: no kernel-log history (NVML only)
     rdma_reader: RdmaReader | None = None  # None: sysfs under the rdma check's sysfs_root
     namespace: str = "healthd-system"
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -383,6 +378,9 @@ class Check(Protocol):
     @property
     def timeout_s(self) -> float: ...
 
+    @property
+    def labelled_level(self) -> int | None: ...
+
     async def run(self, ctx: CheckContext) -> CheckResult: ...
 
 
@@ -395,6 +393,13 @@ class BaseCheck:
     - ARG: the parameter that `name:value` on the command line sets (`dcgm:3`), if any
     - DEFAULT_INTERVAL_S, DEFAULT_TIMEOUT_S: schedule defaults for the agent
     - EXCLUSIVE: needs all GPUs to itself (deep diagnostics)
+    - MEASURES: the values its results carry that the agent exports as gauges
+    - AUTOPILOT: its place in Autopilot's compatibility gauge, if Autopilot has it
+    - CODES: the finding codes it reports (see checks.catalog); a family of codes
+      is written with a `*` (`XID_*`)
+
+    Adding a check with a metric touches its module and its registry line: the
+    agent builds its metric families and the Autopilot gauge from these.
     """
 
     NAME: ClassVar[str]
@@ -404,6 +409,9 @@ class BaseCheck:
     DEFAULT_TIMEOUT_S: ClassVar[float] = 10.0
     EXCLUSIVE: ClassVar[bool] = False
     DESCRIPTION: ClassVar[str] = ""
+    MEASURES: ClassVar[tuple[Measure, ...]] = ()
+    AUTOPILOT: ClassVar[AutopilotGauge | None] = None
+    CODES: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, params: BaseModel | Mapping[str, Any] | None = None) -> None:
         if isinstance(params, BaseModel):
@@ -420,6 +428,12 @@ class BaseCheck:
     def timeout_s(self) -> float:
         """This instance's deadline (may depend on params, e.g. the DCGM level)."""
         return self.DEFAULT_TIMEOUT_S
+
+    @property
+    def labelled_level(self) -> int | None:
+        """The diagnostic level whose node label (`<prefix>dcgm.level.N`, Autopilot's)
+        a deep run of this instance leaves; None: no label."""
+        return None
 
     async def run(self, ctx: CheckContext) -> CheckResult:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -440,5 +454,23 @@ async def run_check(check: Check, ctx: CheckContext, timeout_s: float | None = N
         if result is None:
             result = CheckResult.unknown(check.NAME, f"timed out after {limit:g} s")
     except Exception as exc:  # a broken check must never take the caller down
+        _log_fault(check.NAME, exc)
         result = CheckResult.unknown(check.NAME, f"check failed: {type(exc).__name__}: {exc}")
     return result.timed(started_wall, time.monotonic() - started)
+
+
+_MAX_FAULTS = 1000  # distinct faults remembered: a bound, should a message vary a lot
+_logged_faults: set[tuple[str, str, str, int]] = set()
+
+
+def _log_fault(check: str, exc: Exception) -> None:
+    """Log the traceback of a check's exception, once per distinct fault (see the
+    module docstring); later runs with the same fault only make it UNKNOWN."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    origin = (frames[-1].filename, frames[-1].lineno or 0) if frames else ("", 0)
+    fault = (check, type(exc).__qualname__, *origin)
+    if fault in _logged_faults:
+        return
+    if len(_logged_faults) < _MAX_FAULTS:
+        _logged_faults.add(fault)
+    log.error("check %s failed: %s: %s", check, type(exc).__name__, exc, exc_info=exc)

@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from checks.base import Severity
+from checks.severity import Severity
 
 S = Severity
 

@@ -33,7 +33,15 @@ from typing import ClassVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from checks.base import BaseCheck, CheckContext, CheckResult, Entity, ResultBuilder, Value
+from checks.base import (
+    AutopilotGauge,
+    BaseCheck,
+    CheckContext,
+    CheckResult,
+    Entity,
+    ResultBuilder,
+    Value,
+)
 from checks.catalog import Catalog
 from checks.dcgm_report import (
     DiagReport,
@@ -114,6 +122,8 @@ class DcgmCheck(BaseCheck):
     DEFAULT_TIMEOUT_S: ClassVar[float] = LEVEL_TIMEOUTS_S[4]
     EXCLUSIVE: ClassVar[bool] = False
     DESCRIPTION: ClassVar[str] = "NVIDIA DCGM diagnostics (dcgmi diag), per GPU"
+    AUTOPILOT: ClassVar[AutopilotGauge | None] = AutopilotGauge("dcgm", per="node")
+    CODES: ClassVar[tuple[str, ...]] = ("DCGM_*", "DCGM_ISOLATE")
 
     @property
     def _params(self) -> DcgmParams:
@@ -126,6 +136,11 @@ class DcgmCheck(BaseCheck):
     @property
     def exclusive(self) -> bool:
         return self.level >= EXCLUSIVE_FROM_LEVEL
+
+    @property
+    def labelled_level(self) -> int:
+        """A deep run leaves Autopilot's `dcgm.level.N` label for its level."""
+        return self.level
 
     @property
     def timeout_s(self) -> float:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from checks.base import Entity, NoParams, ResultBuilder
+from checks.base import Entity, Measure, NoParams, ResultBuilder, measures
 from checks.gpucheck import GpuCheck, unwrap
 from checks.snapshot import GpuSnapshot
 
@@ -20,6 +20,10 @@ from checks.snapshot import GpuSnapshot
 class EccCheck(GpuCheck[NoParams]):
     NAME: ClassVar[str] = "ecc"
     DESCRIPTION: ClassVar[str] = "uncorrected ECC errors and retired pages pending a reset"
+    MEASURES: ClassVar[tuple[Measure, ...]] = measures(
+        "healthd_gpu_ecc_volatile_errors", "ECC errors since the driver loaded.", "kind",
+        {"corrected": "ecc_corrected", "uncorrected": "ecc_uncorrected"})
+    CODES: ClassVar[tuple[str, ...]] = ("ECC_UNCORRECTED", "PAGES_PENDING", "GPU_MISSING")
     DEFAULT_INTERVAL_S: ClassVar[float] = 30.0
     DEFAULT_TIMEOUT_S: ClassVar[float] = 10.0
 

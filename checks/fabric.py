@@ -21,7 +21,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from checks.base import CheckContext, Entity, ResultBuilder, boot_uptime
+from checks.base import CheckContext, Entity, Measure, ResultBuilder, boot_uptime
 from checks.gpucheck import GpuCheck, unwrap
 from checks.snapshot import GpuSnapshot, NodeSnapshot
 
@@ -39,6 +39,12 @@ class FabricParams(BaseModel):
 class FabricCheck(GpuCheck[FabricParams]):
     NAME: ClassVar[str] = "fabric"
     DESCRIPTION: ClassVar[str] = "NVLink fabric registration of every GPU (NVSwitch systems)"
+    MEASURES: ClassVar[tuple[Measure, ...]] = (
+        Measure("healthd_gpu_fabric_registered", "1 when the GPU is registered in its NVLink "
+                "fabric (NVSwitch systems).", "fabric_registered"),
+    )
+    CODES: ClassVar[tuple[str, ...]] = (
+        "FABRIC_NOT_STARTED", "FABRIC_IN_PROGRESS", "FABRIC_REGISTRATION_FAILED", "GPU_MISSING")
     Params: ClassVar[type[BaseModel]] = FabricParams
     DEFAULT_INTERVAL_S: ClassVar[float] = 30.0
     DEFAULT_TIMEOUT_S: ClassVar[float] = 10.0

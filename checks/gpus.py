@@ -29,6 +29,7 @@ class GpusParams(BaseModel):
 class GpusCheck(GpuCheck[GpusParams]):
     NAME: ClassVar[str] = "gpus"
     DESCRIPTION: ClassVar[str] = "every expected GPU is enumerated by NVML and reachable"
+    CODES: ClassVar[tuple[str, ...]] = ("GPU_MISSING",)
     Params: ClassVar[type[BaseModel]] = GpusParams
     DEFAULT_INTERVAL_S: ClassVar[float] = 30.0
     DEFAULT_TIMEOUT_S: ClassVar[float] = 10.0

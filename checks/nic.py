@@ -158,6 +158,9 @@ class NicCheck(BaseCheck):
     DEFAULT_INTERVAL_S: ClassVar[float] = 60.0
     DEFAULT_TIMEOUT_S: ClassVar[float] = 10.0
     DESCRIPTION: ClassVar[str] = "secondary network interfaces: link, MTU, speed, errors"
+    CODES: ClassVar[tuple[str, ...]] = (
+        "NIC_DOWN", "NIC_DOWN_AUXILIARY", "NIC_MISSING", "NIC_FLAPPING", "NIC_MTU_MISMATCH",
+        "NIC_ERRORS", "NIC_SPEED_LOW")
 
     params: NicParams
 

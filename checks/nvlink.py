@@ -17,6 +17,7 @@ from checks.snapshot import GpuSnapshot
 class NvlinkCheck(GpuCheck[NoParams]):
     NAME: ClassVar[str] = "nvlink"
     DESCRIPTION: ClassVar[str] = "NVLinks that exist and are down"
+    CODES: ClassVar[tuple[str, ...]] = ("NVLINK_DOWN", "GPU_MISSING")
     DEFAULT_INTERVAL_S: ClassVar[float] = 30.0
     DEFAULT_TIMEOUT_S: ClassVar[float] = 10.0
 

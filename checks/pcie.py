@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from checks.base import Entity, ResultBuilder
+from checks.base import Entity, Measure, ResultBuilder, measures
 from checks.gpucheck import GpuCheck, unwrap
 from checks.power import GPU_IDLE
 from checks.snapshot import GpuSnapshot, Ok, PcieLink
@@ -51,6 +51,13 @@ class PcieCheck(GpuCheck[PcieParams]):
     DESCRIPTION: ClassVar[str] = (
         "PCIe link generation and width below the maximum; replay counter rising"
     )
+    MEASURES: ClassVar[tuple[Measure, ...]] = (
+        *measures("healthd_gpu_pcie_link_generation", "PCIe link generation.", "link",
+                  {"current": "pcie_gen", "max": "pcie_max_gen"}),
+        *measures("healthd_gpu_pcie_link_width", "PCIe link width in lanes.", "link",
+                  {"current": "pcie_width", "max": "pcie_max_width"}),
+    )
+    CODES: ClassVar[tuple[str, ...]] = ("PCIE_LINK_DEGRADED", "PCIE_REPLAYS", "GPU_MISSING")
     Params: ClassVar[type[BaseModel]] = PcieParams
     DEFAULT_INTERVAL_S: ClassVar[float] = 30.0
     DEFAULT_TIMEOUT_S: ClassVar[float] = 10.0

@@ -33,7 +33,15 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
-from checks.base import CheckContext, CheckResult, Entity, ResultBuilder
+from checks.base import (
+    AutopilotGauge,
+    CheckContext,
+    CheckResult,
+    Entity,
+    Measure,
+    ResultBuilder,
+    measures,
+)
 from checks.cuda import CUDA_LIBRARY, CudaDriver, CudaError, CudaUnavailable
 from checks.gpucheck import GpuCheck, gpu_entity, unwrap
 from checks.snapshot import GpuSnapshot, NodeSnapshot, PcieLink
@@ -135,6 +143,14 @@ class PcieBwCheck(GpuCheck[PcieBwParams]):
     DESCRIPTION: ClassVar[str] = (
         "PCIe host<->device copy bandwidth against what the current link can carry"
     )
+    MEASURES: ClassVar[tuple[Measure, ...]] = (
+        *measures("healthd_gpu_pcie_bandwidth_gbps", "Measured host<->device copy bandwidth "
+                  "in GB/s.", "direction", {"h2d": "h2d_gbps", "d2h": "d2h_gbps"}),
+        Measure("healthd_gpu_pcie_link_bandwidth_gbps", "GB/s the current PCIe link can carry.",
+                "link_gbps"),
+    )
+    AUTOPILOT: ClassVar[AutopilotGauge | None] = AutopilotGauge("pciebw", value="h2d_gbps")
+    CODES: ClassVar[tuple[str, ...]] = ("PCIE_BW_LOW", "GPU_MISSING")
     Params: ClassVar[type[BaseModel]] = PcieBwParams
     DEFAULT_INTERVAL_S: ClassVar[float] = 3600.0
     DEFAULT_TIMEOUT_S: ClassVar[float] = 120.0  # ~2 s per GPU; slack for a slow link

@@ -37,12 +37,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from checks.base import (
     POD_NETWORK,
+    AutopilotGauge,
     BaseCheck,
     CheckContext,
     CheckResult,
     Entity,
+    Measure,
     Peer,
     ResultBuilder,
+    measures,
 )
 
 
@@ -283,6 +286,19 @@ class PingCheck(BaseCheck):
     # Room for large fleets: 64 addresses at a time, ~3.4 s each with the defaults.
     DEFAULT_TIMEOUT_S: ClassVar[float] = 120.0
     DESCRIPTION: ClassVar[str] = "ICMP echo to every peer node on every network (IPv4, IPv6)"
+    MEASURES: ClassVar[tuple[Measure, ...]] = (
+        Measure("healthd_peer_ping_loss_ratio",
+                "Share of echoes lost on the peer's best address.", "loss", "peer"),
+        *measures("healthd_peer_ping_rtt_seconds", "Ping round-trip time in seconds.", "stat",
+                  {"avg": "rtt_avg_ms", "max": "rtt_max_ms"}, kind="peer", scale=1e-3),
+        Measure("healthd_network_peer_ping_loss_ratio", "Share of echoes lost on the peer's "
+                "best address on a secondary network.", "loss", "peer", secondary=True),
+        Measure("healthd_network_peer_ping_rtt_seconds", "Average ping round-trip time on a "
+                "secondary network, in seconds.", "rtt_avg_ms", "peer", scale=1e-3,
+                secondary=True),
+    )
+    AUTOPILOT: ClassVar[AutopilotGauge | None] = AutopilotGauge("ping", per="peer")
+    CODES: ClassVar[tuple[str, ...]] = ("PEER_UNREACHABLE", "NETWORK_ISOLATED")
 
     params: PingParams
 

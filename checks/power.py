@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from checks.base import Entity, NoParams, ResultBuilder
+from checks.base import AutopilotGauge, Entity, Measure, NoParams, ResultBuilder
 from checks.gpucheck import GpuCheck, unwrap
 from checks.snapshot import GpuSnapshot
 
@@ -47,6 +47,13 @@ class PowerCheck(GpuCheck[NoParams]):
     DESCRIPTION: ClassVar[str] = (
         "hardware clock slowdowns (HW slowdown, thermal, power brake); power draw and limit"
     )
+    MEASURES: ClassVar[tuple[Measure, ...]] = (
+        Measure("healthd_gpu_power_watts", "GPU power draw in watts.", "power_w"),
+        Measure("healthd_gpu_power_limit_watts", "GPU power limit in watts.", "limit_w"),
+    )
+    # Autopilot calls this check `power-slowdown`.
+    AUTOPILOT: ClassVar[AutopilotGauge | None] = AutopilotGauge("power-slowdown")
+    CODES: ClassVar[tuple[str, ...]] = ("HW_SLOWDOWN", "GPU_MISSING")
     DEFAULT_INTERVAL_S: ClassVar[float] = 30.0
     DEFAULT_TIMEOUT_S: ClassVar[float] = 10.0
 

@@ -43,7 +43,16 @@ from typing import Annotated, Any, ClassVar
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from checks.base import BaseCheck, CheckContext, CheckResult, Entity, ResultBuilder, Severity
+from checks.base import (
+    AutopilotGauge,
+    BaseCheck,
+    CheckContext,
+    CheckResult,
+    Entity,
+    Measure,
+    ResultBuilder,
+    Severity,
+)
 from checks.pvc_api import ApiProblem, ProbeApi, StorageClassInfo
 
 log = logging.getLogger(__name__)
@@ -96,6 +105,12 @@ class PvcCheck(BaseCheck):
     DEFAULT_INTERVAL_S: ClassVar[float] = 3600.0
     DEFAULT_TIMEOUT_S: ClassVar[float] = 180.0
     DESCRIPTION: ClassVar[str] = "a small test PVC per storage class binds in time"
+    MEASURES: ClassVar[tuple[Measure, ...]] = (
+        Measure("healthd_storage_pvc_bind_seconds", "Seconds the test PVC took to bind.",
+                "bind_s", "storage"),
+    )
+    AUTOPILOT: ClassVar[AutopilotGauge | None] = AutopilotGauge("pvc", per="node")
+    CODES: ClassVar[tuple[str, ...]] = ("PVC_NOT_BOUND", "PVC_PROVISION_ERROR")
 
     params: PvcParams
 

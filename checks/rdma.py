@@ -32,7 +32,15 @@ from typing import Any, ClassVar, Protocol
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
 
-from checks.base import BaseCheck, CheckContext, CheckResult, Entity, ResultBuilder
+from checks.base import (
+    BaseCheck,
+    CheckContext,
+    CheckResult,
+    Entity,
+    Measure,
+    ResultBuilder,
+    measures,
+)
 
 SYSFS_INFINIBAND = Path("/sys/class/infiniband")
 ERROR_COUNTERS = ("link_downed", "symbol_error", "port_rcv_errors",
@@ -153,6 +161,15 @@ class RdmaCheck(BaseCheck):
     DEFAULT_INTERVAL_S: ClassVar[float] = 30.0
     DEFAULT_TIMEOUT_S: ClassVar[float] = 10.0
     DESCRIPTION: ClassVar[str] = "RDMA ports (InfiniBand/RoCE): state, rate, error counters"
+    MEASURES: ClassVar[tuple[Measure, ...]] = (
+        Measure("healthd_rdma_port_up", "1 when the RDMA port is ACTIVE with its physical "
+                "link up.", "up", "rdma"),
+        Measure("healthd_rdma_port_rate_gbps", "The RDMA port's rate in Gb/s.", "rate_gbps",
+                "rdma"),
+        *measures("healthd_rdma_port_errors", "The RDMA port's error counters, as sysfs shows "
+                  "them.", "counter", {name: name for name in ERROR_COUNTERS}, kind="rdma"),
+    )
+    CODES: ClassVar[tuple[str, ...]] = ("RDMA_PORT_DOWN", "RDMA_RATE_LOW", "RDMA_ERRORS")
 
     params: RdmaParams
 

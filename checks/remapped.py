@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from checks.base import Entity, NoParams, ResultBuilder
+from checks.base import AutopilotGauge, Entity, Measure, NoParams, ResultBuilder, measures
 from checks.gpucheck import GpuCheck, unwrap
 from checks.snapshot import GpuSnapshot, RemappedRows
 
@@ -19,6 +19,15 @@ from checks.snapshot import GpuSnapshot, RemappedRows
 class RemappedCheck(GpuCheck[NoParams]):
     NAME: ClassVar[str] = "remapped"
     DESCRIPTION: ClassVar[str] = "GPU memory row remapping: pending remaps and remap failures"
+    MEASURES: ClassVar[tuple[Measure, ...]] = (
+        *measures("healthd_gpu_remapped_rows", "GPU memory rows remapped.", "kind",
+                  {"correctable": "correctable", "uncorrectable": "uncorrectable"}),
+        Measure("healthd_gpu_row_remap_pending", "1 when a row remap waits for a GPU reset.",
+                "pending"),
+        Measure("healthd_gpu_row_remap_failed", "1 when a row remap failed.", "failure"),
+    )
+    AUTOPILOT: ClassVar[AutopilotGauge | None] = AutopilotGauge("remapped")
+    CODES: ClassVar[tuple[str, ...]] = ("REMAP_PENDING", "REMAP_FAILURE", "GPU_MISSING")
     DEFAULT_INTERVAL_S: ClassVar[float] = 30.0
     DEFAULT_TIMEOUT_S: ClassVar[float] = 10.0
 

@@ -36,6 +36,7 @@ from checks.snapshot import NodeSnapshot, Ok
 class SxidCheck(GpuCheck[NoParams]):
     NAME: ClassVar[str] = "sxid"
     DESCRIPTION: ClassVar[str] = "NVSwitch errors (SXIDs) in the kernel log"
+    CODES: ClassVar[tuple[str, ...]] = ("SXID_*", "SXID_FATAL")
     DEFAULT_INTERVAL_S: ClassVar[float] = 30.0
     DEFAULT_TIMEOUT_S: ClassVar[float] = 10.0
 

@@ -44,6 +44,7 @@ class XidParams(BaseModel):
 class XidCheck(GpuCheck[XidParams]):
     NAME: ClassVar[str] = "xid"
     DESCRIPTION: ClassVar[str] = "XID errors reported by the driver, with their catalog severity"
+    CODES: ClassVar[tuple[str, ...]] = ("XID_*", "GPU_MISSING")
     Params: ClassVar[type[BaseModel]] = XidParams
     DEFAULT_INTERVAL_S: ClassVar[float] = 30.0
     # Must exceed the longest window plus one NVML pass.

@@ -278,6 +278,10 @@ class DeepCheck:
         settings = self.diag.settings
         return settings.schedule_deadline_s + settings.run_deadline_s + 30
 
+    @property
+    def labelled_level(self) -> int | None:
+        return self.inner.labelled_level
+
     async def run(self, ctx: CheckContext) -> CheckResult:
         outcome = await self.diag.run(self.key, self.gpu_count)
         if outcome.result is None:  # DeepDiagnostic already told the node (an Event)

@@ -1,7 +1,7 @@
 """Deep diagnostics as the agent runs them: an exclusive check runs as a Job
 (healthd.agent.deepdiag) only while no pod holds the node's GPUs, the node shows
-TESTING meanwhile, and a finished dcgm run leaves its level's label
-(`<prefix>dcgm.level.N`: pass or fail, and when).
+TESTING meanwhile, and a finished run of a check with a `labelled_level` (dcgm)
+leaves its level's label (`<prefix>dcgm.level.N`: pass or fail, and when).
 
 `DeepRuns` reaches the agent only through `DeepHost`: whether the GPUs are free, how
 many there are, and the TESTING state.
@@ -66,8 +66,7 @@ class DeepRuns:
             return f"cannot tell whether the GPUs are free: {exc}"
         if busy:
             return f"GPUs are busy: held by {', '.join(busy)}"
-        level = getattr(item.check, "level", None) if item.check.NAME == "dcgm" else None
-        self._levels[item.key] = level
+        self._levels[item.key] = item.check.labelled_level
         self.host.start_testing(item.key)
         deep = DeepCheck(item.check, self.diag, item.key, self.host.gpu_count())
         try:

@@ -2,8 +2,10 @@
 
 A scrape turns the latest CheckResult of every check key (plus the latest verdict
 state) into gauge families: status per check and per entity, measured values
-(`MEASURES`, one declarative row per value a check records), the Autopilot
-compatibility gauge, the node verdict. Because nothing is kept between scrapes, a
+(each check class's `MEASURES`, one declarative row per value it records), the
+Autopilot compatibility gauge (each class's `AUTOPILOT`), the node verdict. The check
+classes come from the registry the collector is given, so a new check's values are
+exported without a line here. Because nothing is kept between scrapes, a
 GPU, peer or storage class missing from a check's latest result simply has no series
 any more. The family table is in healthd.agent.metrics, which owns the counters and
 feeds this collector.
@@ -17,8 +19,18 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from checks.base import POD_NETWORK, CheckResult, Entity, EntityKind, Finding, Severity, Value
-from checks.rdma import ERROR_COUNTERS as RDMA_ERROR_COUNTERS
+from checks.base import (
+    POD_NETWORK,
+    AutopilotGauge,
+    BaseCheck,
+    CheckResult,
+    Entity,
+    EntityKind,
+    Finding,
+    Measure,
+    Severity,
+    Value,
+)
 from healthd.kube.conventions import Verdict
 
 if TYPE_CHECKING:
@@ -35,87 +47,7 @@ ENTITY_LABELS: dict[EntityKind, tuple[str, ...]] = {
     "nvswitch": ("nvswitch",),
     "rdma": ("port", "network"),
 }
-# Check name -> Autopilot's `health` label value (Autopilot calls power `power-slowdown`).
-AUTOPILOT_HEALTH = {
-    "pciebw": "pciebw",
-    "remapped": "remapped",
-    "power": "power-slowdown",
-    "dcgm": "dcgm",
-    "ping": "ping",
-    "pvc": "pvc",
-}
 AUTOPILOT_HELP = "Summary of the health checks measurements on compute nodes. Gauge Vector version"
-
-
-@dataclass(frozen=True)
-class Measure:
-    """One measured value a check records on its entities, exported as a gauge."""
-
-    check: str  # check NAME whose results carry it
-    family: str
-    help: str
-    value: str  # key in EntityStatus.values
-    kind: EntityKind = "gpu"
-    extra: tuple[tuple[str, str], ...] = ()  # fixed labels telling sibling values apart
-    scale: float = 1.0
-    secondary: bool = False  # peers on a secondary network (else the pod network's)
-
-
-def _split(
-    check: str,
-    family: str,
-    help: str,
-    label: str,
-    keys: Mapping[str, str],
-    *,
-    kind: EntityKind = "gpu",
-    scale: float = 1.0,
-) -> list[Measure]:
-    """Sibling values of one family told apart by one label (`direction`, `kind`)."""
-    return [
-        Measure(check, family, help, key, kind, ((label, v),), scale) for v, key in keys.items()
-    ]
-
-
-MEASURES: tuple[Measure, ...] = (
-    *_split("pciebw", "healthd_gpu_pcie_bandwidth_gbps", "Measured host<->device copy "
-            "bandwidth in GB/s.", "direction", {"h2d": "h2d_gbps", "d2h": "d2h_gbps"}),
-    Measure("pciebw", "healthd_gpu_pcie_link_bandwidth_gbps",
-            "GB/s the current PCIe link can carry.", "link_gbps"),
-    *_split("pcie", "healthd_gpu_pcie_link_generation", "PCIe link generation.", "link",
-            {"current": "pcie_gen", "max": "pcie_max_gen"}),
-    *_split("pcie", "healthd_gpu_pcie_link_width", "PCIe link width in lanes.", "link",
-            {"current": "pcie_width", "max": "pcie_max_width"}),
-    *_split("remapped", "healthd_gpu_remapped_rows", "GPU memory rows remapped.", "kind",
-            {"correctable": "correctable", "uncorrectable": "uncorrectable"}),
-    Measure("remapped", "healthd_gpu_row_remap_pending",
-            "1 when a row remap waits for a GPU reset.", "pending"),
-    Measure("remapped", "healthd_gpu_row_remap_failed", "1 when a row remap failed.", "failure"),
-    *_split("ecc", "healthd_gpu_ecc_volatile_errors", "ECC errors since the driver loaded.",
-            "kind", {"corrected": "ecc_corrected", "uncorrected": "ecc_uncorrected"}),
-    Measure("power", "healthd_gpu_power_watts", "GPU power draw in watts.", "power_w"),
-    Measure("power", "healthd_gpu_power_limit_watts", "GPU power limit in watts.", "limit_w"),
-    Measure("ping", "healthd_peer_ping_loss_ratio",
-            "Share of echoes lost on the peer's best address.", "loss", "peer"),
-    *_split("ping", "healthd_peer_ping_rtt_seconds", "Ping round-trip time in seconds.", "stat",
-            {"avg": "rtt_avg_ms", "max": "rtt_max_ms"}, kind="peer", scale=1e-3),
-    Measure("ping", "healthd_network_peer_ping_loss_ratio", "Share of echoes lost on the "
-            "peer's best address on a secondary network.", "loss", "peer", secondary=True),
-    Measure("ping", "healthd_network_peer_ping_rtt_seconds", "Average ping round-trip time "
-            "on a secondary network, in seconds.", "rtt_avg_ms", "peer", scale=1e-3,
-            secondary=True),
-    Measure("fabric", "healthd_gpu_fabric_registered", "1 when the GPU is registered in its "
-            "NVLink fabric (NVSwitch systems).", "fabric_registered"),
-    Measure("rdma", "healthd_rdma_port_up", "1 when the RDMA port is ACTIVE with its "
-            "physical link up.", "up", "rdma"),
-    Measure("rdma", "healthd_rdma_port_rate_gbps", "The RDMA port's rate in Gb/s.",
-            "rate_gbps", "rdma"),
-    *_split("rdma", "healthd_rdma_port_errors", "The RDMA port's error counters, as sysfs "
-            "shows them.", "counter", {name: name for name in RDMA_ERROR_COUNTERS},
-            kind="rdma"),
-    Measure("pvc", "healthd_storage_pvc_bind_seconds",
-            "Seconds the test PVC took to bind.", "bind_s", "storage"),
-)
 
 
 @dataclass(frozen=True)
@@ -184,12 +116,14 @@ class SnapshotCollector:
         self,
         read: Callable[[], Snapshot],
         *,
+        checks: Mapping[str, type[BaseCheck]],
         node: str,
         cpu_model: str,
         gpu_model: str,
         peer_detail: bool = True,
     ) -> None:
         self._read = read
+        self._checks = dict(checks)  # check NAME -> its class: what it measures
         self._node = node
         self._cpu_model = cpu_model
         self._gpu_model = gpu_model
@@ -233,7 +167,8 @@ class SnapshotCollector:
     def _entities(
         self, out: _Families, key: str, result: CheckResult, identities: Mapping[str, Entity]
     ) -> None:
-        measures = [m for m in MEASURES if m.check == check_name(key)]
+        declared = self._checks.get(check_name(key))
+        measures = declared.MEASURES if declared is not None else ()
         for status in result.entities:
             entity = _complete(status.entity, identities)
             if entity.kind == "peer" and not self._peer_detail:
@@ -260,14 +195,17 @@ class SnapshotCollector:
     def _autopilot(
         self, out: _Families, latest: Mapping[str, Latest], identities: Mapping[str, Entity]
     ) -> None:
-        newest: dict[str, Latest] = {}
+        newest: dict[str, tuple[AutopilotGauge, Latest]] = {}
         for key, entry in latest.items():
-            health = AUTOPILOT_HEALTH.get(check_name(key))
-            if health and (health not in newest or newest[health].seq < entry.seq):
-                newest[health] = entry
+            declared = self._checks.get(check_name(key))
+            gauge = declared.AUTOPILOT if declared is not None else None
+            if gauge is None:
+                continue
+            if gauge.health not in newest or newest[gauge.health][1].seq < entry.seq:
+                newest[gauge.health] = (gauge, entry)
         gpumodel = self._gpu_model or _first_model(identities) or "N/A"  # Autopilot's N/A
-        for health, entry in sorted(newest.items()):
-            for deviceid, value in _autopilot_values(health, entry.result):
+        for health, (gauge, entry) in sorted(newest.items()):
+            for deviceid, value in _autopilot_values(gauge, entry.result):
                 labels = {"health": health, "node": self._node, "deviceid": deviceid,
                           "cpumodel": self._cpu_model, "gpumodel": gpumodel}
                 out.add("autopilot_health_checks", AUTOPILOT_HELP, labels, value)
@@ -356,24 +294,24 @@ def _failing(findings: Iterable[Finding]) -> bool:
     return any(f.severity.rank >= Severity.WARN.rank for f in findings)
 
 
-def _autopilot_values(health: str, result: CheckResult) -> list[tuple[str, float]]:
-    """(deviceid, value) pairs with Autopilot's meaning for one check's latest result."""
-    if health == "pciebw":
-        return [(s.entity.name, v) for s in result.entities
-                if s.entity.kind == "gpu" and (v := number(s.values.get("h2d_gbps"))) is not None]
-    if health in ("dcgm", "pvc"):
+def _autopilot_values(gauge: AutopilotGauge, result: CheckResult) -> list[tuple[str, float]]:
+    """(deviceid, value) pairs with Autopilot's meaning for one check's latest result
+    (see checks.base.AutopilotGauge)."""
+    if gauge.per == "node":
         if _failing(result.findings):
             return [("", 1.0)]
         return [("", 0.0)] if result.status.ordered else []
-    kind = "peer" if health == "ping" else "gpu"
     out: list[tuple[str, float]] = []
     for status in result.entities:
-        # Autopilot's deviceid is the peer's name: the pod network's view only.
-        if status.entity.kind != kind or status.entity.network:
+        # Autopilot's deviceid is the GPU index or the peer's name: the pod network's view.
+        if status.entity.kind != gauge.per or status.entity.network:
             continue
-        flag = _entity_flag(status.entity, status.status, status.values, result.findings)
-        if flag is not None:
-            out.append((status.entity.name, flag))
+        if gauge.value is not None:
+            value = number(status.values.get(gauge.value))
+        else:
+            value = _entity_flag(status.entity, status.status, status.values, result.findings)
+        if value is not None:
+            out.append((status.entity.name, value))
     return out
 
 

@@ -74,7 +74,8 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from checks.base import CheckResult, Finding
+import checks
+from checks.base import BaseCheck, CheckResult, Finding
 from healthd.agent.metric_families import (
     GPU_LABELS,
     Latest,
@@ -112,7 +113,9 @@ class AgentMetrics:
     `gpu_model` "" means: the model of the lowest-numbered GPU any result names
     (Autopilot's `gpumodel`), "N/A" when none does. `peer_detail` False drops the
     per-peer healthd series (see metric_families.SnapshotCollector). `clock` dates
-    results that carry no start time."""
+    results that carry no start time. `known` gives the check classes whose declared
+    measures and Autopilot gauge are exported (None: the registry, `checks.REGISTRY`,
+    as it is when the metrics are built)."""
 
     def __init__(
         self,
@@ -123,6 +126,7 @@ class AgentMetrics:
         gpu_model: str = "",
         peer_detail: bool = True,
         clock: Callable[[], float] = time.time,
+        known: Mapping[str, type[BaseCheck]] | None = None,
     ) -> None:
         self.node = node
         self._clock = clock
@@ -164,8 +168,8 @@ class AgentMetrics:
             ["node", "check"], registry=registry,
         )
         collector = SnapshotCollector(
-            self.snapshot, node=node, cpu_model=cpu_model, gpu_model=gpu_model,
-            peer_detail=peer_detail,
+            self.snapshot, checks=checks.REGISTRY if known is None else known, node=node,
+            cpu_model=cpu_model, gpu_model=gpu_model, peer_detail=peer_detail,
         )
         registry.register(collector)
 

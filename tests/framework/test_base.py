@@ -1,7 +1,10 @@
 """The check framework: severity order, result building, and run_check turning
-exceptions and timeouts into UNKNOWN (never a crash, never PASS)."""
+exceptions and timeouts into UNKNOWN (never a crash, never PASS) with the traceback
+logged once per fault."""
 
 from __future__ import annotations
+
+import logging
 
 import anyio
 import pytest
@@ -102,3 +105,41 @@ async def test_timeout_becomes_unknown() -> None:
     assert result.status is S.UNKNOWN
     assert "timed out after 0.05 s" in result.reason
     assert 0.04 < result.duration_s < 5
+
+
+class _Buggy(BaseCheck):
+    """Raises a KeyError on every run, or a ValueError from another line when asked."""
+
+    NAME = "buggy"
+
+    def __init__(self, other: bool = False) -> None:
+        super().__init__()
+        self.other = other
+
+    async def run(self, ctx: CheckContext) -> CheckResult:
+        if self.other:
+            raise ValueError("another fault")
+        return {}["missing"]  # type: ignore[no-any-return]
+
+
+def _tracebacks(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.exc_info and r.name == "checks.base"]
+
+
+@pytest.mark.anyio
+async def test_a_raising_check_logs_its_traceback_once_per_fault(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ctx = CheckContext(catalog=Catalog())
+    with caplog.at_level(logging.ERROR, logger="checks.base"):
+        results = [await run_check(_Buggy(), ctx) for _ in range(3)]
+    assert [r.status for r in results] == [S.UNKNOWN] * 3
+    (logged,) = _tracebacks(caplog)  # three runs, one traceback
+    assert "check buggy failed: KeyError" in logged.getMessage()
+    assert 'return {}["missing"]' in caplog.text  # the line that raised, for the fix
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="checks.base"):
+        other = await run_check(_Buggy(other=True), ctx)
+    assert other.status is S.UNKNOWN
+    (logged,) = _tracebacks(caplog)  # a new fault of the same check shows too
+    assert "ValueError: another fault" in logged.getMessage()

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+import checks
 from checks.base import Severity
-from checks.catalog import Catalog, Override
+from checks.catalog import DEFAULT_CODES, Catalog, Override, is_known_code
 
 S = Severity
 
@@ -40,3 +41,15 @@ def test_override_changes_severity_and_stickiness() -> None:
 def test_override_of_unknown_code_is_refused() -> None:
     with pytest.raises(ValueError, match="NOT_A_CODE"):
         Catalog({"NOT_A_CODE": Override(severity=S.WARN)})
+
+
+# A family's example member, to ask the catalog about `XID_*`-style declarations.
+_FAMILY_EXAMPLE = {"XID_*": "XID_79", "SXID_*": "SXID_12028", "DCGM_*": "DCGM_PCIE"}
+
+
+def test_every_check_declares_catalogued_codes_and_every_code_has_a_check() -> None:
+    declared = {code for cls in checks.REGISTRY.values() for code in cls.CODES}
+    for code in sorted(declared):
+        assert is_known_code(_FAMILY_EXAMPLE.get(code, code)), f"{code} is not catalogued"
+    orphans = sorted(set(DEFAULT_CODES) - declared)
+    assert orphans == [], f"no check declares {orphans} in its CODES"
