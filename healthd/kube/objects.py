@@ -84,6 +84,26 @@ RESOURCEFLAVORS_V1BETA2 = Resource("kueue.x-k8s.io", "v1beta2", "resourceflavors
                                    "ResourceFlavor")
 
 
+# -- reading fields anyone may write ---------------------------------------------------
+# An object from the API server (or an annotation's JSON) may hold any shape where a
+# field is expected: these read it as the shape wanted, or as empty.
+
+
+def as_dict(value: object) -> dict[str, Any]:
+    """`value` when it is a JSON object, else {}."""
+    return value if isinstance(value, dict) else {}
+
+
+def as_list(value: object) -> list[Any]:
+    """`value` when it is a JSON list, else []."""
+    return value if isinstance(value, list) else []
+
+
+def dicts(value: object) -> list[dict[str, Any]]:
+    """The JSON objects in `value` when it is a list (anything else in it is skipped)."""
+    return [item for item in as_list(value) if isinstance(item, dict)]
+
+
 def meta(obj: Mapping[str, Any]) -> dict[str, Any]:
     """`obj["metadata"]`, or {} when absent or malformed."""
     value = obj.get("metadata") if isinstance(obj, Mapping) else None
