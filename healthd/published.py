@@ -81,6 +81,11 @@ class Holding:
     clear_requested: bool = False
     flaps: int = 0  # times it came back soon after a release
 
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """Identity of a holding: (check key, code, entity)."""
+        return (self.check, self.code, self.entity)
+
 
 @dataclass(frozen=True)
 class Seen:

@@ -27,7 +27,8 @@ from typing import Any
 
 from healthd.capacity.quantities import Quantity, try_quantity
 from healthd.kube.conventions import Keys, Verdict
-from healthd.kube.objects import annotation_json, labels_of, name_of
+from healthd.kube.objects import labels_of, name_of
+from healthd.published import Health, read_health
 
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
@@ -138,12 +139,12 @@ def evict_codes(node: dict[str, Any], keys: Keys) -> tuple[str, ...]:
     """The finding codes that hold the node at EVICT, from its health annotation:
     the EVICT holdings, else every holding, else the top code, else `("EVICT",)`
     (also when the annotation is missing or unreadable)."""
-    body = annotation_json(node, keys.health)
-    listed = body.get("held")
-    held = [h for h in listed if isinstance(h, dict)] if isinstance(listed, list) else []
-    evict = [h.get("code") for h in held if h.get("severity") == Verdict.EVICT.value]
-    for candidates in (evict, [h.get("code") for h in held], [body.get("top")]):
-        found = tuple(dict.fromkeys(str(c) for c in candidates if isinstance(c, str) and c))
+    doc = read_health(node, keys)
+    if not isinstance(doc, Health):
+        return (FALLBACK_CODE,)
+    evict = [h.code for h in doc.held if h.severity == Verdict.EVICT.value]
+    for candidates in (evict, [h.code for h in doc.held], [doc.top]):
+        found = tuple(dict.fromkeys(c for c in candidates if c))
         if found:
             return found
     return (FALLBACK_CODE,)

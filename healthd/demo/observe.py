@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from healthd.kube.conventions import APPWRAPPER_LABEL, CONDITION_TYPE, Keys
-from healthd.kube.objects import annotation_json, natural_name_key
+from healthd.kube.objects import natural_name_key
+from healthd.published import Health, Holding, LastRun, Seen, read_health, read_last_run
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -39,28 +40,30 @@ def _condition(node: dict[str, Any]) -> str | None:
     return None
 
 
-def _last_run(annotations: dict[str, str], keys: Keys) -> dict[str, Any] | None:
-    answer = annotation_json({"metadata": {"annotations": annotations}}, keys.last_run)
-    if not answer:
+def _last_run(node: dict[str, Any], keys: Keys) -> dict[str, Any] | None:
+    run = read_last_run(node, keys)
+    if not isinstance(run, LastRun):
         return None
-    return {k: answer.get(k) for k in ("kind", "request", "accepted", "error")}
+    return {"kind": run.kind, "request": run.request, "accepted": run.accepted,
+            "error": run.error}
 
 
-def _findings(annotations: dict[str, str], keys: Keys) -> list[str]:
+def _findings(node: dict[str, Any], keys: Keys) -> list[str]:
     """`code@entity` of every finding the agent's health annotation lists."""
-    health = annotation_json({"metadata": {"annotations": annotations}}, keys.health)
-    items = [*(health.get("held") or []), *(health.get("findings") or [])]
-    return sorted({f"{i.get('code')}@{i.get('entity')}" for i in items if isinstance(i, dict)})
+    health = read_health(node, keys)
+    if not isinstance(health, Health):
+        return []
+    items: list[Holding | Seen] = [*health.held, *health.findings]
+    return sorted({f"{i.code}@{i.entity}" for i in items})
 
 
 def node_state(node: dict[str, Any], keys: Keys,
                blamed: dict[str, list[str]] | None = None) -> dict[str, Any]:
-    annotations = _labels(node, "annotations")
     return {"verdict": _labels(node).get(keys.gpuhealth),
             "condition": _condition(node),
             "cordoned": bool((node.get("spec") or {}).get("unschedulable")),
-            "last_run": _last_run(annotations, keys),
-            "findings": _findings(annotations, keys),
+            "last_run": _last_run(node, keys),
+            "findings": _findings(node, keys),
             "blamed_on": (blamed or {}).get(node["metadata"]["name"], [])}
 
 

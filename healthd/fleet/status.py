@@ -69,10 +69,10 @@ from healthd.kube.objects import (
     name_of,
     namespace_of,
     node_name_of,
-    read_annotation_json,
 )
 from healthd.kube.pods import is_terminated
 from healthd.network_blame import Assessment, assess, rows_of
+from healthd.published import Health, Undecodable, read_health
 from healthd.times import parse_time, rfc3339
 
 SCHEMA_VERSION = 1
@@ -170,10 +170,11 @@ def agent_health(pod: Obj | None, now: float) -> dict[str, Any]:
 
 def node_row(node: Obj, keys: Keys, agents: Mapping[str, Obj], now: float, *,
              blamed: bool = False) -> dict[str, Any]:
-    health, unreadable = read_annotation_json(node, keys.health)
+    doc = read_health(node, keys)
+    health = doc if isinstance(doc, Health) else None
     label = labels_of(node).get(keys.gpuhealth)
     verdict = label if label in _LABELS else (UNKNOWN if health else NONE)
-    since = parse_time(health.get("since"))
+    since = parse_time(health.since) if health else None
     last = _last_round(health)
     spec = _dict(node.get("spec"))
     return {
@@ -191,31 +192,28 @@ def node_row(node: Obj, keys: Keys, agents: Mapping[str, Obj], now: float, *,
         "cordoned": spec.get("unschedulable") is True,
         "ready": _ready(node),
         "blamed": blamed,
-        "health_unreadable": unreadable or None,
+        "health_unreadable": doc.why if isinstance(doc, Undecodable) else None,
     }
 
 
-def top_codes(health: Mapping[str, Any]) -> list[str]:
+def top_codes(health: Health | None) -> list[str]:
     """Codes holding the verdict, most severe first (the annotation's order), then top."""
-    held = health.get("held")
-    codes = [str(h["code"]) for h in held if isinstance(h, dict) and h.get("code")] \
-        if isinstance(held, list) else []
-    if not codes and isinstance(health.get("top"), str):
-        codes = [health["top"]]
+    if health is None:
+        return []
+    codes = [h.code for h in health.held if h.code]
+    if not codes and health.top is not None:
+        codes = [health.top]
     return list(dict.fromkeys(codes))[:TOP_CODES]
 
 
-def held_flaps(health: Mapping[str, Any]) -> int:
+def held_flaps(health: Health | None) -> int:
     """Flaps of the findings holding the verdict, summed (0 for an older agent)."""
-    held = health.get("held")
-    counts = [h.get("flaps") for h in held if isinstance(h, dict)] if isinstance(held, list) else []
-    return sum(c for c in counts if isinstance(c, int) and not isinstance(c, bool) and c > 0)
+    return sum(h.flaps for h in health.held if h.flaps > 0) if health else 0
 
 
-def _last_round(health: Mapping[str, Any]) -> float | None:
-    checks = health.get("checks")
-    times = [parse_time(c.get("at")) for c in checks.values() if isinstance(c, dict)] \
-        if isinstance(checks, dict) else []
+def _last_round(health: Health | None) -> float | None:
+    """When a check's published status last changed."""
+    times = [parse_time(c.at) for c in health.checks.values()] if health else []
     return max((t for t in times if t is not None), default=None)
 
 

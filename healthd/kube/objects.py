@@ -211,11 +211,6 @@ def read_annotation_json(obj: Mapping[str, Any], key: str) -> tuple[dict[str, An
     return (body, "") if isinstance(body, dict) else ({}, "not a JSON object")
 
 
-def annotation_json(obj: Mapping[str, Any], key: str) -> dict[str, Any]:
-    """The JSON object in annotation `key` of `obj`; {} when absent or unreadable."""
-    return read_annotation_json(obj, key)[0]
-
-
 def natural_name_key(name: str) -> tuple[tuple[int, str], ...]:
     """Sort key for names with numbers in them: gpu-node-2 before gpu-node-10."""
     return tuple((int(part), "") if part.isdigit() else (-1, part)
