@@ -53,7 +53,7 @@ from healthd.kube.client import Kube
 from healthd.kube.conventions import CONDITION_TYPE, Keys, Reason, Verdict
 from healthd.kube.errors import Conflict, KubeError, TooLarge, Unavailable
 from healthd.kube.events import EventRecorder
-from healthd.kube.objects import NODES, meta
+from healthd.kube.objects import NODES, annotations_of, condition_of, labels_of, meta
 from healthd.published import CheckStatus, Health
 from healthd.times import rfc3339
 
@@ -79,23 +79,15 @@ class _Observed:
     @classmethod
     def of(cls, node: dict[str, Any]) -> _Observed:
         md = meta(node)
-        status = node.get("status") if isinstance(node.get("status"), dict) else {}
-        conditions = status.get("conditions") if isinstance(status, dict) else None
-        ours = next((c for c in conditions or []
-                     if isinstance(c, dict) and c.get("type") == CONDITION_TYPE), None)
         involved = {"apiVersion": "v1", "kind": "Node",
                     "metadata": {k: md[k] for k in ("name", "uid") if k in md}}
         return cls(
-            labels=_strings(md.get("labels")),
-            annotations=_strings(md.get("annotations")),
-            condition=ours,
+            labels=labels_of(node),
+            annotations=annotations_of(node),
+            condition=condition_of(node, CONDITION_TYPE),
             resource_version=str(md.get("resourceVersion") or ""),
             involved=involved,
         )
-
-
-def _strings(value: Any) -> dict[str, str]:
-    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
 
 
 def _ours(node: _Observed, keys: Keys) -> tuple[Any, ...]:

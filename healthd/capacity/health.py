@@ -27,7 +27,7 @@ from typing import Any
 
 from healthd.capacity.quantities import Quantity, try_quantity
 from healthd.kube.conventions import Keys, Verdict
-from healthd.kube.objects import labels_of, name_of
+from healthd.kube.objects import as_dict, dicts, labels_of, name_of, spec_of, status_of
 from healthd.published import Health, read_health
 
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
@@ -74,18 +74,9 @@ def is_evict(node: dict[str, Any], keys: Keys) -> bool:
     return verdict_of(node, keys) is Verdict.EVICT
 
 
-def _spec(node: dict[str, Any]) -> dict[str, Any]:
-    spec = node.get("spec") if isinstance(node, dict) else None
-    return spec if isinstance(spec, dict) else {}
-
-
 def _taint_reasons(node: dict[str, Any]) -> set[str]:
-    taints = _spec(node).get("taints")
-    found = set()
-    for taint in taints if isinstance(taints, list) else []:
-        if isinstance(taint, dict) and taint.get("key") in _TAINT_REASONS:
-            found.add(_TAINT_REASONS[str(taint["key"])])
-    return found
+    return {_TAINT_REASONS[str(taint["key"])] for taint in dicts(spec_of(node).get("taints"))
+            if taint.get("key") in _TAINT_REASONS}
 
 
 def reasons_of(node: dict[str, Any], *, keys: Keys,
@@ -95,17 +86,15 @@ def reasons_of(node: dict[str, Any], *, keys: Keys,
     verdict = verdict_of(node, keys)
     if verdict is not None and verdict in bad_verdicts and verdict in _COUNTABLE:
         reasons.add(verdict.value)
-    if _spec(node).get("unschedulable") is True:
+    if spec_of(node).get("unschedulable") is True:
         reasons.add(CORDONED)
     return frozenset(reasons)
 
 
 def capacity_of(node: dict[str, Any], source: str = "capacity") -> dict[str, Quantity]:
     """Non-zero quantities of `status.<source>`, `pods` left out."""
-    status = node.get("status") if isinstance(node, dict) else None
-    values = status.get(source) if isinstance(status, dict) else None
     out: dict[str, Quantity] = {}
-    for name, text in (values.items() if isinstance(values, dict) else ()):
+    for name, text in as_dict(status_of(node).get(source)).items():
         quantity = try_quantity(text)
         if name not in UNCOUNTED_RESOURCES and quantity is not None and quantity > 0:
             out[str(name)] = quantity

@@ -138,16 +138,40 @@ def annotations_of(obj: Mapping[str, Any]) -> dict[str, str]:
     return _strings(meta(obj).get("annotations"))
 
 
+def spec_of(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """`obj["spec"]`, or {} when absent or malformed."""
+    return as_dict(obj.get("spec")) if isinstance(obj, Mapping) else {}
+
+
+def status_of(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """`obj["status"]`, or {} when absent or malformed."""
+    return as_dict(obj.get("status")) if isinstance(obj, Mapping) else {}
+
+
 def phase_of(obj: Mapping[str, Any]) -> str:
     """`status.phase` of a pod (or an AppWrapper), "" when absent."""
-    status = obj.get("status")
-    return str(status.get("phase") or "") if isinstance(status, Mapping) else ""
+    return str(status_of(obj).get("phase") or "")
 
 
 def node_name_of(pod: Mapping[str, Any]) -> str:
     """`spec.nodeName`: the node a pod is bound to, "" while unbound."""
-    spec = pod.get("spec")
-    return str(spec.get("nodeName") or "") if isinstance(spec, Mapping) else ""
+    return str(spec_of(pod).get("nodeName") or "")
+
+
+def condition_of(obj: Mapping[str, Any], kind: str) -> dict[str, Any] | None:
+    """The `status.conditions` entry of type `kind`, or None."""
+    return next((c for c in dicts(status_of(obj).get("conditions")) if c.get("type") == kind),
+                None)
+
+
+def node_labels_of(flavor: Mapping[str, Any]) -> dict[str, str]:
+    """A Kueue ResourceFlavor's `spec.nodeLabels` (the nodes it stands for)."""
+    return _strings(spec_of(flavor).get("nodeLabels"))
+
+
+def items_of(listing: object) -> list[dict[str, Any]]:
+    """The objects of a list response (`items`); [] when it is not one."""
+    return dicts(as_dict(listing).get("items"))
 
 
 # Annotations are anyone's to write (node-patch rights, a bug): whatever healthd reads
