@@ -32,10 +32,10 @@ older release still shows what a newer agent wrote.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from healthd.kube.conventions import Keys
 from healthd.kube.objects import (
@@ -61,6 +61,39 @@ class Undecodable:
 
 def _frozen(items: Mapping[str, T] | None = None) -> Mapping[str, T]:
     return MappingProxyType(dict(items or {}))
+
+
+class Document:
+    """What both documents share: the published JSON form, and tolerant reading."""
+
+    def to_json(self) -> Json:
+        raise NotImplementedError
+
+    @classmethod
+    def from_json(cls, body: Json) -> Self:
+        """The document in a decoded JSON object (see the module docstring)."""
+        raise NotImplementedError
+
+    def encode(self) -> str:
+        return dumps(self.to_json())
+
+    @classmethod
+    def decode(cls, text: str | bytes) -> Self | Undecodable:
+        try:
+            body = bounded_json(text)
+        except Unreadable as exc:
+            return Undecodable(str(exc))
+        return cls.from_json(body) if isinstance(body, dict) else Undecodable(
+            "not a JSON object")
+
+    @classmethod
+    def read(cls, obj: Mapping[str, Any], key: str) -> Self | Undecodable | None:
+        """The document in annotation `key` of `obj`; None when there is none (no
+        annotation, or an empty object); Undecodable when it cannot be read."""
+        body, why = read_annotation_json(obj, key)
+        if why:
+            return Undecodable(why)
+        return cls.from_json(body) if body else None
 
 
 # -- the health annotation -------------------------------------------------------------
@@ -135,7 +168,7 @@ class PingView:
 
 
 @dataclass(frozen=True)
-class Health:
+class Health(Document):
     """The `health` annotation: what the verdict means, not what the last run measured."""
 
     verdict: str  # a Verdict's value, or UNKNOWN before any judgement
@@ -161,12 +194,20 @@ class Health:
             body["truncated"] = self.truncated
         return body
 
-    def encode(self) -> str:
-        return dumps(self.to_json())
-
     @classmethod
-    def decode(cls, text: str | bytes) -> Health | Undecodable:
-        return _decode(text, health_from)
+    def from_json(cls, body: Json) -> Health:
+        return cls(
+            verdict=_str(body, "verdict"),
+            since=_str(body, "since"),
+            top=body["top"] if isinstance(body.get("top"), str) else None,
+            testing=_strings(body.get("testing")),
+            ping=ping_from(body.get("ping")),
+            held=tuple(_holding_from(item) for item in dicts(body.get("held"))),
+            findings=tuple(_seen_from(item) for item in dicts(body.get("findings"))),
+            checks=_frozen({str(k): _check_from(v)
+                            for k, v in as_dict(body.get("checks")).items()
+                            if isinstance(v, dict)}),
+            truncated=_int(body, "truncated"))
 
 
 def holding_json(h: Holding) -> Json:
@@ -192,21 +233,6 @@ def _check_json(c: CheckStatus) -> Json:
     if c.reason:
         out["reason"] = c.reason
     return out
-
-
-def health_from(body: Json) -> Health:
-    """The health document in a decoded JSON object (see the module docstring)."""
-    return Health(
-        verdict=_str(body, "verdict"),
-        since=_str(body, "since"),
-        top=body["top"] if isinstance(body.get("top"), str) else None,
-        testing=_strings(body.get("testing")),
-        ping=ping_from(body.get("ping")),
-        held=tuple(_holding_from(item) for item in dicts(body.get("held"))),
-        findings=tuple(_seen_from(item) for item in dicts(body.get("findings"))),
-        checks=_frozen({str(k): _check_from(v) for k, v in as_dict(body.get("checks")).items()
-                        if isinstance(v, dict)}),
-        truncated=_int(body, "truncated"))
 
 
 def _holding_from(item: Json) -> Holding:
@@ -257,7 +283,7 @@ def _network_from(value: object) -> NetworkView | None:
 
 
 @dataclass(frozen=True)
-class LastRun:
+class LastRun(Document):
     """The `last-run` annotation: the answer to the latest on-demand request."""
 
     id: str  # the request's id (`healthd.io/run-id`, or derived)
@@ -283,26 +309,18 @@ class LastRun:
             body["request_chars"] = self.request_chars
         return body
 
-    def encode(self) -> str:
-        return dumps(self.to_json())
-
     @classmethod
-    def decode(cls, text: str | bytes) -> LastRun | Undecodable:
-        return _decode(text, last_run_from)
-
-
-def last_run_from(body: Json) -> LastRun:
-    """The last-run answer in a decoded JSON object (see the module docstring)."""
-    duration = body.get("duration_s")
-    return LastRun(
-        id=_str(body, "id"), request=_str(body, "request"), kind=_str(body, "kind"),
-        accepted=body.get("accepted") is True, error=_str(body, "error"),
-        start=_str(body, "start"), end=_str(body, "end"),
-        duration_s=float(duration) if isinstance(duration, int | float) and not isinstance(
-            duration, bool) else None,
-        verdict=_str(body, "verdict"),
-        checks=_text_map(body.get("checks")), reasons=_text_map(body.get("reasons")),
-        request_chars=_int(body, "request_chars"))
+    def from_json(cls, body: Json) -> LastRun:
+        duration = body.get("duration_s")
+        return cls(
+            id=_str(body, "id"), request=_str(body, "request"), kind=_str(body, "kind"),
+            accepted=body.get("accepted") is True, error=_str(body, "error"),
+            start=_str(body, "start"), end=_str(body, "end"),
+            duration_s=float(duration) if isinstance(duration, int | float) and not isinstance(
+                duration, bool) else None,
+            verdict=_str(body, "verdict"),
+            checks=_text_map(body.get("checks")), reasons=_text_map(body.get("reasons")),
+            request_chars=_int(body, "request_chars"))
 
 
 # -- reading them from an object -------------------------------------------------------
@@ -311,28 +329,12 @@ def last_run_from(body: Json) -> LastRun:
 def read_health(obj: Mapping[str, Any], keys: Keys) -> Health | Undecodable | None:
     """The node's health document; None when it publishes none (no annotation, or an
     empty object); Undecodable when the annotation cannot be read."""
-    return _read(obj, keys.health, health_from)
+    return Health.read(obj, keys.health)
 
 
 def read_last_run(obj: Mapping[str, Any], keys: Keys) -> LastRun | Undecodable | None:
     """The node's last-run answer, as `read_health` reads the health document."""
-    return _read(obj, keys.last_run, last_run_from)
-
-
-def _read(obj: Mapping[str, Any], key: str,
-          build: Callable[[Json], T]) -> T | Undecodable | None:
-    body, why = read_annotation_json(obj, key)
-    if why:
-        return Undecodable(why)
-    return build(body) if body else None
-
-
-def _decode(text: str | bytes, build: Callable[[Json], T]) -> T | Undecodable:
-    try:
-        body = bounded_json(text)
-    except Unreadable as exc:
-        return Undecodable(str(exc))
-    return build(body) if isinstance(body, dict) else Undecodable("not a JSON object")
+    return LastRun.read(obj, keys.last_run)
 
 
 # -- JSON plumbing ---------------------------------------------------------------------
