@@ -4,8 +4,8 @@ reach, on which network. Pure: the controller announces it
 
 One agent's `ping` check cannot tell "that peer is down" from "my own link is
 down"; the fleet can. Every agent publishes what its latest ping round saw in its
-`health` annotation (`"ping": {"isolated": bool, "unreached": [peers],
-"networks": {"net1": {...the same...}}}`, healthd.agent.node_view): per network it
+`health` annotation (its ping view, healthd.published.PingView, built by
+healthd.agent.node_view): per network it
 probed every other agent node attached there and reached all but `unreached`, or,
 when `isolated`, almost none. This module reads those objects, judges each network
 on its own with `checks.blame.judge_rows` (the sparse form of `judge`: linear in
@@ -32,7 +32,8 @@ from typing import Any
 from checks.base import POD_NETWORK
 from checks.blame import Judgement, Row, SparseReport, judge_rows
 from healthd.kube.conventions import Keys
-from healthd.kube.objects import annotation_json, name_of
+from healthd.kube.objects import name_of
+from healthd.published import Health, NetworkView, read_health
 
 SHARE = 0.5  # "most" means more than this share (checks.blame)
 NAMES_SHOWN = 10  # reporters named in an Event; the rest are counted
@@ -47,29 +48,19 @@ def ping_rows(node: Obj, keys: Keys) -> dict[str, Row]:
     for the pod network); empty when it has none (no agent, ping not judged yet,
     or an annotation that is not what agents write). A malformed secondary entry
     is left out on its own."""
-    ping = annotation_json(node, keys.health).get("ping")
-    pod = _row(ping)
-    if pod is None or not isinstance(ping, dict):
+    doc = read_health(node, keys)
+    ping = doc.ping if isinstance(doc, Health) else None
+    if ping is None:
         return {}
-    rows = {POD_NETWORK: pod}
-    networks = ping.get("networks")
-    if isinstance(networks, dict):
-        for network, view in networks.items():
-            row = _row(view)
-            if isinstance(network, str) and network not in ("", POD_NETWORK) and row is not None:
-                rows[network] = row
+    rows = {POD_NETWORK: _row(ping.pod)}
+    for network, view in ping.networks.items():
+        if network not in ("", POD_NETWORK):
+            rows[network] = _row(view)
     return rows
 
 
-def _row(view: object) -> Row | None:
-    if not isinstance(view, dict) or not isinstance(view.get("isolated", False), bool):
-        return None
-    if view.get("isolated"):
-        return Row(reached_none=True)
-    unreached = view.get("unreached", [])
-    if not isinstance(unreached, list):
-        return None
-    return Row(frozenset(str(n) for n in unreached if isinstance(n, str) and n))
+def _row(view: NetworkView) -> Row:
+    return Row(reached_none=True) if view.isolated else Row(frozenset(view.unreached))
 
 
 def ping_row(node: Obj, keys: Keys, network: str = POD_NETWORK) -> Row | None:

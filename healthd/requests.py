@@ -12,13 +12,12 @@ Admins (or `healthd trigger`) ask for checks by writing `healthd.io/run` (`all`,
 - `take` removes a request with a JSON patch whose `test` guards the value that was
   read, so a request is consumed once and a newer one written meanwhile is never
   lost (the test fails and the caller re-reads);
-- `answer` builds the `healthd.io/last-run` JSON.
+- `answer` builds the `healthd.io/last-run` JSON (healthd.published.LastRun).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from checks.base import BaseCheck
 from healthd.kube.conventions import Keys, Verdict
 from healthd.kube.errors import Invalid, KubeError, NotFound
 from healthd.kube.objects import meta, resource_version_of
+from healthd.published import LastRun
 from healthd.selection import Selected, SelectionError, parse_selection
 from healthd.times import rfc3339
 
@@ -175,22 +175,21 @@ def answer(
 ) -> str:
     """The `healthd.io/last-run` JSON: id, request, accepted or error, times, verdict,
     per-check status, and why each check that could not tell (UNKNOWN) could not."""
-    body: dict[str, Any] = {
-        "id": _clip(request.id, ECHO_CHARS),
-        "request": request.shown,
-        "kind": request.kind,
-        "accepted": accepted,
-        "error": _clip(error),
-        "start": rfc3339(start),
-        "end": rfc3339(end),
-        "duration_s": round(max(0.0, end - start), 3),  # the times above are whole seconds
-        "verdict": verdict.value,
-        "checks": {str(k): str(v) for k, v in checks.items()},
-        "reasons": {str(k): _clip(str(v)) for k, v in (reasons or {}).items()},
-    }
-    if len(request.text) > ECHO_CHARS:  # say so: the answer repeats only its start
-        body["request_chars"] = len(request.text)
-    return json.dumps(body, separators=(",", ":"))
+    return LastRun(
+        id=_clip(request.id, ECHO_CHARS),
+        request=request.shown,
+        kind=request.kind,
+        accepted=accepted,
+        error=_clip(error),
+        start=rfc3339(start),
+        end=rfc3339(end),
+        duration_s=round(max(0.0, end - start), 3),  # the times above are whole seconds
+        verdict=verdict.value,
+        checks={str(k): str(v) for k, v in checks.items()},
+        reasons={str(k): _clip(str(v)) for k, v in (reasons or {}).items()},
+        # say so when the answer repeats only the request's start
+        request_chars=len(request.text) if len(request.text) > ECHO_CHARS else None,
+    ).encode()
 
 
 def _clip(text: str, limit: int = ERROR_CHARS) -> str:

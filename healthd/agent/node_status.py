@@ -37,12 +37,11 @@ and what it lacks is written again.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -54,7 +53,8 @@ from healthd.kube.client import Kube
 from healthd.kube.conventions import CONDITION_TYPE, Keys, Reason, Verdict
 from healthd.kube.errors import Conflict, KubeError, TooLarge, Unavailable
 from healthd.kube.events import EventRecorder
-from healthd.kube.objects import NODES, bounded_json, meta
+from healthd.kube.objects import NODES, annotations_of, condition_of, labels_of, meta
+from healthd.published import CheckStatus, Health
 from healthd.times import rfc3339
 
 __all__ = ["DesiredNode", "NodePublisher", "desired_from"]
@@ -79,23 +79,15 @@ class _Observed:
     @classmethod
     def of(cls, node: dict[str, Any]) -> _Observed:
         md = meta(node)
-        status = node.get("status") if isinstance(node.get("status"), dict) else {}
-        conditions = status.get("conditions") if isinstance(status, dict) else None
-        ours = next((c for c in conditions or []
-                     if isinstance(c, dict) and c.get("type") == CONDITION_TYPE), None)
         involved = {"apiVersion": "v1", "kind": "Node",
                     "metadata": {k: md[k] for k in ("name", "uid") if k in md}}
         return cls(
-            labels=_strings(md.get("labels")),
-            annotations=_strings(md.get("annotations")),
-            condition=ours,
+            labels=labels_of(node),
+            annotations=annotations_of(node),
+            condition=condition_of(node, CONDITION_TYPE),
             resource_version=str(md.get("resourceVersion") or ""),
             involved=involved,
         )
-
-
-def _strings(value: Any) -> dict[str, str]:
-    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
 
 
 def _ours(node: _Observed, keys: Keys) -> tuple[Any, ...]:
@@ -351,12 +343,10 @@ class NodePublisher:
         old_text = self._observed.annotations.get(key) if self._observed else None
         if not new_text or not old_text:
             return desired
-        try:
-            new = json.loads(new_text)  # ours: no bound needed
-            _carry_times(new, bounded_json(old_text))
-        except (ValueError, AttributeError, TypeError):  # Unreadable is a ValueError
+        new, old = Health.decode(new_text), Health.decode(old_text)
+        if not isinstance(new, Health) or not isinstance(old, Health):
             return desired  # someone wrote garbage there: ours replaces it
-        text = json.dumps(new, separators=(",", ":"))
+        text = _carry_times(new, old).encode()
         if len(text) != len(new_text):  # never let a foreign value grow ours past its bound
             return desired
         return DesiredNode(desired.labels, {**desired.annotations, key: text}, desired.condition)
@@ -432,24 +422,21 @@ def _changes(desired: Mapping[str, str | None], observed: Mapping[str, str],
     return out
 
 
-def _carry_times(new: dict[str, Any], old: dict[str, Any]) -> None:
-    """Copy into the `health` JSON `new` the times `old` shows for unchanged parts."""
-    if new.get("verdict") == old.get("verdict") and isinstance(old.get("since"), str):
-        new["since"] = old["since"]
-    old_held = {_held_key(h): h.get("since") for h in old.get("held") or []}
-    for h in new.get("held") or []:
-        if isinstance(old_held.get(_held_key(h)), str):
-            h["since"] = old_held[_held_key(h)]
-    old_checks = old.get("checks") or {}
-    for name, entry in (new.get("checks") or {}).items():
-        before = old_checks.get(name)
-        if isinstance(before, dict) and isinstance(before.get("at"), str) and all(
-                before.get(f) == entry.get(f) for f in ("status", "reason")):
-            entry["at"] = before["at"]
+def _carry_times(new: Health, old: Health) -> Health:
+    """`new` with the times `old` shows for its unchanged parts."""
+    since = old.since if new.verdict == old.verdict and old.since else new.since
+    held_since = {h.key: h.since for h in old.held if h.since}
+    held = tuple(replace(h, since=held_since.get(h.key, h.since)) for h in new.held)
+    checks = {name: _kept_at(entry, old.checks.get(name)) for name, entry in new.checks.items()}
+    return replace(new, since=since, held=held, checks=checks)
 
 
-def _held_key(h: Mapping[str, Any]) -> tuple[Any, Any, Any]:
-    return (h.get("check"), h.get("code"), h.get("entity"))
+def _kept_at(entry: CheckStatus, before: CheckStatus | None) -> CheckStatus:
+    """A check's entry with the time it was first seen saying the same."""
+    if before is None or not before.at or (before.status, before.reason) != (
+            entry.status, entry.reason):
+        return entry
+    return replace(entry, at=before.at)
 
 
 def _verdict(value: str | None) -> Verdict | None:

@@ -18,14 +18,24 @@ published state is a plain function of a `HealthState`:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from checks.base import Finding, Severity, worst
 from healthd.agent.verdict import CheckState, HealthState, Held
 from healthd.kube.conventions import CONDITION_TYPE, Keys, Reason, Verdict
+from healthd.published import (
+    CheckStatus,
+    Health,
+    Holding,
+    NetworkView,
+    PingView,
+    Seen,
+    dumps,
+    holding_json,
+    seen_json,
+)
 from healthd.times import rfc3339
 
 HEALTH_LIMIT = 8 * 1024  # bytes of the health annotation (JSON is ASCII-escaped)
@@ -129,31 +139,23 @@ def _testing(state: HealthState) -> str:
 def health_json(state: HealthState, limit: int = HEALTH_LIMIT) -> str:
     """The `health` annotation: verdict, since, top code, holdings, other findings and
     per-check status, in at most `limit` bytes (least severe findings dropped first)."""
-    head: dict[str, Any] = {
-        "verdict": state.verdict.value if state.judged else "UNKNOWN",
-        "since": rfc3339(state.since),
-        "top": state.top.code if state.top else None,
-    }
-    if state.testing:
-        head["testing"] = sorted(state.testing)
-    checks = {key: _check_json(cs, _held_status(state, key))
-              for key, cs in sorted(state.checks.items())}
-    if (ping := ping_json(state)) is not None:
-        head["ping"] = ping
+    head = Health(
+        verdict=state.verdict.value if state.judged else "UNKNOWN",
+        since=rfc3339(state.since),
+        top=state.top.code if state.top else None,
+        testing=tuple(sorted(state.testing)),
+        ping=ping_view(state),
+        checks={key: _check_status(cs, _held_status(state, key))
+                for key, cs in sorted(state.checks.items())})
     items = _ranked_items(state)
-    kept = _fit(head, checks, items, limit)
-    body = dict(head)
-    body["held"] = [item for held, item, _ in kept if held]
-    body["findings"] = [item for held, item, _ in kept if not held]
-    body["checks"] = checks
-    if len(kept) < len(items):
-        body["truncated"] = len(items) - len(kept)
-    text = _dumps(body)
+    kept = _fit(head, items, limit)
+    doc = replace(head,
+                  held=tuple(e for e in kept if isinstance(e, Holding)),
+                  findings=tuple(e for e in kept if isinstance(e, Seen)),
+                  truncated=len(items) - len(kept) if len(kept) < len(items) else None)
+    text = doc.encode()
     if len(text) > limit:  # per-check status alone is too long: keep the verdict readable
-        body["checks"] = {}
-        body["truncated"] = len(items)
-        body["held"], body["findings"] = [], []
-        text = _dumps(body)
+        text = replace(doc, checks={}, truncated=len(items), held=(), findings=()).encode()
     return text
 
 
@@ -161,7 +163,7 @@ PING_CHECK = "ping"
 MAX_UNREACHED = 64  # peers named in the annotation; past that the node reads as isolated
 
 
-def ping_json(state: HealthState) -> dict[str, Any] | None:
+def ping_view(state: HealthState) -> PingView | None:
     """What this node's ping holds, for the controller's fleet-wide blame: the peers
     whose PEER_UNREACHABLE the verdict machine holds on the pod network (every other
     peer it probed counts as reached), or `isolated` while it holds NETWORK_ISOLATED;
@@ -175,13 +177,11 @@ def ping_json(state: HealthState) -> dict[str, Any] | None:
     if ran is None or not ran.status.ordered:
         return None
     held = {(h.code, h.entity) for h in state.held if h.check == PING_CHECK}
-    view = _network_view(held, "")
-    if ran.networks:
-        view["networks"] = {n: _network_view(held, n) for n in ran.networks}
-    return view
+    return PingView(_network_view(held, ""),
+                    {n: _network_view(held, n) for n in ran.networks})
 
 
-def _network_view(held: set[tuple[str, str]], network: str) -> dict[str, Any]:
+def _network_view(held: set[tuple[str, str]], network: str) -> NetworkView:
     """One network's row from the (code, entity label) pairs ping holds: `network` ""
     is the pod network (isolation is held about the node), a name is a secondary
     network (isolation is held about `network/<name>`, a peer as `peer/<name>@<network>`)."""
@@ -189,8 +189,8 @@ def _network_view(held: set[tuple[str, str]], network: str) -> dict[str, Any]:
     peers = [_peer_of(entity) for code, entity in held if code == "PEER_UNREACHABLE"]
     unreached = sorted(name for name, on in peers if name and on == network)
     if isolated or len(unreached) > MAX_UNREACHED:
-        return {"isolated": True, "unreached": []}
-    return {"isolated": False, "unreached": unreached}
+        return NetworkView(isolated=True)
+    return NetworkView(isolated=False, unreached=tuple(unreached))
 
 
 def _peer_of(label: str) -> tuple[str, str]:
@@ -203,77 +203,55 @@ def _peer_of(label: str) -> tuple[str, str]:
     return name, network
 
 
-def _dumps(body: Mapping[str, Any]) -> str:
-    return json.dumps(body, separators=(",", ":"), sort_keys=False)
-
-
 def _held_status(state: HealthState, key: str) -> Severity:
     """The worst severity check `key` holds the node at (PASS when nothing)."""
     return worst(h.severity for h in state.held if h.check == key) if any(
         h.check == key for h in state.held) else Severity.PASS
 
 
-def _check_json(cs: CheckState, held: Severity) -> dict[str, Any]:
+def _check_status(cs: CheckState, held: Severity) -> CheckStatus:
     """A check's published status: UNKNOWN/SKIPPED with the reason when its last run
     could not tell, else the severity it holds (a pending finding is no status yet)."""
-    status = held if cs.status.ordered else cs.status
-    out: dict[str, Any] = {"status": status.value, "at": rfc3339(cs.at)}
-    if cs.reason and not cs.status.ordered:
-        out["reason"] = _clip(cs.reason, MESSAGE_CHARS)
-    return out
+    if cs.status.ordered:
+        return CheckStatus(held.value, rfc3339(cs.at))
+    return CheckStatus(cs.status.value, rfc3339(cs.at), _clip(cs.reason, MESSAGE_CHARS))
 
 
-Item = tuple[bool, dict[str, Any], int]  # (is held, JSON, severity rank)
+Item = Holding | Seen
 
 
 def _ranked_items(state: HealthState) -> list[Item]:
     """Holdings and the other latest findings, most severe first (holdings before
     plain findings of the same severity)."""
-    items: list[Item] = [(True, _held_json(h), h.severity.rank) for h in state.held]
+    ranked: list[tuple[int, bool, Item]] = [
+        (h.severity.rank, True, _holding(h)) for h in state.held]
     for key, findings in sorted(state.check_findings.items()):
         for f in findings:  # recorded-only ones: held ones are above, pending ones wait
             if f.severity.rank < Severity.WARN.rank:
-                items.append((False, _finding_json(key, f), f.severity.rank))
-    items.sort(key=lambda item: (-item[2], not item[0]))
-    return items
+                ranked.append((f.severity.rank, False, _seen(key, f)))
+    ranked.sort(key=lambda r: (-r[0], not r[1]))
+    return [item for _, _, item in ranked]
 
 
-def _held_json(h: Held) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "code": h.code,
-        "check": h.check,
-        "entity": h.entity,
-        "severity": h.severity.value,
-        "sticky": h.sticky,
-        "message": _clip(h.message, MESSAGE_CHARS),
-        "since": rfc3339(h.since),
-    }
-    if h.uuid:
-        out["uuid"] = h.uuid
-    if h.clear_requested:
-        out["clear_requested"] = True
-    if h.flaps:
-        out["flaps"] = h.flaps
-    return out
+def _holding(h: Held) -> Holding:
+    return Holding(code=h.code, check=h.check, entity=h.entity, severity=h.severity.value,
+                   sticky=h.sticky, message=_clip(h.message, MESSAGE_CHARS),
+                   since=rfc3339(h.since), uuid=h.uuid, clear_requested=h.clear_requested,
+                   flaps=h.flaps)
 
 
-def _finding_json(key: str, f: Finding) -> dict[str, Any]:
-    return {
-        "code": f.code,
-        "check": key,
-        "entity": f.entity.label,
-        "severity": f.severity.value,
-        "message": _clip(f.message, MESSAGE_CHARS),
-    }
+def _seen(key: str, f: Finding) -> Seen:
+    return Seen(code=f.code, check=key, entity=f.entity.label, severity=f.severity.value,
+                message=_clip(f.message, MESSAGE_CHARS))
 
 
-def _fit(head: dict[str, Any], checks: dict[str, Any], items: list[Item], limit: int) -> list[Item]:
+def _fit(head: Health, items: list[Item], limit: int) -> list[Item]:
     """The longest most-severe-first prefix of `items` that fits in `limit` bytes."""
-    skeleton = _dumps({**head, "held": [], "findings": [], "checks": checks, "truncated": 99999})
-    budget = limit - len(skeleton)
+    budget = limit - len(replace(head, truncated=99999).encode())
     kept: list[Item] = []
     for item in items:
-        cost = len(_dumps(item[1])) + 1  # the separating comma
+        entry = holding_json(item) if isinstance(item, Holding) else seen_json(item)
+        cost = len(dumps(entry)) + 1  # the separating comma
         if cost > budget:
             break
         budget -= cost

@@ -27,7 +27,8 @@ from typing import Any
 
 from healthd.capacity.quantities import Quantity, try_quantity
 from healthd.kube.conventions import Keys, Verdict
-from healthd.kube.objects import annotation_json, labels_of, name_of
+from healthd.kube.objects import as_dict, dicts, labels_of, name_of, spec_of, status_of
+from healthd.published import Health, read_health
 
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
@@ -73,18 +74,9 @@ def is_evict(node: dict[str, Any], keys: Keys) -> bool:
     return verdict_of(node, keys) is Verdict.EVICT
 
 
-def _spec(node: dict[str, Any]) -> dict[str, Any]:
-    spec = node.get("spec") if isinstance(node, dict) else None
-    return spec if isinstance(spec, dict) else {}
-
-
 def _taint_reasons(node: dict[str, Any]) -> set[str]:
-    taints = _spec(node).get("taints")
-    found = set()
-    for taint in taints if isinstance(taints, list) else []:
-        if isinstance(taint, dict) and taint.get("key") in _TAINT_REASONS:
-            found.add(_TAINT_REASONS[str(taint["key"])])
-    return found
+    return {_TAINT_REASONS[str(taint["key"])] for taint in dicts(spec_of(node).get("taints"))
+            if taint.get("key") in _TAINT_REASONS}
 
 
 def reasons_of(node: dict[str, Any], *, keys: Keys,
@@ -94,17 +86,15 @@ def reasons_of(node: dict[str, Any], *, keys: Keys,
     verdict = verdict_of(node, keys)
     if verdict is not None and verdict in bad_verdicts and verdict in _COUNTABLE:
         reasons.add(verdict.value)
-    if _spec(node).get("unschedulable") is True:
+    if spec_of(node).get("unschedulable") is True:
         reasons.add(CORDONED)
     return frozenset(reasons)
 
 
 def capacity_of(node: dict[str, Any], source: str = "capacity") -> dict[str, Quantity]:
     """Non-zero quantities of `status.<source>`, `pods` left out."""
-    status = node.get("status") if isinstance(node, dict) else None
-    values = status.get(source) if isinstance(status, dict) else None
     out: dict[str, Quantity] = {}
-    for name, text in (values.items() if isinstance(values, dict) else ()):
+    for name, text in as_dict(status_of(node).get(source)).items():
         quantity = try_quantity(text)
         if name not in UNCOUNTED_RESOURCES and quantity is not None and quantity > 0:
             out[str(name)] = quantity
@@ -138,12 +128,12 @@ def evict_codes(node: dict[str, Any], keys: Keys) -> tuple[str, ...]:
     """The finding codes that hold the node at EVICT, from its health annotation:
     the EVICT holdings, else every holding, else the top code, else `("EVICT",)`
     (also when the annotation is missing or unreadable)."""
-    body = annotation_json(node, keys.health)
-    listed = body.get("held")
-    held = [h for h in listed if isinstance(h, dict)] if isinstance(listed, list) else []
-    evict = [h.get("code") for h in held if h.get("severity") == Verdict.EVICT.value]
-    for candidates in (evict, [h.get("code") for h in held], [body.get("top")]):
-        found = tuple(dict.fromkeys(str(c) for c in candidates if isinstance(c, str) and c))
+    doc = read_health(node, keys)
+    if not isinstance(doc, Health):
+        return (FALLBACK_CODE,)
+    evict = [h.code for h in doc.held if h.severity == Verdict.EVICT.value]
+    for candidates in (evict, [h.code for h in doc.held], [doc.top]):
+        found = tuple(dict.fromkeys(c for c in candidates if c))
         if found:
             return found
     return (FALLBACK_CODE,)

@@ -26,7 +26,7 @@ from typing import Any
 
 from healthd.capacity.health import Unavailability
 from healthd.capacity.quantities import format_quantity, parse_quantity, try_quantity
-from healthd.kube.objects import name_of
+from healthd.kube.objects import dicts, name_of, spec_of
 
 __all__ = ["LendingModel", "LimitChange", "flavor_path", "format_quantity", "lending_path",
            "parse_quantity"]
@@ -81,10 +81,6 @@ class LimitChange:
 
 def _matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
-
-
-def _dicts(value: Any) -> list[dict[str, Any]]:
-    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
 class LendingModel:
@@ -155,11 +151,9 @@ class LendingModel:
         """Every (group, flavor, resource) of `queue` whose flavor is known, with the
         value read and the value due (changed or not)."""
         name = name_of(queue)
-        spec = queue.get("spec")
-        spec = spec if isinstance(spec, dict) else {}
         out: list[LimitChange] = []
-        for g, group in enumerate(_dicts(spec.get("resourceGroups"))):
-            for f, flavor in enumerate(_dicts(group.get("flavors"))):
+        for g, group in enumerate(dicts(spec_of(queue).get("resourceGroups"))):
+            for f, flavor in enumerate(dicts(group.get("flavors"))):
                 out.extend(self._flavor_limits(name, g, f, flavor))
         return out
 
@@ -174,7 +168,7 @@ class LendingModel:
             log.debug("queue %s: flavor %r is not a known ResourceFlavor; left alone",
                       queue, flavor_name)
             return
-        for r, entry in enumerate(_dicts(flavor.get("resources"))):
+        for r, entry in enumerate(dicts(flavor.get("resources"))):
             nominal = try_quantity(entry.get("nominalQuota"))
             if nominal is None:
                 log.debug("queue %s: %s has no usable nominalQuota", queue, entry.get("name"))

@@ -51,7 +51,7 @@ from healthd.kube import Backoff, Conflict, EventRecorder, Invalid, Kube, KubeEr
 from healthd.kube.conventions import Keys, Reason
 from healthd.kube.events import NORMAL, WARNING
 from healthd.kube.kueue import KueueResources
-from healthd.kube.objects import name_of, resource_version_of
+from healthd.kube.objects import name_of, node_labels_of, resource_version_of, spec_of
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +125,8 @@ def _describe(c: LimitChange) -> str:
 
 
 def _has_cohort(queue: Obj) -> bool:
-    spec = queue.get("spec")
-    return isinstance(spec, dict) and bool(spec.get("cohortName") or spec.get("cohort"))
+    spec = spec_of(queue)
+    return bool(spec.get("cohortName") or spec.get("cohort"))
 
 
 def _newer(a: Obj | None, b: Obj | None) -> Obj | None:
@@ -190,12 +190,7 @@ class QueueWriter:
         return True
 
     def _flavor_labels(self) -> dict[str, dict[str, str]]:
-        out = {}
-        for flavor in self._caches.flavors.values():
-            spec = flavor.get("spec")
-            labels = spec.get("nodeLabels") if isinstance(spec, dict) else None
-            out[name_of(flavor)] = dict(labels) if isinstance(labels, dict) else {}
-        return out
+        return {name_of(f): node_labels_of(f) for f in self._caches.flavors.values()}
 
     def resync(self) -> None:
         """Rebuild the model from the caches (after they synced)."""

@@ -50,7 +50,8 @@ from healthd.kube.backoff import Backoff
 from healthd.kube.client import Kube
 from healthd.kube.conventions import CONTROLLER_COMPONENT, Keys
 from healthd.kube.events import EventRecorder
-from healthd.kube.objects import LEASES, name_of, read_annotation_json
+from healthd.kube.objects import LEASES, name_of
+from healthd.published import Undecodable, read_health
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,8 @@ class UnreadableHealth:
         if kind != NODES_KIND:
             return
         name = name_of(new or old or {})
-        problem = read_annotation_json(new, self._keys.health)[1] if new is not None else ""
+        doc = read_health(new, self._keys) if new is not None else None
+        problem = doc.why if isinstance(doc, Undecodable) else ""
         if not problem:
             self.nodes.discard(name)
         elif name not in self.nodes:

@@ -37,7 +37,7 @@ from healthd.controller.caches import APPWRAPPERS_KIND, NODES_KIND, PODS_KIND, R
 from healthd.controller.resets import affected, decide, eligible, owner_of
 from healthd.controller.safety import BreakerState
 from healthd.kube.conventions import Keys
-from healthd.kube.objects import key_of, name_of
+from healthd.kube.objects import key_of, name_of, node_name_of
 
 log = logging.getLogger(__name__)
 
@@ -133,13 +133,13 @@ class EvictionReactor:
         elif kind == PODS_KIND:
             pod = new or old or {}
             owner = owner_of(pod)
-            if owner and _node_of(pod) in self.evict:
+            if owner and node_name_of(pod) in self.evict:
                 self._work.mark(owner)
         elif kind == APPWRAPPERS_KIND and new is not None and eligible(new):
             # Only a Running AppWrapper can be due: our own reset (now Resetting) and
             # the operator's later steps are not looked at again until it runs again.
             key = key_of(new)
-            if any(_node_of(p) in self.evict for p in self._caches.pods_of_appwrapper(key)):
+            if any(node_name_of(p) in self.evict for p in self._caches.pods_of_appwrapper(key)):
                 self._work.mark(key)
 
     def _node_changed(self, name: str, node: Obj | None) -> None:
@@ -225,7 +225,3 @@ class EvictionReactor:
 
         self._group.start_soon(fire)
 
-
-def _node_of(pod: Obj) -> str:
-    spec = pod.get("spec")
-    return str(spec.get("nodeName") or "") if isinstance(spec, dict) else ""

@@ -21,7 +21,19 @@ from typing import Any
 
 from healthd.capacity.health import FALLBACK_CODE
 from healthd.kube.conventions import APPWRAPPER_LABEL, GPU_RESOURCE, OPERATOR_MANAGER, Reason
-from healthd.kube.objects import meta, name_of, namespace_of, resource_version_of
+from healthd.kube.objects import (
+    as_dict,
+    condition_of,
+    dicts,
+    labels_of,
+    meta,
+    name_of,
+    namespace_of,
+    node_name_of,
+    phase_of,
+    resource_version_of,
+    spec_of,
+)
 from healthd.times import parse_time
 
 RUNNING = "Running"
@@ -69,22 +81,10 @@ class ResetDecision:
 # -- the AppWrapper ------------------------------------------------------------------
 
 
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def phase_of(aw: dict[str, Any]) -> str:
-    return str(_dict(aw.get("status")).get("phase") or "")
-
-
 def ours(aw: dict[str, Any]) -> bool:
     """True unless `spec.managedBy` names a controller other than the AppWrapper
     operator (MultiKueue, for one): those AppWrappers are someone else's to reset."""
-    managed_by = _dict(aw.get("spec")).get("managedBy")
+    managed_by = spec_of(aw).get("managedBy")
     return managed_by in (None, "", OPERATOR_MANAGER)
 
 
@@ -94,10 +94,7 @@ def eligible(aw: dict[str, Any]) -> bool:
 
 
 def unhealthy_condition(aw: dict[str, Any]) -> dict[str, Any] | None:
-    for cond in _list(_dict(aw.get("status")).get("conditions")):
-        if isinstance(cond, dict) and cond.get("type") == UNHEALTHY:
-            return cond
-    return None
+    return condition_of(aw, UNHEALTHY)
 
 
 def last_reset_at(aw: dict[str, Any]) -> float | None:
@@ -123,10 +120,10 @@ def _nonzero(value: Any) -> bool:
 def uses_gpu(pod: dict[str, Any], resource: str = GPU_RESOURCE) -> bool:
     """A regular container (init containers do not count) requests or limits a non-zero
     amount of `resource`."""
-    for container in _list(_dict(pod.get("spec")).get("containers")):
-        resources = _dict(_dict(container).get("resources"))
+    for container in dicts(spec_of(pod).get("containers")):
+        resources = as_dict(container.get("resources"))
         for part in ("requests", "limits"):
-            amount = _dict(resources.get(part)).get(resource)
+            amount = as_dict(resources.get(part)).get(resource)
             if amount is not None and _nonzero(amount):
                 return True
     return False
@@ -134,15 +131,14 @@ def uses_gpu(pod: dict[str, Any], resource: str = GPU_RESOURCE) -> bool:
 
 def counts(pod: dict[str, Any], resource: str = GPU_RESOURCE) -> bool:
     """The pod runs (phase Running, not terminating) and uses a GPU."""
-    return (_dict(pod.get("status")).get("phase") == RUNNING
+    return (phase_of(pod) == RUNNING
             and not meta(pod).get("deletionTimestamp")
             and uses_gpu(pod, resource))
 
 
 def owner_of(pod: dict[str, Any]) -> str | None:
     """`ns/name` of the AppWrapper that created `pod`, or None."""
-    labels = _dict(meta(pod).get("labels"))
-    name, ns = labels.get(APPWRAPPER_LABEL), namespace_of(pod)
+    name, ns = labels_of(pod).get(APPWRAPPER_LABEL), namespace_of(pod)
     return f"{ns}/{name}" if name and ns else None
 
 
@@ -169,7 +165,7 @@ def decide(aw: dict[str, Any], pods: Iterable[dict[str, Any]],
     key = f"{ns}/{name}"
     bad: set[str] = set()
     for pod in pods:
-        node = str(_dict(pod.get("spec")).get("nodeName") or "")
+        node = node_name_of(pod)
         if node in evict_nodes and owner_of(pod) == key and counts(pod, resource):
             bad.add(node)
     if not bad:

@@ -15,7 +15,15 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from healthd.kube.conventions import APPWRAPPER_LABEL, CONDITION_TYPE, Keys
-from healthd.kube.objects import annotation_json, natural_name_key
+from healthd.kube.objects import (
+    condition_of,
+    labels_of,
+    natural_name_key,
+    node_name_of,
+    phase_of,
+    spec_of,
+)
+from healthd.published import Health, Holding, LastRun, Seen, read_health, read_last_run
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -28,39 +36,35 @@ BLAMED_GAUGE = "healthd_network_blamed"
 NONE = "(none)"
 
 
-def _labels(obj: dict[str, Any], field: str = "labels") -> dict[str, str]:
-    return dict((obj.get("metadata") or {}).get(field) or {})
-
-
 def _condition(node: dict[str, Any]) -> str | None:
-    for cond in (node.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == CONDITION_TYPE:
-            return str(cond.get("status"))
-    return None
+    cond = condition_of(node, CONDITION_TYPE)
+    return None if cond is None else str(cond.get("status"))
 
 
-def _last_run(annotations: dict[str, str], keys: Keys) -> dict[str, Any] | None:
-    answer = annotation_json({"metadata": {"annotations": annotations}}, keys.last_run)
-    if not answer:
+def _last_run(node: dict[str, Any], keys: Keys) -> dict[str, Any] | None:
+    run = read_last_run(node, keys)
+    if not isinstance(run, LastRun):
         return None
-    return {k: answer.get(k) for k in ("kind", "request", "accepted", "error")}
+    return {"kind": run.kind, "request": run.request, "accepted": run.accepted,
+            "error": run.error}
 
 
-def _findings(annotations: dict[str, str], keys: Keys) -> list[str]:
+def _findings(node: dict[str, Any], keys: Keys) -> list[str]:
     """`code@entity` of every finding the agent's health annotation lists."""
-    health = annotation_json({"metadata": {"annotations": annotations}}, keys.health)
-    items = [*(health.get("held") or []), *(health.get("findings") or [])]
-    return sorted({f"{i.get('code')}@{i.get('entity')}" for i in items if isinstance(i, dict)})
+    health = read_health(node, keys)
+    if not isinstance(health, Health):
+        return []
+    items: list[Holding | Seen] = [*health.held, *health.findings]
+    return sorted({f"{i.code}@{i.entity}" for i in items})
 
 
 def node_state(node: dict[str, Any], keys: Keys,
                blamed: dict[str, list[str]] | None = None) -> dict[str, Any]:
-    annotations = _labels(node, "annotations")
-    return {"verdict": _labels(node).get(keys.gpuhealth),
+    return {"verdict": labels_of(node).get(keys.gpuhealth),
             "condition": _condition(node),
-            "cordoned": bool((node.get("spec") or {}).get("unschedulable")),
-            "last_run": _last_run(annotations, keys),
-            "findings": _findings(annotations, keys),
+            "cordoned": bool(spec_of(node).get("unschedulable")),
+            "last_run": _last_run(node, keys),
+            "findings": _findings(node, keys),
             "blamed_on": (blamed or {}).get(node["metadata"]["name"], [])}
 
 
@@ -92,15 +96,15 @@ def observe(cluster: DemoCluster) -> State:
     api, keys = cluster.api, cluster.keys
     pods_of: dict[str, list[str]] = {}
     for pod in api.list("Pod"):
-        owner = _labels(pod).get(APPWRAPPER_LABEL)
-        where = (pod.get("spec") or {}).get("nodeName")
-        if owner and where and (pod.get("status") or {}).get("phase") == "Running":
+        owner = labels_of(pod).get(APPWRAPPER_LABEL)
+        where = node_name_of(pod)
+        if owner and where and phase_of(pod) == "Running":
             key = f"{pod['metadata'].get('namespace')}/{owner}"
             pods_of.setdefault(key, []).append(str(where))
     appwrappers = {}
     for aw in api.list("AppWrapper"):
         key = f"{aw['metadata'].get('namespace')}/{aw['metadata']['name']}"
-        appwrappers[key] = {"phase": (aw.get("status") or {}).get("phase") or "",
+        appwrappers[key] = {"phase": phase_of(aw),
                             "nodes": sorted(pods_of.get(key, []), key=natural_name_key)}
     slack = cluster.config.controller.slack_queues
     breaker = cluster.controller.metrics.registry.get_sample_value(BREAKER_GAUGE)

@@ -64,15 +64,22 @@ from healthd.fleet.sources import Snapshot
 from healthd.kube.conventions import GPU_RESOURCE, Keys, Reason, Verdict
 from healthd.kube.leases import holder_of, is_expired
 from healthd.kube.objects import (
+    as_dict,
+    condition_of,
+    dicts,
     labels_of,
     meta,
     name_of,
     namespace_of,
+    node_labels_of,
     node_name_of,
-    read_annotation_json,
+    phase_of,
+    spec_of,
+    status_of,
 )
 from healthd.kube.pods import is_terminated
 from healthd.network_blame import Assessment, assess, rows_of
+from healthd.published import Health, Undecodable, read_health
 from healthd.times import parse_time, rfc3339
 
 SCHEMA_VERSION = 1
@@ -144,7 +151,7 @@ def agent_pods_by_node(pods: Iterable[Obj]) -> dict[str, Obj]:
 
 
 def _running(pod: Obj) -> bool:
-    return _dict(pod.get("status")).get("phase") == "Running" and not is_terminated(pod)
+    return phase_of(pod) == "Running" and not is_terminated(pod)
 
 
 def _created(pod: Obj) -> str:
@@ -156,12 +163,10 @@ def agent_health(pod: Obj | None, now: float) -> dict[str, Any]:
     if pod is None:
         return {"agent_pod": None, "agent_ready": None, "agent_restarts": None,
                 "agent_restarted_age_s": None}
-    status = _dict(pod.get("status"))
-    ready = next((c.get("status") == "True" for c in status.get("conditions") or []
-                  if isinstance(c, dict) and c.get("type") == "Ready"), False)
-    containers = [c for c in status.get("containerStatuses") or [] if isinstance(c, dict)]
+    ready = _ready(pod) is True
+    containers = dicts(status_of(pod).get("containerStatuses"))
     restarts = sum(int(c.get("restartCount") or 0) for c in containers)
-    ended = [parse_time(_dict(_dict(c.get("lastState")).get("terminated")).get("finishedAt"))
+    ended = [parse_time(as_dict(as_dict(c.get("lastState")).get("terminated")).get("finishedAt"))
              for c in containers]
     last = max((t for t in ended if t is not None), default=None)
     return {"agent_pod": name_of(pod), "agent_ready": ready and _running(pod),
@@ -170,12 +175,12 @@ def agent_health(pod: Obj | None, now: float) -> dict[str, Any]:
 
 def node_row(node: Obj, keys: Keys, agents: Mapping[str, Obj], now: float, *,
              blamed: bool = False) -> dict[str, Any]:
-    health, unreadable = read_annotation_json(node, keys.health)
+    doc = read_health(node, keys)
+    health = doc if isinstance(doc, Health) else None
     label = labels_of(node).get(keys.gpuhealth)
     verdict = label if label in _LABELS else (UNKNOWN if health else NONE)
-    since = parse_time(health.get("since"))
+    since = parse_time(health.since) if health else None
     last = _last_round(health)
-    spec = _dict(node.get("spec"))
     return {
         "name": name_of(node),
         "verdict": verdict,
@@ -188,52 +193,42 @@ def node_row(node: Obj, keys: Keys, agents: Mapping[str, Obj], now: float, *,
         "agent": name_of(node) in agents and _running(agents[name_of(node)]),
         **agent_health(agents.get(name_of(node)), now),
         "gpus": int(gpu_count(node, GPU_RESOURCE)),
-        "cordoned": spec.get("unschedulable") is True,
+        "cordoned": spec_of(node).get("unschedulable") is True,
         "ready": _ready(node),
         "blamed": blamed,
-        "health_unreadable": unreadable or None,
+        "health_unreadable": doc.why if isinstance(doc, Undecodable) else None,
     }
 
 
-def top_codes(health: Mapping[str, Any]) -> list[str]:
+def top_codes(health: Health | None) -> list[str]:
     """Codes holding the verdict, most severe first (the annotation's order), then top."""
-    held = health.get("held")
-    codes = [str(h["code"]) for h in held if isinstance(h, dict) and h.get("code")] \
-        if isinstance(held, list) else []
-    if not codes and isinstance(health.get("top"), str):
-        codes = [health["top"]]
+    if health is None:
+        return []
+    codes = [h.code for h in health.held if h.code]
+    if not codes and health.top is not None:
+        codes = [health.top]
     return list(dict.fromkeys(codes))[:TOP_CODES]
 
 
-def held_flaps(health: Mapping[str, Any]) -> int:
+def held_flaps(health: Health | None) -> int:
     """Flaps of the findings holding the verdict, summed (0 for an older agent)."""
-    held = health.get("held")
-    counts = [h.get("flaps") for h in held if isinstance(h, dict)] if isinstance(held, list) else []
-    return sum(c for c in counts if isinstance(c, int) and not isinstance(c, bool) and c > 0)
+    return sum(h.flaps for h in health.held if h.flaps > 0) if health else 0
 
 
-def _last_round(health: Mapping[str, Any]) -> float | None:
-    checks = health.get("checks")
-    times = [parse_time(c.get("at")) for c in checks.values() if isinstance(c, dict)] \
-        if isinstance(checks, dict) else []
+def _last_round(health: Health | None) -> float | None:
+    """When a check's published status last changed."""
+    times = [parse_time(c.at) for c in health.checks.values()] if health else []
     return max((t for t in times if t is not None), default=None)
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
 
 
 def _age(at: float | None, now: float) -> float | None:
     return None if at is None else round(max(0.0, now - at), 3)
 
 
-def _ready(node: Obj) -> bool | None:
-    status = node.get("status")
-    conditions = status.get("conditions") if isinstance(status, dict) else None
-    for cond in conditions if isinstance(conditions, list) else []:
-        if isinstance(cond, dict) and cond.get("type") == "Ready":
-            return cond.get("status") == "True"
-    return None
+def _ready(obj: Obj) -> bool | None:
+    """A node's or a pod's Ready condition; None when it has none."""
+    cond = condition_of(obj, "Ready")
+    return None if cond is None else cond.get("status") == "True"
 
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -273,7 +268,7 @@ def lending_rows(snap: Snapshot, config: Config, keys: Keys) -> list[dict[str, A
     """What the controller's lending model makes of these objects, per slack queue entry."""
     settings = config.controller
     model = LendingModel()
-    model.set_flavors({name_of(f): _node_labels(f) for f in snap.flavors.values()})
+    model.set_flavors({name_of(f): node_labels_of(f) for f in snap.flavors.values()})
     for node in snap.nodes.values():
         model.set_node(name_of(node), unavailability(
             node, keys=keys, bad_verdicts=settings.bad_verdicts,
@@ -293,16 +288,10 @@ def lending_rows(snap: Snapshot, config: Config, keys: Keys) -> list[dict[str, A
     return rows
 
 
-def _node_labels(flavor: Obj) -> dict[str, str]:
-    spec = flavor.get("spec")
-    labels = spec.get("nodeLabels") if isinstance(spec, dict) else None
-    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
-
-
 def _leader(lease: Obj | None, now: float) -> dict[str, Any]:
     if lease is None:
         return {"holder": None, "renewed": None, "expired": True}
-    spec = _dict(lease.get("spec"))
+    spec = spec_of(lease)
     renewed = parse_time(spec.get("renewTime"))
     return {"holder": holder_of(lease) or None,
             "renewed": rfc3339(renewed) if renewed is not None else None,
@@ -329,7 +318,7 @@ def _breaker(events_newest_first: list[Obj]) -> dict[str, Any]:
 
 
 def _reset(event: Obj) -> dict[str, Any]:
-    involved = _dict(event.get("involvedObject"))
+    involved = as_dict(event.get("involvedObject"))
     namespace = involved.get("namespace") or namespace_of(event) or ""
     return {"appwrapper": f"{namespace}/{involved.get('name', '')}",
             "at": rfc3339(_event_time(event)),

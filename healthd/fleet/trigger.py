@@ -44,7 +44,6 @@ from healthd.kube.conventions import Keys, Verdict
 from healthd.kube.errors import Conflict, Invalid, KubeError, NotFound
 from healthd.kube.objects import (
     NODES,
-    annotation_json,
     annotations_of,
     labels_of,
     name_of,
@@ -52,6 +51,7 @@ from healthd.kube.objects import (
 )
 from healthd.kube.watching import DELETED, watch_forever
 from healthd.plans import planned_check
+from healthd.published import LastRun, read_last_run
 from healthd.requests import Request, read_requests, take_ops
 
 log = logging.getLogger(__name__)
@@ -295,20 +295,17 @@ class FleetTrigger:
                 self._wake.set()
 
     def _observe(self, outcome: NodeOutcome, node: Obj) -> None:
-        answer = _last_run(node, self._keys)
-        if answer.get("id") != self.report.plan.request_id:
+        answer = read_last_run(node, self._keys)
+        if not isinstance(answer, LastRun) or answer.id != self.report.plan.request_id:
             return
         outcome.state = ANSWERED
-        outcome.accepted = answer.get("accepted") is True
-        outcome.error = str(answer.get("error") or "")
-        outcome.after = str(answer["verdict"]) if answer.get("verdict") else None
-        got = answer.get("checks")
-        outcome.checks = {str(k): str(v) for k, v in got.items()} if isinstance(got, dict) else {}
-        why = answer.get("reasons")
-        outcome.reasons = {str(k): str(v) for k, v in why.items()} if isinstance(why, dict) else {}
-        exact = answer.get("duration_s")
-        outcome.duration_s = (float(exact) if isinstance(exact, int | float)
-                              else _span_s(answer.get("start"), answer.get("end")))
+        outcome.accepted = answer.accepted
+        outcome.error = answer.error
+        outcome.after = answer.verdict or None
+        outcome.checks = dict(answer.checks)
+        outcome.reasons = dict(answer.reasons)
+        outcome.duration_s = (answer.duration_s if answer.duration_s is not None
+                              else _span_s(answer.start, answer.end))
         if outcome.asked_at is not None:
             outcome.waited_s = self._clock() - outcome.asked_at
 
@@ -394,14 +391,9 @@ def _pending_request(node: Obj, keys: Keys) -> str:
             f"overwritten: wait for its answer in {keys.last_run}, then ask again")
 
 
-def _last_run(node: Obj, keys: Keys) -> dict[str, Any]:
-    return annotation_json(node, keys.last_run)
-
-
-def _span_s(start: Any, end: Any) -> float | None:
+def _span_s(start: str, end: str) -> float | None:
     try:
-        return (datetime.fromisoformat(str(end)) - datetime.fromisoformat(str(start))) \
-            .total_seconds()
+        return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
     except ValueError:
         return None
 

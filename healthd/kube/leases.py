@@ -8,13 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from healthd.kube.objects import resource_version_of
+from healthd.kube.objects import resource_version_of, spec_of
 from healthd.times import parse_time
-
-
-def spec_of(lease: dict[str, Any]) -> dict[str, Any]:
-    spec = lease.get("spec")
-    return spec if isinstance(spec, dict) else {}
 
 
 def holder_of(lease: dict[str, Any]) -> str:

@@ -84,6 +84,26 @@ RESOURCEFLAVORS_V1BETA2 = Resource("kueue.x-k8s.io", "v1beta2", "resourceflavors
                                    "ResourceFlavor")
 
 
+# -- reading fields anyone may write ---------------------------------------------------
+# An object from the API server (or an annotation's JSON) may hold any shape where a
+# field is expected: these read it as the shape wanted, or as empty.
+
+
+def as_dict(value: object) -> dict[str, Any]:
+    """`value` when it is a JSON object, else {}."""
+    return value if isinstance(value, dict) else {}
+
+
+def as_list(value: object) -> list[Any]:
+    """`value` when it is a JSON list, else []."""
+    return value if isinstance(value, list) else []
+
+
+def dicts(value: object) -> list[dict[str, Any]]:
+    """The JSON objects in `value` when it is a list (anything else in it is skipped)."""
+    return [item for item in as_list(value) if isinstance(item, dict)]
+
+
 def meta(obj: Mapping[str, Any]) -> dict[str, Any]:
     """`obj["metadata"]`, or {} when absent or malformed."""
     value = obj.get("metadata") if isinstance(obj, Mapping) else None
@@ -118,16 +138,40 @@ def annotations_of(obj: Mapping[str, Any]) -> dict[str, str]:
     return _strings(meta(obj).get("annotations"))
 
 
+def spec_of(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """`obj["spec"]`, or {} when absent or malformed."""
+    return as_dict(obj.get("spec")) if isinstance(obj, Mapping) else {}
+
+
+def status_of(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """`obj["status"]`, or {} when absent or malformed."""
+    return as_dict(obj.get("status")) if isinstance(obj, Mapping) else {}
+
+
 def phase_of(obj: Mapping[str, Any]) -> str:
     """`status.phase` of a pod (or an AppWrapper), "" when absent."""
-    status = obj.get("status")
-    return str(status.get("phase") or "") if isinstance(status, Mapping) else ""
+    return str(status_of(obj).get("phase") or "")
 
 
 def node_name_of(pod: Mapping[str, Any]) -> str:
     """`spec.nodeName`: the node a pod is bound to, "" while unbound."""
-    spec = pod.get("spec")
-    return str(spec.get("nodeName") or "") if isinstance(spec, Mapping) else ""
+    return str(spec_of(pod).get("nodeName") or "")
+
+
+def condition_of(obj: Mapping[str, Any], kind: str) -> dict[str, Any] | None:
+    """The `status.conditions` entry of type `kind`, or None."""
+    return next((c for c in dicts(status_of(obj).get("conditions")) if c.get("type") == kind),
+                None)
+
+
+def node_labels_of(flavor: Mapping[str, Any]) -> dict[str, str]:
+    """A Kueue ResourceFlavor's `spec.nodeLabels` (the nodes it stands for)."""
+    return _strings(spec_of(flavor).get("nodeLabels"))
+
+
+def items_of(listing: object) -> list[dict[str, Any]]:
+    """The objects of a list response (`items`); [] when it is not one."""
+    return dicts(as_dict(listing).get("items"))
 
 
 # Annotations are anyone's to write (node-patch rights, a bug): whatever healthd reads
@@ -189,11 +233,6 @@ def read_annotation_json(obj: Mapping[str, Any], key: str) -> tuple[dict[str, An
     except Unreadable as exc:
         return {}, str(exc)
     return (body, "") if isinstance(body, dict) else ({}, "not a JSON object")
-
-
-def annotation_json(obj: Mapping[str, Any], key: str) -> dict[str, Any]:
-    """The JSON object in annotation `key` of `obj`; {} when absent or unreadable."""
-    return read_annotation_json(obj, key)[0]
 
 
 def natural_name_key(name: str) -> tuple[tuple[int, str], ...]:

@@ -16,7 +16,16 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from healthd.kube.conventions import GPU_RESOURCE, Keys
-from healthd.kube.objects import PODS, labels_of, meta, phase_of
+from healthd.kube.objects import (
+    PODS,
+    as_dict,
+    dicts,
+    items_of,
+    labels_of,
+    meta,
+    phase_of,
+    spec_of,
+)
 
 if TYPE_CHECKING:
     from healthd.kube.client import Kube
@@ -32,31 +41,18 @@ def _quantity(value: Any) -> int:
         return 0
 
 
-def _container_gpus(container: Any) -> int:
-    resources = container.get("resources") if isinstance(container, dict) else None
-    if not isinstance(resources, dict):
-        return 0
-    amounts = [0]
-    for part in ("requests", "limits"):
-        section = resources.get(part)
-        if isinstance(section, Mapping):
-            amounts.append(_quantity(section.get(GPU_RESOURCE, 0)))
-    return max(amounts)
-
-
-def _containers(spec: Mapping[str, Any], field: str) -> list[Any]:
-    value = spec.get(field)
-    return value if isinstance(value, list) else []
+def _container_gpus(container: dict[str, Any]) -> int:
+    resources = as_dict(container.get("resources"))
+    return max(_quantity(as_dict(resources.get(part)).get(GPU_RESOURCE, 0))
+               for part in ("requests", "limits"))
 
 
 def pod_gpus(pod: Mapping[str, Any]) -> int:
     """GPUs a pod holds while it is on the node, as the scheduler counts them: the
     larger of the sum over regular containers and the largest init container."""
-    spec = pod.get("spec")
-    if not isinstance(spec, Mapping):
-        return 0
-    regular = sum(_container_gpus(c) for c in _containers(spec, "containers"))
-    init = max((_container_gpus(c) for c in _containers(spec, "initContainers")), default=0)
+    spec = spec_of(pod)
+    regular = sum(_container_gpus(c) for c in dicts(spec.get("containers")))
+    init = max((_container_gpus(c) for c in dicts(spec.get("initContainers"))), default=0)
     return max(regular, init)
 
 
@@ -90,5 +86,4 @@ async def gpu_pods(kube: Kube, node: str, keys: Keys) -> list[str]:
     Raises `healthd.kube.errors.KubeError` when the pods cannot be listed: the caller
     must not start a diagnostic it cannot prove safe."""
     listed = await kube.list(PODS, field_selector=f"spec.nodeName={node}")
-    items = listed.get("items") if isinstance(listed, dict) else None
-    return gpu_holders(items if isinstance(items, list) else [], keys)
+    return gpu_holders(items_of(listed), keys)

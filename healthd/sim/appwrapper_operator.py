@@ -49,6 +49,7 @@ from healthd.kube.objects import (
     meta,
     name_of,
     natural_name_key,
+    phase_of,
 )
 from healthd.kube.watching import DELETED, watch_forever
 from healthd.sim.podgpus import gpus_needed, keeps_gpus
@@ -60,10 +61,6 @@ UNHEALTHY_VERDICTS = ("ERR", "TESTING", "EVICT")  # what the injected affinity k
 RESUMING, RUNNING, RESETTING, SUCCEEDED = "Resuming", "Running", "Resetting", "Succeeded"
 RETRY_S = 1.0  # an AppWrapper with no room looks again this often
 Obj = dict[str, Any]
-
-
-def phase_of(aw: Obj) -> str:
-    return str((aw.get("status") or {}).get("phase") or "")
 
 
 def health_affinity(keys: Keys) -> Obj:

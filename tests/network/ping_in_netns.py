@@ -18,7 +18,7 @@ from checks.base import CheckContext, Peer, run_check
 from checks.catalog import Catalog
 from checks.ping import PingCheck
 from healthd.agent import verdict as v
-from healthd.agent.node_view import ping_json
+from healthd.agent.node_view import ping_view
 
 
 async def main() -> None:
@@ -32,7 +32,7 @@ async def main() -> None:
                         policy=v.Policy())
     json.dump({"status": result.status.value, "reason": result.reason,
                "findings": [[f.code, f.entity.label] for f in result.findings],
-               "ping": ping_json(state)}, sys.stdout)
+               "ping": (view := ping_view(state)) and view.to_json()}, sys.stdout)
 
 
 if __name__ == "__main__":
