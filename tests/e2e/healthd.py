@@ -11,6 +11,7 @@ node name included. The controller likewise runs as one of its Deployment's Pods
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import sys
@@ -195,6 +196,17 @@ class Healthd:
             return self.client.sanitize_for_serialization(running[0]) if running else None
         return eventually(found, 90, f"a Running pod {selector} on {node or 'any node'}")
 
+    def agent_pod(self, node: str) -> Obj:
+        """The agent Pod the DaemonSet bound to `node`, in any phase (a node without
+        kwok runs no Pod, but a token bound to the Pod still names the node)."""
+        def bound() -> Obj | None:
+            pods = self.core.list_namespaced_pod(
+                NAMESPACE, label_selector="app.kubernetes.io/name=healthd-agent",
+                field_selector=f"spec.nodeName={node}").items
+            alive = [p for p in pods if p.metadata.deletion_timestamp is None]
+            return self.client.sanitize_for_serialization(alive[0]) if alive else None
+        return eventually(bound, 90, f"the agent Pod bound to {node}")
+
     def _node_exists(self, name: str) -> bool:
         try:
             return self.core.read_node(name).metadata.deletion_timestamp is None
@@ -214,22 +226,29 @@ class Healthd:
             service_account, NAMESPACE, request)
         return str(answer.status.token)
 
+    def token_kubeconfig(self, token: str, path: Path, server: str | None = None) -> Path:
+        """A kubeconfig for `token`, for the API server or `server` (a proxy)."""
+        from tests.realcluster.cluster import kubeconfig
+
+        cluster = yaml.safe_load(self.kubeconfig.read_text())["clusters"][0]["cluster"]
+        ca = self.root / "ca.crt"
+        if not ca.exists():
+            ca.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
+        path.write_text(kubeconfig(server or cluster["server"], ca, user={"token": token}))
+        return path
+
     def _kubeconfig_for(self, pod: Obj, service_account: str,
                         server: str | None = None) -> Path:
         """A kubeconfig with a token bound to `pod`, for the API server or `server`
         (another address of it, such as a proxy in front)."""
-        from tests.realcluster.cluster import kubeconfig
+        return self.token_kubeconfig(self.token_for(pod, service_account),
+                                     self.root / f"{pod['metadata']['name']}.kubeconfig",
+                                     server)
 
-        admin = yaml.safe_load(self.kubeconfig.read_text())
-        cluster = admin["clusters"][0]["cluster"]
-        path = self.root / f"{pod['metadata']['name']}.kubeconfig"
-        ca = self.root / "ca.crt"
-        if not ca.exists():
-            import base64
-            ca.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
-        path.write_text(kubeconfig(server or cluster["server"], ca,
-                                   user={"token": self.token_for(pod, service_account)}))
-        return path
+    def client_for(self, token: str) -> k8s.ApiClient:
+        """An API client with `token` (another identity than the admin's)."""
+        return api_client(self.token_kubeconfig(
+            token, self.root / f"token-{uuid.uuid4().hex[:6]}.kubeconfig"))
 
     # -- the programs -------------------------------------------------------------------
 

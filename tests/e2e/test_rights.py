@@ -11,24 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client as k8s
 
 from tests.e2e.healthd import NAMESPACE, Healthd
-from tests.realcluster.apply import api_client
-from tests.realcluster.cluster import kubeconfig
 
 VERDICT = "autopilot.ibm.com/gpuhealth"
-
-
-def _client_with(healthd: Healthd, token: str, tmp_path: Path) -> k8s.ApiClient:
-    admin = yaml.safe_load(healthd.kubeconfig.read_text())["clusters"][0]["cluster"]
-    ca = tmp_path / "ca.crt"
-    import base64
-    ca.write_bytes(base64.b64decode(admin["certificate-authority-data"]))
-    path = tmp_path / f"{uuid.uuid4().hex[:6]}.kubeconfig"
-    path.write_text(kubeconfig(admin["server"], ca, user={"token": token}))
-    return api_client(path)
 
 
 def _status(call: Callable[[], Any]) -> int:
@@ -55,8 +42,7 @@ def test_the_agent_writes_only_healthds_keys_on_its_own_node(
         healthd: Healthd, two_nodes: tuple[str, str], tmp_path: Path) -> None:
     own, other = two_nodes
     pod = healthd.running_pod("app.kubernetes.io/name=healthd-agent", own)
-    agent = k8s.CoreV1Api(_client_with(healthd, healthd.token_for(pod, "healthd-agent"),
-                                       tmp_path))
+    agent = k8s.CoreV1Api(healthd.client_for(healthd.token_for(pod, "healthd-agent")))
     allowed = {
         "its verdict label": lambda: agent.patch_node(own, _labels(**{VERDICT: "WARN"})),
         "a dcgm level label": lambda: agent.patch_node(
@@ -101,7 +87,7 @@ def test_a_token_not_bound_to_a_node_writes_no_node(
         spec=k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=600))
     token = healthd.core.create_namespaced_service_account_token(
         "healthd-agent", NAMESPACE, request).status.token
-    agent = k8s.CoreV1Api(_client_with(healthd, token, tmp_path))
+    agent = k8s.CoreV1Api(healthd.client_for(token))
     assert _status(lambda: agent.patch_node(own, _labels(**{VERDICT: "EVICT"}))) == 403
     assert healthd.label(own) is None
 
@@ -110,7 +96,7 @@ def test_the_controller_resets_and_lends_but_writes_no_node(
         healthd: Healthd, two_nodes: tuple[str, str], tmp_path: Path) -> None:
     own, _ = two_nodes
     pod = healthd.running_pod("app.kubernetes.io/name=healthd-controller")
-    client = _client_with(healthd, healthd.token_for(pod, "healthd-controller"), tmp_path)
+    client = healthd.client_for(healthd.token_for(pod, "healthd-controller"))
     core = k8s.CoreV1Api(client)
     assert _status(lambda: core.list_node()) == 200
     assert _status(lambda: core.list_pod_for_all_namespaces(limit=1)) == 200

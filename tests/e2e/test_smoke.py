@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import uuid
 
-from tests.e2e.healthd import NAMESPACE, Healthd, eventually, gpu_node
+from tests.e2e.healthd import NAMESPACE, Healthd, eventually, system_node
 
 
 def test_agents_publish_verdicts_with_their_pods_identity(healthd: Healthd) -> None:
     suffix = uuid.uuid4().hex[:5]
     gpu_nodes = [f"gpu-{suffix}-{i}" for i in (1, 2)]
-    plain = dict(gpu_node(f"cpu-{suffix}"))
-    plain["metadata"]["labels"] = {"kubernetes.io/hostname": f"cpu-{suffix}", "type": "kwok"}
     healthd.add_nodes(*gpu_nodes)
-    healthd.applier.apply([plain])
+    healthd.applier.apply([system_node(f"cpu-{suffix}")])  # no GPUs, not selected
+    healthd.nodes.append(f"cpu-{suffix}")
     agents = {node: healthd.start_agent(node) for node in gpu_nodes}
     for node in gpu_nodes:
         eventually(lambda n=node: healthd.label(n) == "PASS", 60,

@@ -129,7 +129,10 @@ class ControlPlane:
             "kube-controller-manager", "--controllers=*",
             f"--service-account-private-key-file={self.pki / 'sa.key'}",
             f"--root-ca-file={self.pki / 'ca.crt'}",
-            "--use-service-account-credentials=false", "--concurrent-gc-syncs=5")
+            "--use-service-account-credentials=false", "--concurrent-gc-syncs=5",
+            # Nodes a test registers without kwok (the policy table's) are not marked
+            # NotReady and tainted while the test writes them; kwok's nodes heartbeat.
+            "--node-monitor-grace-period=10m", "--node-startup-grace-period=10m")
 
     def _scheduler(self) -> Program:
         return self._component("kube-scheduler")
