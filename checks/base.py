@@ -380,6 +380,10 @@ class BaseCheck:
     - ARG: the parameter that `name:value` on the command line sets (`dcgm:3`), if any
     - DEFAULT_INTERVAL_S, DEFAULT_TIMEOUT_S: schedule defaults for the agent
     - EXCLUSIVE: needs all GPUs to itself (deep diagnostics)
+    - INPUTS: what it reads from the machine, by the names a recording
+      (`healthd record`) gives its sources (`nvml`, `xid`, `pciebw`, `dcgm`, ...);
+      None: one source named like the check. A replay runs it only when the
+      recording holds every one (see `inputs_of`).
     """
 
     NAME: ClassVar[str]
@@ -389,6 +393,7 @@ class BaseCheck:
     DEFAULT_TIMEOUT_S: ClassVar[float] = 10.0
     EXCLUSIVE: ClassVar[bool] = False
     DESCRIPTION: ClassVar[str] = ""
+    INPUTS: ClassVar[frozenset[str] | None] = None
 
     def __init__(self, params: BaseModel | Mapping[str, Any] | None = None) -> None:
         if isinstance(params, BaseModel):
@@ -411,6 +416,12 @@ class BaseCheck:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.params!r})"
+
+
+def inputs_of(check: Check) -> frozenset[str]:
+    """The sources `check` reads (its INPUTS, else one named like the check)."""
+    declared = getattr(check, "INPUTS", None)
+    return frozenset(declared) if declared is not None else frozenset({check.NAME})
 
 
 async def run_check(check: Check, ctx: CheckContext, timeout_s: float | None = None) -> CheckResult:

@@ -163,7 +163,19 @@ def machine_spec(recording: Recording, *, redact: bool = False) -> dict[str, Any
     spec["faults"] = faults
     if recording.dcgm is not None:
         spec["dcgm"] = _dcgm_entry(recording.dcgm)
+    spec["recorded"] = sources(recording)
     return redacted(spec) if redact else spec
+
+
+def sources(recording: Recording) -> list[str]:
+    """What the recording holds, by the names checks give their INPUTS: a replay
+    runs only the checks whose inputs are all here (healthd.sim.recorded)."""
+    held = ["nvml", "xid"]  # one NVML pass and the window's XIDs, always
+    if recording.bandwidth:
+        held.append("pciebw")
+    if recording.dcgm is not None and recording.dcgm.stdout is not None:
+        held.append("dcgm")
+    return held
 
 
 def _machine_gpus(gpus: Sequence[GpuSnapshot]) -> dict[str, Any]:

@@ -196,6 +196,12 @@ class MachineSpec(Frozen):
     gpus: GpuDefaults = GpuDefaults()
     faults: list[GpuFault] = []
     dcgm: DcgmSim = Field(DcgmSim(), description="what the fake dcgmi answers")
+    recorded: list[str] | None = Field(
+        None,
+        description="a recording: the sources it holds (nvml, xid, pciebw, dcgm, ...); "
+        "a check that reads anything else replays as SKIPPED 'not recorded'. Unset: "
+        "not a recording, everything is simulated",
+    )
 
     @model_validator(mode="after")
     def _faults_name_real_gpus(self) -> MachineSpec:

@@ -1,7 +1,8 @@
 """A simulated GPU node: the fake NVML library under the real pynvml, the simulated
 bandwidth probe and the fake dcgmi, all from one machine spec.
 
-`healthd check --sim SPEC` prepares its planned checks with it (`prepare`); an agent
+`healthd check --sim SPEC` prepares its planned checks with it (`prepare`: a
+recording's checks whose inputs it does not hold are SKIPPED, healthd.sim.recorded); an agent
 on the simulated machine is built from the adapted config (`adapt`) and handed the
 simulated probes (`probes`), so the product never knows it is simulated.
 """
@@ -13,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import checks as registry
 from checks.base import CheckContext, Probes
 from checks.dcgm import DcgmCheck
 from healthd.config import Config
@@ -22,6 +24,7 @@ from healthd.sim.dcgm import DcgmSim, fake_dcgmi_command
 from healthd.sim.fakenvml import FakeNvml, install
 from healthd.sim.machine import MachineSpec, MachineSpecError, load_machine_spec
 from healthd.sim.network import SimNetwork
+from healthd.sim.recorded import missing_inputs, replayable
 
 NO_DRIVER_OUTPUT = "v4-runtime-error"  # what DCGM says when it cannot start
 
@@ -54,14 +57,18 @@ class SimulatedNode:
         ctx.node_name = ctx.node_name or self.spec.node
         if ctx.expected_gpus is None:
             ctx.expected_gpus = self.spec.gpus.count  # the machine should have them all
-        return [self._simulated(item) for item in planned]
+        return [replayable(self.spec, self._simulated(item)) for item in planned]
 
     def adapt(self, config: Config) -> Config:
-        """`config` for an agent on this machine: `dcgmi` is the fake one, and the
-        machine should have all its GPUs (unless the config says how many)."""
+        """`config` for an agent on this machine: `dcgmi` is the fake one, the
+        machine should have all its GPUs (unless the config says how many), and the
+        checks a recording holds no inputs for are off (they would invent results)."""
         dcgm = config.check_section("dcgm")
         params = {**dcgm.params, "command": self._dcgmi()}
         checks = {**config.checks, "dcgm": dcgm.model_copy(update={"params": params})}
+        for name in registry.REGISTRY:  # a recording's agent runs only what it holds
+            if missing_inputs(self.spec, config.build_check(name)):
+                checks[name] = config.check_section(name).model_copy(update={"enabled": False})
         expected = self.spec.gpus.count if config.expected_gpus is None else config.expected_gpus
         return config.model_copy(update={"checks": checks, "expected_gpus": expected})
 

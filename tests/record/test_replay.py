@@ -31,9 +31,16 @@ def record(capsys: pytest.CaptureFixture[str], spec: str, out: Path, *extra: str
     return code
 
 
+# Checks that read no machine a recording holds (the network, the cluster): SKIPPED in
+# the simulation for want of peers or storage, SKIPPED "not recorded" on replay.
+NOT_RECORDED = {"ping", "nic", "pvc"}
+
+
 def comparable(report: dict[str, Any]) -> dict[str, Any]:
-    """What a user compares: everything but when the checks ran and how long they took."""
-    checks = [{k: v for k, v in check.items() if k not in ("started_at", "duration_s")}
+    """What a user compares: everything but when the checks ran and how long they took,
+    and why a check that a recording cannot hold was skipped."""
+    checks = [{k: v for k, v in check.items() if k not in ("started_at", "duration_s")
+               and not (k == "reason" and check["check"] in NOT_RECORDED)}
               for check in report["checks"]]
     return {**report, "checks": checks}
 
@@ -96,3 +103,25 @@ def test_replay_keeps_per_gpu_errors_masks_and_links(
 
     assert functions(by_gpu[2]) == functions(ODD_MACHINE["faults"][2])
     assert by_gpu[1]["clock_event_mask"] == 0x401
+
+
+@pytest.mark.parametrize(("spec", "include"), [
+    ("healthy-8xh100", []),
+    ("dcgm-pcie-fail", ["--include", "pciebw"]),
+    ("pcie-bw-low", ["--include", "dcgm"]),
+])
+def test_what_a_recording_does_not_hold_replays_as_not_recorded(
+        spec: str, include: list[str], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    recording = tmp_path / "recorded.yaml"
+    assert main(["record", "--sim", spec, "--output", str(recording), *include]) == 0
+    capsys.readouterr()
+    replayed = {c["check"]: c for c in check_json(capsys, str(recording))["checks"]}
+    held = set(yaml.safe_load(recording.read_text())["recorded"])
+    for name in ("pciebw", "dcgm"):
+        if name in held:
+            continue
+        assert replayed[name]["status"] == "SKIPPED", replayed[name]
+        assert replayed[name]["reason"] == f"not recorded: {name}"
+    assert held == {"nvml", "xid", *[v for v in include if v != "--include"]}
+    assert replayed["remapped"]["status"] == "PASS"  # what it holds still replays
