@@ -185,6 +185,12 @@ class GpuFault(Frozen):
     xid: list[XidSpec] = []
     nvml_errors: list[NvmlErrorSpec] = []
 
+    @model_validator(mode="after")
+    def _ends_after_it_starts(self) -> GpuFault:
+        if self.until is not None and self.until <= self.at:
+            raise ValueError(f"until ({self.until:g} s) must be after at ({self.at:g} s)")
+        return self
+
 
 class MachineSpec(Frozen):
     """A simulated GPU node."""
@@ -267,6 +273,8 @@ def parse_machine_spec(raw: object, origin: str = "<spec>") -> MachineSpec:
         raise MachineSpecError(f"machine spec {origin}: expected a mapping at the top level")
     try:
         return MachineSpec.model_validate(raw)
+    except RecursionError:
+        raise MachineSpecError(f"machine spec {origin}: nested too deeply") from None
     except ValidationError as exc:
         raise MachineSpecError(f"machine spec {origin}: {explain(exc)}") from exc
 
