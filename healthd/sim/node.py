@@ -26,7 +26,8 @@ from healthd.sim.machine import MachineSpec, MachineSpecError, load_machine_spec
 from healthd.sim.network import SimNetwork
 from healthd.sim.recorded import missing_inputs, replayable
 
-NO_DRIVER_OUTPUT = "v4-runtime-error"  # what DCGM says when it cannot start
+# Without a driver the DCGM host engine cannot start: dcgmi finds no one to talk to.
+NO_DRIVER_DCGM = DcgmSim(host_engine="none")
 
 
 class SimulationError(ValueError):
@@ -75,7 +76,7 @@ class SimulatedNode:
     def _dcgmi(self) -> list[str]:
         dcgm = self.spec.dcgm
         if not self.spec.driver_present:  # no driver: DCGM cannot run either
-            dcgm = DcgmSim(output=NO_DRIVER_OUTPUT)
+            dcgm = NO_DRIVER_DCGM
         return fake_dcgmi_command(dcgm)
 
     def _simulated(self, item: Planned) -> Planned:
