@@ -16,9 +16,10 @@ pods on every node, the slack ClusterQueue). Then churns for the whole run:
 Every SAMPLE_S it reads each process's VmRSS from /proc. Figures per process: RSS at
 the start and end, the least-squares slope in KiB/min over the whole run and over the
 last 30 minutes (or the last half of a shorter run), and whether that is a plateau
-(|slope| <= PLATEAU_KIB_PER_MIN). `--tracemalloc` runs agent 0 under tracemalloc and
-reports the allocation sites that grew most between the first snapshot after warm-up
-and the last (what to look at when something creeps).
+(|slope| <= PLATEAU_KIB_PER_MIN). `--tracemalloc` runs agent 0 and the controller
+under tracemalloc and reports, for each, the Python allocations that grew between the
+first snapshot after warm-up and the last: in all, and the sites that grew most (what
+to look at when something creeps).
 
     nice -n 19 python bench/memory_soak.py --agents 5 --minutes 60
     nice -n 19 python bench/memory_soak.py --agents 6 --minutes 60 --malloc-arena-max 2
@@ -55,10 +56,10 @@ CHURN_S = 5.0  # one churn action this often
 CYCLE_S = 240.0  # the fault windows repeat this often
 PLATEAU_KIB_PER_MIN = 5.0
 TAIL_MIN = 30.0
-SNAPSHOTS = 8  # tracemalloc snapshots of agent 0 over the run
+SNAPSHOTS = 8  # tracemalloc snapshots of agent 0 and the controller over the run
 
-# The agent under tracemalloc: dumps a snapshot to DIR every PERIOD s, then runs as usual.
-TRACED_AGENT = """
+# A daemon under tracemalloc: dumps a snapshot to DIR every PERIOD s, runs as usual.
+TRACED = """
 import sys, threading, time, tracemalloc
 from healthd.cli import main
 folder, period = sys.argv[1], float(sys.argv[2])
@@ -109,9 +110,19 @@ def launch(tmp: Path, kubeconfig: Path, agents: int, minutes: float,
     env["POD_NAME"] = "soak-controller"
     config = tmp / "healthd.yaml"
     config.write_text(yaml.safe_dump(AGENT_CONFIG))
+    period = max(minutes * 60 / SNAPSHOTS, 5.0)
+
+    def command(args: list[str], trace_to: Path | None) -> list[str]:
+        if trace_to is None:
+            return [sys.executable, "-m", "healthd.cli", *args]
+        trace_to.mkdir(exist_ok=True)
+        return [sys.executable, "-X", "tracemalloc=12", "-c", TRACED, str(trace_to),
+                str(period), *args]
+
+    ctl = ["controller", "--kubeconfig", str(kubeconfig), "--config", str(config),
+           "--http-port", "0", "--log-level", "WARNING"]
     procs = [Proc("controller", subprocess.Popen(
-        [sys.executable, "-m", "healthd.cli", "controller", "--kubeconfig", str(kubeconfig),
-         "--config", str(config), "--http-port", "0", "--log-level", "WARNING"],
+        command(ctl, traced / "controller" if traced else None),
         env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))]
     for i in range(agents):
         spec = tmp / f"machine-{i}.yaml"
@@ -119,17 +130,12 @@ def launch(tmp: Path, kubeconfig: Path, agents: int, minutes: float,
         args = ["agent", "--sim", str(spec), "--kubeconfig", str(kubeconfig), "--node",
                 node_name(i), "--http-port", "0", "--log-level", "WARNING",
                 "--config", str(config)]
-        if i == 0 and traced is not None:
-            period = max(minutes * 60 / SNAPSHOTS, 5.0)
-            command = [sys.executable, "-X", "tracemalloc=12", "-c", TRACED_AGENT,
-                       str(traced), str(period), *args]
-        else:
-            command = [sys.executable, "-m", "healthd.cli", *args]
+        trace_to = traced / "agent-0" if traced is not None and i == 0 else None
         own_env, name = env, f"agent-{i}"
         if arena_max is not None and i % 2:  # an A/B of glibc's malloc arenas
             own_env, name = {**env, "MALLOC_ARENA_MAX": str(arena_max)}, f"{name}-arenas"
         procs.append(Proc(name, subprocess.Popen(
-            command, env=own_env, cwd=tmp, stdout=subprocess.DEVNULL,
+            command(args, trace_to), env=own_env, cwd=tmp, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL)))
     return procs
 
@@ -187,7 +193,8 @@ def soak(agents: int, minutes: float, traced: bool,
         figures["resets_written"] = len(api.writes("PATCH", r".*/appwrappers/[^/]+/status"))
         figures["node_writes"] = len(api.writes(None, r"/api/v1/nodes/.*"))
         if traced:
-            figures["agent_0_tracemalloc_growth"] = growth(snaps)
+            figures["agent_0_tracemalloc_growth"] = growth(snaps / "agent-0")
+            figures["controller_tracemalloc_growth"] = growth(snaps / "controller")
     return figures, goals_of(procs, minutes)
 
 
@@ -263,11 +270,12 @@ def growth(folder: Path, top: int = 12) -> list[dict[str, Any]]:
     first = tracemalloc.Snapshot.load(str(files[1]))
     last = tracemalloc.Snapshot.load(str(files[-1]))
     stats = last.compare_to(first, "traceback")
-    total = sum(s.size_diff for s in stats)
-    return [{"kib": round(total / 1024, 1), "count": sum(s.count_diff for s in stats),
-             "where": ["(all Python allocations together)"]}] + [{"kib": round(s.size_diff / 1024, 1), "count": s.count_diff,
-             "where": [f"{f.filename.split('site-packages/')[-1]}:{f.lineno}"
-                       for f in s.traceback[-6:]]} for s in stats[:top]]
+    total = {"kib": round(sum(s.size_diff for s in stats) / 1024, 1),
+             "count": sum(s.count_diff for s in stats),
+             "where": ["(all Python allocations together)"]}
+    return [total, *({"kib": round(s.size_diff / 1024, 1), "count": s.count_diff,
+                      "where": [f"{f.filename.split('site-packages/')[-1]}:{f.lineno}"
+                                for f in s.traceback[-6:]]} for s in stats[:top])]
 
 
 def _r(value: float | None) -> float | None:
@@ -280,8 +288,9 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Goal], 
     figures, goals = soak(agents, minutes, args.tracemalloc, args.malloc_arena_max)
     return figures, goals, [
         f"{agents} agents (NVML checks every 5 s) + the controller, {minutes:g} min, RSS "
-        f"every {SAMPLE_S:g} s (2 s under 5 min); churn: one request/clear/AppWrapper restore every "
-        f"{CHURN_S:g} s, XID 79 + pending remap + slowdown per node every {CYCLE_S:g} s",
+        f"every {SAMPLE_S:g} s (2 s under 5 min); churn: one request/clear/AppWrapper "
+        f"restore every {CHURN_S:g} s, XID 79 + pending remap + slowdown per node every "
+        f"{CYCLE_S:g} s",
         f"plateau: |slope over the last {TAIL_MIN:g} min (or last half)| <= "
         f"{PLATEAU_KIB_PER_MIN:g} KiB/min",
     ]
