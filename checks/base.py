@@ -398,6 +398,11 @@ class BaseCheck:
     - CODES: the finding codes it reports (see checks.catalog); a family of codes
       is written with a `*` (`XID_*`)
 
+    - INPUTS: what it reads from the machine, by the names a recording
+      (`healthd record`) gives its sources (`nvml`, `xid`, `pciebw`, `dcgm`, ...);
+      None: one source named like the check. A replay runs it only when the
+      recording holds every one (see `inputs_of`).
+
     Adding a check with a metric touches its module and its registry line: the
     agent builds its metric families and the Autopilot gauge from these.
     """
@@ -412,6 +417,7 @@ class BaseCheck:
     MEASURES: ClassVar[tuple[Measure, ...]] = ()
     AUTOPILOT: ClassVar[AutopilotGauge | None] = None
     CODES: ClassVar[tuple[str, ...]] = ()
+    INPUTS: ClassVar[frozenset[str] | None] = None
 
     def __init__(self, params: BaseModel | Mapping[str, Any] | None = None) -> None:
         if isinstance(params, BaseModel):
@@ -440,6 +446,12 @@ class BaseCheck:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.params!r})"
+
+
+def inputs_of(check: Check) -> frozenset[str]:
+    """The sources `check` reads (its INPUTS, else one named like the check)."""
+    declared = getattr(check, "INPUTS", None)
+    return frozenset(declared) if declared is not None else frozenset({check.NAME})
 
 
 async def run_check(check: Check, ctx: CheckContext, timeout_s: float | None = None) -> CheckResult:

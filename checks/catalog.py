@@ -49,14 +49,18 @@ class CodeSpec:
     raise_rule: RaiseRule = STEADY
 
 
-def _spec(code: str, severity: Severity, description: str, sticky: bool = False) -> CodeSpec:
-    return CodeSpec(code, severity, sticky, description)
+def _spec(code: str, severity: Severity, description: str, sticky: bool = False,
+          raise_rule: RaiseRule = STEADY) -> CodeSpec:
+    return CodeSpec(code, severity, sticky, description, raise_rule)
 
 
 DEFAULT_CODES: dict[str, CodeSpec] = {
     s.code: s
     for s in (
-        _spec("REMAP_PENDING", S.ERR, "row remapping pending: the GPU needs a reset"),
+        # A definitive hardware state (the driver's own flag, not a noisy reading):
+        # damping it would only add a poll interval to fault-to-label.
+        _spec("REMAP_PENDING", S.ERR, "row remapping pending: the GPU needs a reset",
+              raise_rule=AT_ONCE),
         _spec("REMAP_FAILURE", S.EVICT, "row remapping failed: the GPU needs service", True),
         _spec("HW_SLOWDOWN", S.WARN, "hardware slowdown, power brake or thermal slowdown"),
         _spec("PCIE_LINK_DEGRADED", S.WARN, "PCIe link below its maximum generation or width"),

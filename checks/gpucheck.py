@@ -20,7 +20,7 @@ extend `examine` (the xid check collects events there).
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar, cast
+from typing import ClassVar, Generic, TypeVar, cast
 
 from pydantic import BaseModel
 
@@ -80,6 +80,8 @@ class GpuCheck(BaseCheck, Generic[P]):
 
     Parametrised by the check's Params model, so `settings` is typed while `params`
     keeps the Check protocol's type: `class PcieCheck(GpuCheck[PcieParams])`."""
+
+    INPUTS: ClassVar[frozenset[str] | None] = frozenset({"nvml"})
 
     @property
     def settings(self) -> P:

@@ -242,6 +242,15 @@ def _optional(fn: Callable[..., Any], *args: Any) -> str:
         return ""
 
 
+def _system_optional(fn: Callable[..., Any]) -> str:
+    """A machine-wide string (driver version): "" on any failure, GPU_IS_LOST
+    included (no one GPU is lost by it; the per-GPU reads tell which)."""
+    try:
+        return _optional(fn)
+    except _Lost:
+        return ""
+
+
 def _cuda_driver_version() -> int:
     """nvmlSystemGetCudaDriverVersion (13000 = CUDA 13.0); 0 when unreadable."""
     try:
@@ -282,8 +291,8 @@ class NvmlReader:
         if error:
             return NodeSnapshot(driver_error=error)
         return NodeSnapshot(
-            driver_version=_optional(pynvml.nvmlSystemGetDriverVersion),
-            nvml_version=_optional(pynvml.nvmlSystemGetNVMLVersion),
+            driver_version=_system_optional(pynvml.nvmlSystemGetDriverVersion),
+            nvml_version=_system_optional(pynvml.nvmlSystemGetNVMLVersion),
             cuda_driver_version=_cuda_driver_version(),
             gpus=tuple(self._read_gpu(index) for index in range(count)),
         )
@@ -296,6 +305,8 @@ class NvmlReader:
                 return 0, error
             try:
                 count = int(_call(pynvml.nvmlDeviceGetCount))
+            except _Lost as exc:  # no GPU can be named: the node cannot be read
+                return 0, str(exc)
             except _Unreadable as exc:
                 if exc.code in _DRIVER_GONE:  # the driver went away: start over once
                     self._forget_session()

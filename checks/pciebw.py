@@ -153,6 +153,7 @@ class PcieBwCheck(GpuCheck[PcieBwParams]):
     CODES: ClassVar[tuple[str, ...]] = ("PCIE_BW_LOW", "GPU_MISSING")
     Params: ClassVar[type[BaseModel]] = PcieBwParams
     DEFAULT_INTERVAL_S: ClassVar[float] = 3600.0
+    INPUTS: ClassVar[frozenset[str] | None] = frozenset({"nvml", "pciebw"})
     DEFAULT_TIMEOUT_S: ClassVar[float] = 120.0  # ~2 s per GPU; slack for a slow link
 
     def __init__(self, params: BaseModel | Mapping[str, Any] | None = None) -> None:

@@ -35,6 +35,7 @@ from checks.snapshot import NodeSnapshot, Ok
 
 class SxidCheck(GpuCheck[NoParams]):
     NAME: ClassVar[str] = "sxid"
+    INPUTS: ClassVar[frozenset[str] | None] = frozenset({"nvml", "kernel_log"})
     DESCRIPTION: ClassVar[str] = "NVSwitch errors (SXIDs) in the kernel log"
     CODES: ClassVar[tuple[str, ...]] = ("SXID_*", "SXID_FATAL")
     DEFAULT_INTERVAL_S: ClassVar[float] = 30.0

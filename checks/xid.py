@@ -47,6 +47,7 @@ class XidCheck(GpuCheck[XidParams]):
     CODES: ClassVar[tuple[str, ...]] = ("XID_*", "GPU_MISSING")
     Params: ClassVar[type[BaseModel]] = XidParams
     DEFAULT_INTERVAL_S: ClassVar[float] = 30.0
+    INPUTS: ClassVar[frozenset[str] | None] = frozenset({"nvml", "xid"})
     # Must exceed the longest window plus one NVML pass.
     DEFAULT_TIMEOUT_S: ClassVar[float] = MAX_WINDOW_S + 10.0
 

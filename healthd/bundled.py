@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
+from healthd.validation import UnreadableYaml, read_yaml_file
 
 
 def names(folder: Path) -> list[str]:
@@ -31,10 +31,10 @@ def read_yaml(source: str | Path, folder: Path, what: str) -> tuple[Path, object
     """The parsed YAML of `source` (a path or a bundled name), with its path. `what`
     names the kind of file in messages ("machine spec", "scenario")."""
     path = resolve(source, folder)
+    if not path.exists():
+        raise UnreadableFile(f"cannot read {what} {path}: No such file or directory (bundled: "
+                             f"{', '.join(names(folder))})")
     try:
-        return path, yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise UnreadableFile(f"cannot read {what} {path}: {exc.strerror} (bundled: "
-                             f"{', '.join(names(folder))})") from exc
-    except yaml.YAMLError as exc:
-        raise UnreadableFile(f"{what} {path} is not valid YAML: {exc}") from exc
+        return path, read_yaml_file(path, what)
+    except UnreadableYaml as exc:
+        raise UnreadableFile(str(exc)) from exc

@@ -23,5 +23,12 @@ def parse_duration(value: object) -> float:
     raise ValueError(f"expected a duration like 30s, 5m or 1h, got {value!r}")
 
 
-Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
-"""A positive duration field of a pydantic model, stored as seconds."""
+MAX_DURATION_S = 366 * 86400.0  # a year: longer is a typo (or .inf), not a schedule
+MIN_INTERVAL_S = 0.1  # a check or poll repeated faster would only burn the node's CPU
+
+Duration = Annotated[float, BeforeValidator(parse_duration),
+                     Field(gt=0, le=MAX_DURATION_S, allow_inf_nan=False)]
+"""A positive, finite duration field of a pydantic model (at most a year), in seconds."""
+
+Interval = Annotated[Duration, Field(ge=MIN_INTERVAL_S)]
+"""How often something repeats: a Duration of at least MIN_INTERVAL_S."""

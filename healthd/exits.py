@@ -3,7 +3,8 @@
 Each command (`healthd agent`, `healthd controller`, `healthd trigger`/`status`)
 raises `ExitError` wherever it learns it cannot go on, and its `main` turns it into
 the message and the status. The numbers follow sysexits.h where one fits: 64 for a
-bad command line, 78 for a config or kubeconfig that cannot be used. A `UsageError`
+bad command line, 73 for an output file that cannot be created, 78 for a config or
+kubeconfig that cannot be used. A `UsageError`
 (64) reaches `healthd.cli.main`, which prints it after the subcommand's usage, as
 argparse does for the mistakes it finds itself. `UsageParser` is argparse with that
 status, for every command line healthd has (the emulator's included).
@@ -19,6 +20,7 @@ from healthd.config import Config, ConfigError, load_config
 
 EX_SOFTWARE = 1
 EX_USAGE = 64
+EX_CANTCREAT = 73  # an output file that cannot be created
 EX_CONFIG = 78
 
 

@@ -11,13 +11,24 @@ Any other path is 404 and any other method 405. No endpoint changes anything: th
 on-demand checks go through Node annotations, where Kubernetes RBAC decides who may
 ask. A probe callback that raises answers 503 with the error; it never takes the
 server down.
+
+The port is reachable from the pod network, so what connects cannot hold it: a
+connection must deliver a request's line and headers within `deadline_s` (15 s) of
+opening or of its last answer, else it is closed (an idle keep-alive, a sender that
+trickles a byte at a time); at most `max_connections` (64) are open at once, and a
+newcomer beyond that closes the oldest one still waiting for its request, so a
+flood of idle connections never locks the kubelet's probe out; the listen backlog
+is 256.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import logging
+import socket
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -34,7 +45,9 @@ Probe = Callable[[], tuple[bool, str]]
 Answer = tuple[int, str, bytes]  # status, content type, body
 Route = Callable[[str], Answer]  # the request's Accept header -> the answer
 TEXT = "text/plain; charset=utf-8"
-IDLE_CONNECTION_S = 60  # a scraper's kept-alive connection idle this long is closed
+REQUEST_DEADLINE_S = 15.0  # from opening (or the last answer) to a request's headers
+MAX_CONNECTIONS = 64
+BACKLOG = 256
 
 
 def _metrics_route(registry: CollectorRegistry) -> Route:
@@ -69,15 +82,76 @@ def routes(registry: CollectorRegistry, *, healthy: Probe, ready: Probe) -> dict
             "/readyz": _probe_route("ready", ready)}
 
 
+class _Connections:
+    """The open connections and since when each has been waiting for a request (None
+    while one is being answered). Closing one shuts its socket down, which ends the
+    blocked read of the thread that serves it."""
+
+    def __init__(self, deadline_s: float, limit: int) -> None:
+        self.deadline_s, self.limit = deadline_s, limit
+        self._waiting: dict[socket.socket, float | None] = {}
+        self._lock = threading.Lock()
+
+    def admit(self, sock: socket.socket) -> bool:
+        """Track a new connection; at the limit the oldest waiting one makes room.
+        False when every open one is being answered (the newcomer is refused)."""
+        with self._lock:
+            if len(self._waiting) >= self.limit:
+                waiting = [(t, s) for s, t in self._waiting.items() if t is not None]
+                if not waiting:
+                    return False
+                self._close(min(waiting, key=lambda ts: ts[0])[1])
+            self._waiting[sock] = time.monotonic()
+            return True
+
+    def waiting(self, sock: socket.socket) -> None:
+        with self._lock:
+            if sock in self._waiting:
+                self._waiting[sock] = time.monotonic()
+
+    def busy(self, sock: socket.socket) -> None:
+        with self._lock:
+            if sock in self._waiting:
+                self._waiting[sock] = None
+
+    def forget(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._waiting.pop(sock, None)
+
+    def expire(self) -> None:
+        """Close the connections that waited past the deadline."""
+        cutoff = time.monotonic() - self.deadline_s
+        with self._lock:
+            for sock in [s for s, t in self._waiting.items() if t is not None and t < cutoff]:
+                self._close(sock)
+
+    def _close(self, sock: socket.socket) -> None:
+        del self._waiting[sock]
+        with contextlib.suppress(OSError):  # already gone
+            sock.shutdown(socket.SHUT_RDWR)
+
+
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True  # a scrape in flight must not hold up the daemon's stop
     block_on_close = False
+    request_queue_size = BACKLOG
 
     def __init__(self, address: tuple[str, int], routes: dict[str, Route],
-                 token: Any) -> None:
+                 token: Any, connections: _Connections) -> None:
         super().__init__(address, _Handler)
         self.routes = routes
         self.token = token  # the event loop the routes run on
+        self.connections = connections
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if self.connections.admit(request):
+            super().process_request(request, client_address)
+        else:
+            self.shutdown_request(request)
+
+    def service_actions(self) -> None:
+        """Between accepts (every poll interval): close connections past the deadline."""
+        self.connections.expire()
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -86,7 +160,23 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     server: _Server
     protocol_version = "HTTP/1.1"  # keep-alive for scrapers
-    timeout = IDLE_CONNECTION_S
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.connections.deadline_s)  # no read blocks longer
+
+    def finish(self) -> None:
+        self.server.connections.forget(self.connection)
+        super().finish()
+
+    def handle_one_request(self) -> None:
+        self.server.connections.waiting(self.connection)
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        """The request line and headers are in: no deadline while it is answered."""
+        self.server.connections.busy(self.connection)
+        return super().parse_request()
 
     def do_GET(self) -> None:
         self._answer(with_body=True)
@@ -140,6 +230,8 @@ async def serve_http(
     healthy: Probe,
     ready: Probe,
     host: str = "0.0.0.0",
+    deadline_s: float = REQUEST_DEADLINE_S,
+    max_connections: int = MAX_CONNECTIONS,
 ) -> AsyncIterator[int]:
     """Serve the endpoints on host:port while the context is open; yields the bound
     port (port 0 picks a free one). A port that cannot be bound raises OSError with a
@@ -151,7 +243,8 @@ async def serve_http(
     paths."""
     try:
         server = _Server((host, port), routes(registry, healthy=healthy, ready=ready),
-                         anyio.lowlevel.current_token())
+                         anyio.lowlevel.current_token(),
+                         _Connections(deadline_s, max_connections))
     except OSError as exc:
         raise OSError(exc.errno, f"cannot serve HTTP on {host}:{port}: {exc.strerror}") from exc
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},

@@ -18,8 +18,8 @@ How readings map to the spec:
 - NVLink fabric info is the `fabric` section (the first registered GPU's) plus
   per-GPU `fabric` faults; the time since boot, in whole minutes, is `uptime_s`;
 - the kernel log's XID and SXID lines are `kernel_log`, the RDMA ports' sysfs
-  values `rdma.ports`; a source that could not be read is listed under
-  `not_recorded`, and replays as SKIPPED "not recorded".
+  values `rdma.ports`; a source that could not be read is left out of `recorded`,
+  and the checks that read it replay as SKIPPED "not recorded".
 
 `--redact` replaces GPU UUIDs, serials and the node name with placeholders, the same
 original always by the same placeholder.
@@ -204,20 +204,29 @@ def machine_spec(recording: Recording, *, redact: bool = False) -> dict[str, Any
     if fabric is not None:
         spec["fabric"] = fabric
     spec["faults"] = faults
-    not_recorded = []
-    if recording.kernel_log is None:
-        not_recorded.append("kernel_log")
-    elif recording.kernel_log:
+    if recording.kernel_log:
         spec["kernel_log"] = recording.kernel_log
-    if recording.rdma is None:
-        not_recorded.append("rdma")
-    elif recording.rdma:
+    if recording.rdma:
         spec["rdma"] = {"ports": [_rdma_entry(port) for port in recording.rdma]}
-    if not_recorded:
-        spec["not_recorded"] = not_recorded
     if recording.dcgm is not None:
         spec["dcgm"] = _dcgm_entry(recording.dcgm)
+    spec["recorded"] = sources(recording)
     return redacted(spec) if redact else spec
+
+
+def sources(recording: Recording) -> list[str]:
+    """What the recording holds, by the names checks give their INPUTS: a replay
+    runs only the checks whose inputs are all here (healthd.sim.recorded)."""
+    held = ["nvml", "xid"]  # one NVML pass and the window's XIDs, always
+    if recording.bandwidth:
+        held.append("pciebw")
+    if recording.dcgm is not None and recording.dcgm.stdout is not None:
+        held.append("dcgm")
+    if recording.kernel_log is not None:  # read, even if it held no NVIDIA line
+        held.append("kernel_log")
+    if recording.rdma is not None:
+        held.append("rdma")
+    return held
 
 
 def _machine_gpus(gpus: Sequence[GpuSnapshot]) -> dict[str, Any]:

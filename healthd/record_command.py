@@ -4,6 +4,7 @@
                    [--include dcgm] [--redact] [--config FILE] [--sim SPEC]
 
 Exit statuses: 0 written; 3 no NVIDIA driver (nothing to record); 64 usage error;
+73 an --output that cannot be written (checked before recording);
 78 bad config or machine spec.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import sys
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -28,7 +30,7 @@ from checks.rdma import RdmaParams, RdmaReader, SysfsRdmaReader
 from healthd import __version__
 from healthd.config import Config
 from healthd.durations import parse_duration
-from healthd.exits import EX_CONFIG, ExitError, UsageError, config_or_exit
+from healthd.exits import EX_CANTCREAT, EX_CONFIG, ExitError, UsageError, config_or_exit
 from healthd.once import node_name
 from healthd.record import NothingToRecord, machine_spec, read_machine
 
@@ -78,17 +80,35 @@ def run_record(args: argparse.Namespace) -> int:
     """`healthd record`; its ExitError goes to healthd.cli, which prints it."""
     includes = parse_includes(args.include)
     config = config_or_exit(args.config)
+    output = writable_output(args.output) if args.output else None  # before recording
     try:
         document = anyio.run(_record, args, includes, config)
     except NothingToRecord as exc:
         print(f"healthd: {exc}: nothing to record on this machine", file=sys.stderr)
         return EX_NO_DRIVER
-    if args.output:
-        Path(args.output).write_text(document)
-        print(f"healthd: recorded {args.output}", file=sys.stderr)
+    if output is not None:
+        try:
+            output.write_text(document)
+        except OSError as exc:
+            raise ExitError(f"cannot write {output}: {exc.strerror}", EX_CANTCREAT) from exc
+        print(f"healthd: recorded {output}", file=sys.stderr)
     else:
         sys.stdout.write(document)
     return 0
+
+
+def writable_output(text: str) -> Path:
+    """The --output file, once it is known it can be written (ExitError EX_CANTCREAT
+    naming why not), so a recording is never taken only to be lost."""
+    path = Path(text)
+    if path.is_dir():
+        raise ExitError(f"--output {text}: is a directory; name a file in it", EX_CANTCREAT)
+    if not path.parent.is_dir():
+        raise ExitError(f"--output {text}: directory {path.parent} does not exist",
+                        EX_CANTCREAT)
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ExitError(f"--output {text}: not writable", EX_CANTCREAT)
+    return path
 
 
 async def _record(args: argparse.Namespace, includes: Includes, config: Config) -> str:

@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import (
     Field,
     ValidationError,
@@ -26,13 +25,13 @@ from pydantic import (
 import checks
 from checks.base import Check, Severity
 from checks.catalog import Catalog, Override, RaiseRule, is_known_code
-from healthd.config.agent import AgentSettings
+from healthd.config.agent import AgentSettings, cron_expression
 from healthd.config.controller import ControllerSettings
-from healthd.durations import Duration
+from healthd.durations import Duration, Interval
 from healthd.kube.conventions import DEFAULT_LABEL_PREFIX, DEFAULT_OWN_PREFIX
 from healthd.models import Frozen
 from healthd.selection import parse_selection
-from healthd.validation import explain
+from healthd.validation import UnreadableYaml, explain, read_yaml_file
 
 ENV_OVERRIDES = {
     "NODE_NAME": "node_name",
@@ -84,10 +83,15 @@ class CheckConfig(Frozen):
     """One check's schedule and parameters. Unset interval/timeout: the check's default."""
 
     enabled: bool = True
-    interval: Duration | None = None
+    interval: Interval | None = None
     cron: str | None = Field(None, description="cron expression, instead of interval")
     timeout: Duration | None = None
     params: dict[str, Any] = {}
+
+    @field_validator("cron")
+    @classmethod
+    def _valid_cron(cls, value: str | None) -> str | None:
+        return cron_expression(value)
 
 
 class Config(Frozen):
@@ -120,18 +124,25 @@ class Config(Frozen):
             raise ValueError("must be a DNS subdomain followed by '/', e.g. healthd.io/")
         return prefix
 
-    @model_validator(mode="after")
-    def _checks_and_params(self) -> Config:
-        for name, section in self.checks.items():
-            cls = checks.REGISTRY.get(name)
-            if cls is None:
+    @field_validator("checks")
+    @classmethod
+    def _checks_and_params(cls, sections: dict[str, CheckConfig]) -> dict[str, CheckConfig]:
+        """Every unknown check and bad params, with the other sections' errors (a
+        field validator runs beside them, where a model validator would wait)."""
+        problems = []
+        for name, section in sections.items():
+            check = checks.REGISTRY.get(name)
+            if check is None:
                 known = ", ".join(sorted(checks.REGISTRY))
-                raise ValueError(f"checks.{name}: unknown check; known checks: {known}")
+                problems.append(f"checks.{name}: unknown check; known checks: {known}")
+                continue
             try:
-                cls.Params.model_validate(section.params)
+                check.Params.model_validate(section.params)
             except ValidationError as exc:
-                raise ValueError(f"checks.{name}.params: {explain(exc)}") from None
-        return self
+                problems.append(f"checks.{name}.params: {explain(exc)}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return sections
 
     @model_validator(mode="after")
     def _diagnostics_build(self) -> Config:
@@ -176,11 +187,9 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     raw: Any = {}
     if path is not None:
         try:
-            raw = yaml.safe_load(Path(path).read_text()) or {}
-        except OSError as exc:
-            raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config {path} is not valid YAML: {exc}") from exc
+            raw = read_yaml_file(Path(path), "config") or {}
+        except UnreadableYaml as exc:
+            raise ConfigError(str(exc)) from exc
         if not isinstance(raw, dict):
             raise ConfigError(f"config {path}: expected a mapping at the top level")
     env = os.environ if env is None else env
@@ -194,6 +203,8 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
                     env[DIAGNOSTIC_RUNTIME_CLASS_ENV])
     try:
         return Config.model_validate(raw)
+    except RecursionError:
+        raise ConfigError(f"config {path or 'defaults'}: nested too deeply") from None
     except ValidationError as exc:
         origin = path or "defaults"
         raise ConfigError(f"config {origin}: {explain(exc)}") from exc

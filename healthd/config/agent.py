@@ -18,12 +18,12 @@ interval, cron, timeout, params); this section adds what only the agent needs:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
 import checks
-from healthd.durations import Duration
+from healthd.durations import Duration, Interval
 from healthd.models import Frozen
 from healthd.selection import SelectionError, parse_selection
 
@@ -64,12 +64,28 @@ class PeerSettings(Frozen):
     label_selector: str = Field(AGENT_SELECTOR, description="selects the agent pods")
 
 
+def cron_expression(value: str | None) -> str | None:
+    """`value` when it is a crontab expression the agent's scheduler accepts (5
+    fields, UTC); ValueError naming what is wrong otherwise."""
+    if value is not None:
+        from apscheduler.triggers.cron import CronTrigger
+
+        try:
+            CronTrigger.from_crontab(value, timezone="UTC")
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"invalid cron expression {value!r}: {exc}") from None
+    return value
+
+
+ApiTimeout = Annotated[Duration, Field(le=300.0)]
+
+
 class ScheduleEntry(Frozen):
     """A check the agent runs on its own schedule beyond the `checks:` section: deep
     diagnostics (`dcgm:3`) run only when listed here."""
 
     check: str = Field(description="a check key: NAME or NAME:ARG, e.g. dcgm:3")
-    interval: Duration | None = Field(None, description="run every interval")
+    interval: Interval | None = Field(None, description="run every interval")
     cron: str | None = Field(None, description="crontab expression (5 fields), UTC")
     timeout: Duration | None = Field(None, description="unset: the check's own deadline")
 
@@ -87,14 +103,7 @@ class ScheduleEntry(Frozen):
     @field_validator("cron")
     @classmethod
     def _valid_cron(cls, value: str | None) -> str | None:
-        if value is not None:
-            from apscheduler.triggers.cron import CronTrigger
-
-            try:
-                CronTrigger.from_crontab(value, timezone="UTC")
-            except ValueError as exc:
-                raise ValueError(f"invalid cron expression {value!r}: {exc}") from None
-        return value
+        return cron_expression(value)
 
     @model_validator(mode="after")
     def _one_schedule(self) -> ScheduleEntry:
@@ -145,7 +154,7 @@ class AgentSettings(Frozen):
     xid_window_s: float = Field(
         0.5, ge=0, le=10, description="window of the periodic xid check (events also stream)"
     )
-    api_timeout_s: Duration = Field(10.0, description="deadline of one Kubernetes API request")
+    api_timeout_s: ApiTimeout = Field(10.0, description="deadline of one Kubernetes API request")
     shutdown_flush_s: Duration = Field(
         5.0, description="on SIGTERM, how long to wait for the last state to be written"
     )

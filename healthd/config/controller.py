@@ -24,7 +24,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from healthd.durations import Duration
+from healthd.durations import Duration, Interval
 from healthd.kube.conventions import CONTROLLER_COMPONENT, GPU_RESOURCE, Verdict
 from healthd.models import Frozen
 
@@ -63,7 +63,8 @@ class ResetSettings(Frozen):
     """How fast AppWrappers may be reset: a token bucket, and a minimum spacing per
     AppWrapper so a flapping node label cannot reset the same work over and over."""
 
-    rate_per_minute: float = Field(60.0, gt=0, description="resets per minute, sustained")
+    rate_per_minute: float = Field(60.0, gt=0, le=1e6, allow_inf_nan=False,
+                                   description="resets per minute, sustained")
     burst: int = Field(10, ge=1, description="resets allowed at once before the rate applies")
     min_spacing: Duration = Field(
         300.0, description="least time between two resets of one AppWrapper"
@@ -104,7 +105,7 @@ class ElectionSettings(Frozen):
     namespace: str = Field(DEFAULT_NAMESPACE, min_length=1, description="the Lease's namespace")
     lease_duration: Duration = Field(15.0, description="a standby takes over after this")
     renew_deadline: Duration = Field(10.0, description="the leader gives up if not renewed by")
-    retry_period: Duration = Field(2.0, description="how often to try to acquire or renew")
+    retry_period: Interval = Field(2.0, description="how often to try to acquire or renew")
 
     @model_validator(mode="after")
     def _ordered(self) -> ElectionSettings:

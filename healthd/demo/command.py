@@ -6,7 +6,8 @@ Starts the demo cluster (healthd.demo.cluster), plays the scenario
 (healthd.demo.player) and shows it: a live screen on a terminal, a line log
 elsewhere, then a summary; `--output json` prints the result instead (the
 timeline of observed states, the Events, the steps; `-o yaml` the same as YAML;
-`wide` is the table). `--serve PORT` keeps the
+`wide` adds each node's findings, last on-demand answer and blamed networks to the
+final table, also on a terminal). `--serve PORT` keeps the
 emulated API on PORT and every component running after the story, prints a
 kubeconfig and the /metrics addresses, and stops on Ctrl-C.
 
@@ -42,7 +43,7 @@ from healthd.demo.scenario import (
 )
 from healthd.demo.view import LiveView, line, summary
 from healthd.exits import UsageError, port_number
-from healthd.output import add_output_argument, dump, is_document
+from healthd.output import WIDE, add_output_argument, dump, is_document
 
 if TYPE_CHECKING:
     from healthd.demo.cluster import DemoCluster
@@ -86,6 +87,9 @@ def _logging(live_lines: list[str] | None) -> Iterator[None]:
     handler: logging.Handler = _Sink(live_lines) if live_lines is not None \
         else logging.StreamHandler(sys.stderr)
     handler.setLevel(logging.WARNING if live_lines is not None else logging.ERROR)
+    if live_lines is None:  # a line on stderr says who says it
+        handler.setFormatter(logging.Formatter("healthd demo: %(name)s: %(levelname)s: "
+                                               "%(message)s"))
     before = root.level
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
@@ -152,7 +156,13 @@ async def play(scenario: Scenario, *, nodes: int, stream: TextIO, live: bool = F
 
 
 async def _serve(cluster: DemoCluster, stream: TextIO, hold: Hold | None) -> None:
-    folder = Path(tempfile.mkdtemp(prefix="healthd-demo-"))
+    """Print where the cluster is and hold it; the kubeconfig's folder goes with it."""
+    with tempfile.TemporaryDirectory(prefix="healthd-demo-") as folder:
+        await _serve_from(cluster, stream, hold, Path(folder))
+
+
+async def _serve_from(cluster: DemoCluster, stream: TextIO, hold: Hold | None,
+                      folder: Path) -> None:
     kubeconfig = cluster.api.write_kubeconfig(folder / "kubeconfig")
     free = await _free_node(cluster)
     diagnose = (f"healthd trigger --kubeconfig {kubeconfig} --nodes {free} --checks dcgm:3 "
@@ -210,7 +220,7 @@ def run_demo(args: argparse.Namespace, stream: TextIO | None = None) -> int:
     except ScenarioError as exc:
         print(f"healthd: {exc}", file=sys.stderr)
         return EX_CONFIG
-    as_json = is_document(args.output)
+    as_json, wide = is_document(args.output), args.output == WIDE
     live = not as_json and stream.isatty()
     try:
         result = anyio.run(lambda: play(scenario, nodes=nodes, stream=stream, live=live,
@@ -226,7 +236,8 @@ def run_demo(args: argparse.Namespace, stream: TextIO | None = None) -> int:
     if as_json:
         print(dump(result, args.output), file=stream)
     elif args.serve is None:
-        print(("" if live else "\n") + summary(result, with_state=not live), file=stream)
+        print(("" if live else "\n") + summary(result, with_state=not live or wide,
+                                                wide=wide), file=stream)
     if not result["passed"]:
         print(f"healthd: scenario {scenario.name} failed: {result['failure']}", file=sys.stderr)
     return 0 if result["passed"] else EX_FAILED

@@ -80,6 +80,9 @@ class Recorder:
     timeline: list[dict[str, Any]] = field(default_factory=list)
     steps: list[dict[str, Any]] = field(default_factory=list)
     log: EventLog = field(default_factory=EventLog)
+    # Lines seen while the cluster is set up wait for `restart`, which prints them with
+    # their times relative to the story's start (negative): the log never runs back.
+    setup_lines: list[tuple[float, str]] | None = field(default_factory=list)
 
     def now(self) -> float:
         return anyio.current_time() - self.start
@@ -88,6 +91,9 @@ class Recorder:
         """The story starts now: what was seen while setting up gets negative times."""
         shift = self.now()
         self.start += shift
+        for t, text in self.setup_lines or ():
+            self.on_line(t - shift, text)
+        self.setup_lines = None
         self.on_line(0.0, "the cluster is ready: the story starts")
         for entry in (*self.timeline, *self.log.events):
             entry["t"] = round(entry["t"] - shift, 2)
@@ -98,13 +104,19 @@ class Recorder:
         state = observe(self.cluster)
         if state != self.state:
             for line in changes(self.state, state):
-                self.on_line(t, line)
+                self._say(t, line)
             self.state = state
             self.timeline.append({"t": round(t, 2), "state": state})
         for event in self.log.collect(self.cluster, t):
-            self.on_line(t, f"Event {event['type']} {event['reason']} on {event['object']}: "
+            self._say(t, f"Event {event['type']} {event['reason']} on {event['object']}: "
                             f"{event['message']}")
         return state
+
+    def _say(self, t: float, text: str) -> None:
+        if self.setup_lines is not None:
+            self.setup_lines.append((t, text))
+        else:
+            self.on_line(t, text)
 
     def step_started(self, index: int, step: Step) -> dict[str, Any]:
         """Log a step as it starts; the record is finished by `step_ended`."""

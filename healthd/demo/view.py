@@ -36,7 +36,7 @@ def paint(text: str, verdict: str | None, colour: bool) -> str:
 
 def line(t: float, text: str) -> str:
     """One line of the plain log: `[  12.3s] text`."""
-    return f"[{t:7.1f}s] {text}"
+    return f"[{round(t, 1) or 0.0:7.1f}s] {text}"  # never "-0.0s"
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -46,11 +46,15 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return [fmt.format(*headers).rstrip(), *(fmt.format(*r).rstrip() for r in rows)]
 
 
-def render_state(state: State, *, colour: bool = False) -> list[str]:
-    """Nodes, AppWrappers, lending and the breaker as aligned tables."""
+def render_state(state: State, *, colour: bool = False, wide: bool = False) -> list[str]:
+    """Nodes, AppWrappers, lending and the breaker as aligned tables; `wide` adds
+    each node's findings (code@entity), the last on-demand answer and the networks
+    the controller blames it on."""
     nodes = [(name, s["verdict"] or NONE, s["condition"] or "-",
-              "cordoned" if s["cordoned"] else "") for name, s in state["nodes"].items()]
-    out = _table(("NODE", "VERDICT", "GPUUnhealthy", ""), nodes)
+              "cordoned" if s["cordoned"] else "", *(_wide_node(s) if wide else ()))
+             for name, s in state["nodes"].items()]
+    headers = ("NODE", "VERDICT", "GPUUnhealthy", "", *(WIDE_NODE if wide else ()))
+    out = _table(headers, nodes)
     for i, (_, verdict, *_) in enumerate(nodes, start=1):
         out[i] = out[i].replace(verdict, paint(verdict, verdict, colour), 1)
     out.append("")
@@ -67,6 +71,19 @@ def render_state(state: State, *, colour: bool = False) -> list[str]:
     breaker = paint("OPEN (resets stopped)", "EVICT", colour) if is_open else "closed"
     out.append(f"circuit breaker: {breaker}")
     return out
+
+
+WIDE_NODE = ("FINDINGS", "LAST REQUEST", "BLAMED ON")
+
+
+def _wide_node(s: dict[str, Any]) -> tuple[str, str, str]:
+    run = s.get("last_run")
+    answer = "-"
+    if isinstance(run, dict):
+        answer = f"{run.get('kind')} {run.get('request')}: " + (
+            "accepted" if run.get("accepted") else f"refused ({run.get('error')})")
+    return (", ".join(s.get("findings") or []) or "-", answer,
+            ", ".join(s.get("blamed_on") or []) or "-")
 
 
 def screen(title: str, t: float, step: str, state: State | None, story: Sequence[str],
@@ -117,7 +134,7 @@ class LiveView:
         self.stream.flush()
 
 
-def summary(result: dict[str, Any], *, with_state: bool = True) -> str:
+def summary(result: dict[str, Any], *, with_state: bool = True, wide: bool = False) -> str:
     """The end of the story: PASSED/FAILED, the failure, the final state."""
     verdict = "PASSED" if result["passed"] else "FAILED"
     head = (f"{verdict}: scenario {result['scenario']} ({len(result['steps_done'])} of "
@@ -127,5 +144,5 @@ def summary(result: dict[str, Any], *, with_state: bool = True) -> str:
         out.append(f"  {result['failure']}")
     final = result["timeline"][-1]["state"] if result["timeline"] else None
     if final is not None and with_state:
-        out += ["", *render_state(final)]
+        out += ["", *render_state(final, wide=wide)]
     return "\n".join(out)

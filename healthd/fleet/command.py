@@ -144,7 +144,7 @@ async def trigger_command(args: argparse.Namespace, *, out: TextIO = sys.stdout,
                               timeout_s=timeout_s, wait=args.wait or args.batch is not None,
                               refused=refused, agentless=agentless,
                               on_progress=_progress_to(err),
-                              on_answer=_answers_to(out, args.output))
+                              on_answer=_answers_to(out, err, args.output))
         report = await _run_interruptible(engine, stop)
     _print_report(report, args.output, out, err)
     return report.exit_code
@@ -174,15 +174,16 @@ def _progress_to(err: TextIO) -> Callable[[Report], None]:
     return show
 
 
-def _answers_to(out: TextIO, output: str) -> Callable[[NodeOutcome], None]:
-    """Output that is not a terminal gets a line per node as it answers (a terminal
-    has the progress line; a document is printed whole at the end)."""
-    if out.isatty() or is_document(output):
+def _answers_to(out: TextIO, err: TextIO, output: str) -> Callable[[NodeOutcome], None]:
+    """When the output is not a terminal (a pipe, a log), progress is a line per
+    node on stderr as it answers, so stdout holds the table alone (a terminal has
+    the progress line)."""
+    if out.isatty() or err.isatty():
         return lambda outcome: None
 
     def show(outcome: NodeOutcome) -> None:
-        out.write(render.answer_line(outcome) + "\n")
-        out.flush()
+        err.write(render.answer_line(outcome) + "\n")
+        err.flush()
 
     return show
 
@@ -193,8 +194,6 @@ def _print_report(report: Report, output: str, out: TextIO, err: TextIO) -> None
     if is_document(output):
         out.write(dump(render.trigger_json(report), output) + "\n")
     else:
-        if not out.isatty():
-            out.write("\n")  # after the answer lines
         out.write(render.trigger_table(report, wide=output == WIDE) + "\n")
 
 

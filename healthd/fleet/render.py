@@ -174,9 +174,9 @@ def status_text(doc: Mapping[str, Any], *, wide: bool = False) -> str:
     each node's GPUs, agent pod and the last change of a check's status."""
     rows = (_status_row(r) + (_wide_part(r) if wide else ()) for r in doc["nodes"])
     nodes = render_table(rows, STATUS_WIDE_HEADERS if wide else STATUS_HEADERS)
-    parts = [nodes if doc["nodes"] else "no GPU node matches", _summary_line(doc["summary"]),
+    parts = [nodes if doc["nodes"] else _no_match(doc), _summary_line(doc["summary"]),
              _controller_text(doc["controller"])]
-    return "\n\n".join(parts)
+    return "\n\n".join(p for p in parts if p)
 
 
 def _status_row(row: Mapping[str, Any]) -> tuple[str, ...]:
@@ -213,9 +213,20 @@ def plural(count: int, noun: str) -> str:
     return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
+def _no_match(doc: Mapping[str, Any]) -> str:
+    """What an empty table means: `no GPU node is EVICT (12 GPU nodes)`."""
+    verdicts, total = doc["filters"].get("verdicts"), doc["summary"].get("gpu_nodes")
+    of = f" ({plural(total, 'GPU node')})" if total is not None else ""
+    if verdicts:
+        return f"no GPU node is {' or '.join(verdicts)}{of}"
+    return f"no GPU node matches{of}"
+
+
 def _summary_line(summary: Mapping[str, Any]) -> str:
     counts = ", ".join(f"{n} {v}" for v, n in summary["verdicts"].items() if n)
     missing, unready = summary["without_agent"], summary["agent_not_ready"]
+    if not summary["nodes"]:
+        return ""
     return (f"{plural(summary['nodes'], 'GPU node')}: {counts or 'none'}"
             + (f"; {missing} without a running agent" if missing else "")
             + (f"; {unready} with an agent that is not ready" if unready else ""))

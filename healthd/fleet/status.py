@@ -9,7 +9,8 @@ schema (`SCHEMA_VERSION` 1) only grows, and a change of meaning bumps the versio
     generated_at        RFC 3339 time of the view
     filters             {selector: str|null, verdicts: [str]|null}
     summary             {nodes: int, verdicts: {VERDICT: int}, without_agent: int,
-                        agent_not_ready: int (running agent pods that are not Ready)}
+                        agent_not_ready: int (running agent pods that are not Ready),
+                        gpu_nodes: int (GPU nodes the selector matched, before --verdict)}
     nodes[]             one per GPU node (GPU capacity, or a health label), by name:
       name              node name
       verdict           PASS WARN ERR TESTING EVICT (the label); UNKNOWN (agent cannot
@@ -101,11 +102,12 @@ def build(snap: Snapshot, config: Config, *, now: float, selector: str | None = 
     wanted = set(verdicts) if verdicts else None
     agents = agent_pods_by_node(snap.agent_pods.values())
     network = assess(rows_of(snap.nodes.values(), keys))  # every node, whatever is shown
-    rows = []
+    rows, gpu_nodes = [], 0
     for node in sorted(snap.nodes.values(), key=name_of):
         if not is_gpu_node(node, keys) or (snap.shown is not None and
                                            name_of(node) not in snap.shown):
             continue
+        gpu_nodes += 1
         row = node_row(node, keys, agents, now, blamed=name_of(node) in network.blamed)
         if wanted is None or row["verdict"] in wanted:
             rows.append(row)
@@ -114,7 +116,7 @@ def build(snap: Snapshot, config: Config, *, now: float, selector: str | None = 
         "generated_at": rfc3339(now),
         "filters": {"selector": selector or None,
                     "verdicts": sorted(wanted) if wanted else None},
-        "summary": _summary(rows),
+        "summary": {**_summary(rows), "gpu_nodes": gpu_nodes},
         "nodes": rows,
         "controller": controller_view(snap, config, keys, now, network=network),
     }

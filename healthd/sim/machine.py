@@ -235,6 +235,12 @@ class GpuFault(Frozen):
     fabric: FabricFault | None = None
     nvml_errors: list[NvmlErrorSpec] = []
 
+    @model_validator(mode="after")
+    def _ends_after_it_starts(self) -> GpuFault:
+        if self.until is not None and self.until <= self.at:
+            raise ValueError(f"until ({self.until:g} s) must be after at ({self.at:g} s)")
+        return self
+
 
 class MachineSpec(Frozen):
     """A simulated GPU node."""
@@ -252,9 +258,18 @@ class MachineSpec(Frozen):
     kernel_log: list[str] | None = Field(
         None, description="kernel-log messages written before the machine starts, in order "
         "(XID and SXID lines); unset: a log without NVIDIA lines")
-    not_recorded: list[Literal["kernel_log", "rdma"]] = Field(
-        [], description="sources a recording could not read: replayed as SKIPPED 'not recorded'")
     dcgm: DcgmSim = Field(DcgmSim(), description="what the fake dcgmi answers")
+    recorded: list[str] | None = Field(
+        None,
+        description="a recording: the sources it holds (nvml, xid, pciebw, dcgm, "
+        "kernel_log, rdma); "
+        "a check that reads anything else replays as SKIPPED 'not recorded'. Unset: "
+        "not a recording, everything is simulated",
+    )
+
+    def holds(self, source: str) -> bool:
+        """Whether the machine has `source` to serve: a recording only what it holds."""
+        return self.recorded is None or source in self.recorded
 
     @model_validator(mode="after")
     def _faults_name_real_gpus(self) -> MachineSpec:
@@ -323,6 +338,8 @@ def parse_machine_spec(raw: object, origin: str = "<spec>") -> MachineSpec:
         raise MachineSpecError(f"machine spec {origin}: expected a mapping at the top level")
     try:
         return MachineSpec.model_validate(raw)
+    except RecursionError:
+        raise MachineSpecError(f"machine spec {origin}: nested too deeply") from None
     except ValidationError as exc:
         raise MachineSpecError(f"machine spec {origin}: {explain(exc)}") from exc
 

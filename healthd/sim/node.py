@@ -1,7 +1,8 @@
 """A simulated GPU node: the fake NVML library under the real pynvml, the simulated
 bandwidth probe, the fake dcgmi and a kernel-log file, all from one machine spec.
 
-`healthd check --sim SPEC` prepares its planned checks with it (`prepare`); an agent
+`healthd check --sim SPEC` prepares its planned checks with it (`prepare`: a
+recording's checks whose inputs it does not hold are SKIPPED, healthd.sim.recorded); an agent
 on the simulated machine is built from the adapted config (`adapt`) and handed the
 simulated probes (`probes`), so the product never knows it is simulated.
 """
@@ -14,6 +15,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import checks as registry
 from checks.base import CheckContext, Probes
 from checks.dcgm import DcgmCheck
 from checks.kernel_log import KernelLog, KernelLogSource
@@ -29,8 +31,10 @@ from healthd.sim.kernellog import NotRecordedLog, SimKernelLog
 from healthd.sim.machine import MachineSpec, MachineSpecError, RdmaSpec, load_machine_spec
 from healthd.sim.network import SimNetwork
 from healthd.sim.rdma import NotRecordedRdma, SimRdma
+from healthd.sim.recorded import missing_inputs, replayable
 
-NO_DRIVER_OUTPUT = "v4-runtime-error"  # what DCGM says when it cannot start
+# Without a driver the DCGM host engine cannot start: dcgmi finds no one to talk to.
+NO_DRIVER_DCGM = DcgmSim(host_engine="none")
 
 
 class SimulationError(ValueError):
@@ -51,10 +55,10 @@ class SimulatedNode:
         """Write the machine's files under `workdir`: its kernel log's history."""
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
-        if "kernel_log" not in self.spec.not_recorded:
+        if self.spec.holds("kernel_log"):
             self.kernel_log = SimKernelLog(workdir / "kmsg", self.uptime)
             self.kernel_log.write_history(self.spec.kernel_log or [])
-        if "rdma" not in self.spec.not_recorded:
+        if self.spec.holds("rdma"):
             self.rdma = SimRdma(workdir / "infiniband", self.spec.rdma or RdmaSpec())
 
     def rdma_reader(self) -> RdmaReader | None:
@@ -95,14 +99,18 @@ class SimulatedNode:
         ctx.node_name = ctx.node_name or self.spec.node
         if ctx.expected_gpus is None:
             ctx.expected_gpus = self.spec.gpus.count  # the machine should have them all
-        return [self._simulated(item) for item in planned]
+        return [replayable(self.spec, self._simulated(item)) for item in planned]
 
     def adapt(self, config: Config) -> Config:
-        """`config` for an agent on this machine: `dcgmi` is the fake one, and the
-        machine should have all its GPUs (unless the config says how many)."""
+        """`config` for an agent on this machine: `dcgmi` is the fake one, the
+        machine should have all its GPUs (unless the config says how many), and the
+        checks a recording holds no inputs for are off (they would invent results)."""
         dcgm = config.check_section("dcgm")
         params = {**dcgm.params, "command": self._dcgmi()}
         checks = {**config.checks, "dcgm": dcgm.model_copy(update={"params": params})}
+        for name in registry.REGISTRY:  # a recording's agent runs only what it holds
+            if missing_inputs(self.spec, config.build_check(name)):
+                checks[name] = config.check_section(name).model_copy(update={"enabled": False})
         expected = self.spec.gpus.count if config.expected_gpus is None else config.expected_gpus
         agent = config.agent.model_copy(update={"kernel_log": self._kernel_log_settings(
             config.agent.kernel_log)})
@@ -126,7 +134,7 @@ class SimulatedNode:
     def _dcgmi(self) -> list[str]:
         dcgm = self.spec.dcgm
         if not self.spec.driver_present:  # no driver: DCGM cannot run either
-            dcgm = DcgmSim(output=NO_DRIVER_OUTPUT)
+            dcgm = NO_DRIVER_DCGM
         return fake_dcgmi_command(dcgm)
 
     def _simulated(self, item: Planned) -> Planned:

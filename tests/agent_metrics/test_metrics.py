@@ -205,7 +205,7 @@ def test_verdict_state_set(metrics: AgentMetrics, registry: CollectorRegistry) -
     before = registry.get_sample_value("healthd_node_verdict", {"node": NODE, "verdict": "PASS"})
     assert before is None  # no state yet: no claim about the verdict
     state = verdict.initial(at=10.0)
-    for at in (15.0, 20.0):  # a pending row raises on its second sighting
+    for at in (15.0, 20.0):  # a pending row raises at once; the second sighting keeps it
         state = verdict.apply(state, "remapped", remapped(range(4), pending=(3,)),
                               trigger=Trigger.PERIODIC, at=at, policy=Policy())
     metrics.observe_state(state)
@@ -213,7 +213,7 @@ def test_verdict_state_set(metrics: AgentMetrics, registry: CollectorRegistry) -
         sample = registry.get_sample_value("healthd_node_verdict", {"node": NODE, "verdict": value})
         assert sample == (1 if value is Verdict.ERR else 0), value
     node = {"node": NODE}
-    assert registry.get_sample_value("healthd_node_verdict_since_timestamp_seconds", node) == 20
+    assert registry.get_sample_value("healthd_node_verdict_since_timestamp_seconds", node) == 15
     assert registry.get_sample_value("healthd_node_judged", node) == 1
     held = {**node, "severity": "ERR"}
     assert registry.get_sample_value("healthd_node_held_findings", held) == 1

@@ -175,9 +175,13 @@ def check_raising(item: object, before: v.HealthState, after: v.HealthState,
                 assert (key in held) is (key in was_held or evidence(f, history.sightings[key]))
 
 
+DEFINITIVE_STATES = {"REMAP_PENDING"}  # hardware flags, raised on the first reading
+
+
 def evidence(f: Finding, sightings: list[bool]) -> bool:
     """Enough to raise a finding just reported (the last of `sightings`)."""
-    at_once = f.sticky or f.severity is Severity.EVICT or f.code.startswith(("XID_", "DCGM_"))
+    at_once = f.sticky or f.severity is Severity.EVICT or f.code.startswith(("XID_", "DCGM_")) \
+        or f.code in DEFINITIVE_STATES
     return at_once or sightings[-2:] == [True, True] or sum(sightings[-3:]) >= 2
 
 

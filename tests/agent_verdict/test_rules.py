@@ -36,6 +36,7 @@ NEEDS_CLEAR = [
     ("key", "code", "expected"),
     [
         ("xid", "XID_48", E),  # an event: the next run will not report it again
+        ("remapped", "REMAP_PENDING", E),  # a definitive hardware state, not a noisy one
         ("dcgm:1", "DCGM_DIAGNOSTIC", E),  # a diagnostic: the next run may be days away
         ("remapped", "REMAP_FAILURE", X),
         ("xid", "XID_79", X),
@@ -58,7 +59,6 @@ def test_fatal_codes_events_and_diagnostics_raise_at_once(
     [
         ("power", "HW_SLOWDOWN", W),
         ("pciebw", "PCIE_BW_LOW", W),
-        ("remapped", "REMAP_PENDING", E),
         ("ecc", "ECC_UNCORRECTED", E),
     ],
 )

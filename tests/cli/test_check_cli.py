@@ -185,3 +185,15 @@ def test_every_check_is_in_help() -> None:
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["version"]) == 0
     assert capsys.readouterr().out.startswith("healthd 0.")
+
+
+def test_a_simulated_driverless_node_shows_what_a_real_one_does() -> None:
+    proc = subprocess.run([sys.executable, "-m", "healthd.cli", "check", "--sim", "no-driver"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3
+    rows = [line.split()[0] for line in proc.stdout.split("\n\n")[0].splitlines()[1:]]
+    # Checks that need no GPU, and not a row of UNKNOWN per GPU check.
+    assert rows == ["ping", "nic", "rdma", "pvc", "dcgm"]
+    assert proc.stderr.startswith("healthd: NVIDIA driver not found: GPU checks gpus, ")
+    assert "in use" not in proc.stdout  # DCGM finds no host engine, as without a driver
+    assert "no host engine answers" in proc.stdout

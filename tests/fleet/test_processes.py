@@ -99,23 +99,24 @@ async def test_a_piped_watch_prints_a_frame_only_on_a_change(api: ApiEmulator,
     assert json.loads(frame)["nodes"][0]["verdict"] == "WARN"
 
 
-async def test_piped_trigger_prints_each_node_as_it_answers(api: ApiEmulator,
-                                                            tmp_path: Path) -> None:
+async def test_piped_trigger_prints_each_node_as_it_answers_on_stderr(
+        api: ApiEmulator, tmp_path: Path) -> None:
     api.seed(gpu_node("gpu-a"), gpu_node("gpu-z"))  # gpu-z has no agent: it never answers
     async with running_agents(api, tmp_path, ["gpu-a"]), healthd(
             api, tmp_path, "trigger", "--nodes", "gpu-a,gpu-z", "--checks", "remapped",
             "--wait", "--timeout", "8s") as proc:
-        assert proc.stdout is not None
-        out = Lines(proc.stdout)
-        first = await out.next(timeout_s=6)
+        assert proc.stdout is not None and proc.stderr is not None
+        out, err = Lines(proc.stdout), Lines(proc.stderr)
+        first = await err.next(timeout_s=6)
         assert proc.returncode is None  # gpu-z still has seconds to go
         with anyio.fail_after(30):
             code = await proc.wait()
-        rest = await out.collect(1.0)
+        rest = await err.collect(1.0)
+        table = await out.collect(1.0)
     assert first.startswith("gpu-a: PASS (before ") and "remapped=PASS" in first
     assert rest[0].startswith("gpu-z: no agent answered within 8s")
     assert code == 3
-    assert any(line.split()[:2] == ["NODE", "BEFORE"] for line in rest)  # then the table
+    assert table[0].split()[:2] == ["NODE", "BEFORE"]  # stdout holds the table alone
 
 
 async def test_status_prints_yaml(api: ApiEmulator, tmp_path: Path) -> None:

@@ -126,7 +126,8 @@ async def test_one_row_per_gpu_node_with_verdict_ages_codes_and_agent(
             for n, r in rows.items()} == {
         "n-pass": (True, 0, None), "n-evict": (True, 0, None), "n-err": (False, 3, 120),
         "n-unknown": (False, 0, None), "n-new": (None, None, None)}
-    assert doc["summary"] == {"nodes": 5, "without_agent": 2, "agent_not_ready": 1, "verdicts": {
+    assert doc["summary"] == {"nodes": 5, "gpu_nodes": 5, "without_agent": 2,
+                              "agent_not_ready": 1, "verdicts": {
         "PASS": 1, "WARN": 0, "ERR": 1, "TESTING": 0, "EVICT": 1, "UNKNOWN": 1, "NONE": 1}}
 
 
@@ -187,7 +188,8 @@ async def test_the_json_schema_is_stable(api: ApiEmulator, tmp_path: Path) -> No
     assert sorted(doc["controller"]["breaker"]) == ["message", "since", "state"]
     assert sorted(doc["controller"]["network"]) == GOLDEN_NETWORK
     assert sorted(doc["controller"]["resets"][0]) == ["appwrapper", "at", "message"]
-    assert sorted(doc["summary"]) == ["agent_not_ready", "nodes", "verdicts", "without_agent"]
+    assert sorted(doc["summary"]) == ["agent_not_ready", "gpu_nodes", "nodes", "verdicts",
+                                      "without_agent"]
 
 
 async def test_the_table(api: ApiEmulator, tmp_path: Path) -> None:
@@ -265,3 +267,12 @@ async def test_a_node_whose_health_annotation_is_garbage_reads_as_unreadable(
     assert run.code == 0 and "Traceback" not in run.err
     garbage = next(line for line in run.out.splitlines() if line.startswith("n-garbage"))
     assert garbage.rstrip().endswith("health unreadable")
+
+
+async def test_a_verdict_filter_that_matches_nothing_says_so(api: ApiEmulator,
+                                                            tmp_path: Path) -> None:
+    api.seed(*(gpu_node(f"gpu-{i}", verdict="PASS") for i in range(3)))
+    run = await healthd(api, tmp_path, "status", "--verdict", "EVICT")
+    assert run.code == 0, run.err
+    assert run.out.startswith("no GPU node is EVICT (3 GPU nodes)\n"), run.out
+    assert "0 GPU nodes: none" not in run.out

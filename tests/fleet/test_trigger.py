@@ -296,3 +296,16 @@ async def test_a_silent_testing_node_says_its_agent_is_busy(
     assert ("no agent answered within 1s; the node is TESTING: its agent is busy with a "
             "deep diagnostic and takes one request at a time (request withdrawn)") in run.out
     assert run_annotations(api, "diagnosing") == {}
+
+
+async def test_progress_goes_to_stderr_when_stdout_is_not_a_terminal(
+        api: ApiEmulator, tmp_path: Path) -> None:
+    names = ["gpu-a", "gpu-b"]
+    api.seed(*(gpu_node(n) for n in names))
+    async with running_agents(api, tmp_path, names):
+        run = await healthd(api, tmp_path, "trigger", "--nodes", ",".join(names),
+                            "--checks", "remapped", "--wait")
+    assert run.code == 0, run.out + run.err
+    assert run.out.startswith("NODE"), run.out  # the table alone on stdout
+    answered = sorted(line.split(":")[0] for line in run.err.splitlines() if line.strip())
+    assert answered == names  # one progress line per node, on stderr

@@ -82,3 +82,14 @@ def test_on_this_machine_without_a_driver_it_exits_3() -> None:
     assert proc.returncode == 3 and proc.stdout == ""
     assert proc.stderr.strip() == ("healthd: NVIDIA driver not found: nothing to record on "
                                    "this machine")
+
+
+@pytest.mark.parametrize("where", ["missing-dir/x.yaml", "."])
+def test_an_output_that_cannot_be_written_is_refused_before_recording(
+        tmp_path: Path, where: str) -> None:
+    output = tmp_path / where
+    proc = healthd("record", "--sim", "healthy-8xh100", "--include", "xid-window=30s",
+                   "--output", str(output))
+    assert proc.returncode == 73, proc.stderr  # EX_CANTCREAT, at once: not after 30 s
+    assert "Traceback" not in proc.stderr
+    assert str(output) in proc.stderr and "--output" in proc.stderr

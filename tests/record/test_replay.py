@@ -31,9 +31,16 @@ def record(capsys: pytest.CaptureFixture[str], spec: str, out: Path, *extra: str
     return code
 
 
+# Checks that read no machine a recording holds (the network, the cluster): SKIPPED in
+# the simulation for want of peers or storage, SKIPPED "not recorded" on replay.
+NOT_RECORDED = {"ping", "nic", "pvc"}
+
+
 def comparable(report: dict[str, Any]) -> dict[str, Any]:
-    """What a user compares: everything but when the checks ran and how long they took."""
-    checks = [{k: v for k, v in check.items() if k not in ("started_at", "duration_s")}
+    """What a user compares: everything but when the checks ran and how long they took,
+    and why a check that a recording cannot hold was skipped."""
+    checks = [{k: v for k, v in check.items() if k not in ("started_at", "duration_s")
+               and not (k == "reason" and check["check"] in NOT_RECORDED)}
               for check in report["checks"]]
     return {**report, "checks": checks}
 
@@ -101,13 +108,14 @@ def test_replay_keeps_per_gpu_errors_masks_and_links(
 def test_a_kernel_log_that_was_not_recorded_replays_as_skipped_never_pass(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = tmp_path / "unreadable-log.yaml"
-    spec.write_text(yaml.safe_dump({"node": "hgx", "fabric": {}, "not_recorded": ["kernel_log"]}))
+    spec.write_text(yaml.safe_dump({"node": "hgx", "fabric": {},
+                                    "recorded": ["nvml", "xid", "rdma"]}))  # no log
     recording = tmp_path / "recorded.yaml"
     assert record(capsys, str(spec), recording) == 0
-    assert yaml.safe_load(recording.read_text())["not_recorded"] == ["kernel_log"]
+    assert "kernel_log" not in yaml.safe_load(recording.read_text())["recorded"]
     (sxid,) = [c for c in check_json(capsys, str(recording))["checks"] if c["check"] == "sxid"]
     assert sxid["status"] == "SKIPPED"
-    assert [e["reason"] for e in sxid["entities"]] == ["not recorded"]
+    assert sxid["reason"] == "not recorded: kernel_log"
 
 
 def test_kernel_log_lines_replay_to_the_same_findings(
@@ -122,3 +130,26 @@ def test_kernel_log_lines_replay_to_the_same_findings(
     assert replayed == comparable(check_json(capsys, str(spec)))
     codes = {f["code"] for c in replayed["checks"] for f in c["findings"]}
     assert {"XID_79", "SXID_20034"} <= codes
+
+
+@pytest.mark.parametrize(("spec", "include"), [
+    ("healthy-8xh100", []),
+    ("dcgm-pcie-fail", ["--include", "pciebw"]),
+    ("pcie-bw-low", ["--include", "dcgm"]),
+])
+def test_what_a_recording_does_not_hold_replays_as_not_recorded(
+        spec: str, include: list[str], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    recording = tmp_path / "recorded.yaml"
+    assert main(["record", "--sim", spec, "--output", str(recording), *include]) == 0
+    capsys.readouterr()
+    replayed = {c["check"]: c for c in check_json(capsys, str(recording))["checks"]}
+    held = set(yaml.safe_load(recording.read_text())["recorded"])
+    for name in ("pciebw", "dcgm"):
+        if name in held:
+            continue
+        assert replayed[name]["status"] == "SKIPPED", replayed[name]
+        assert replayed[name]["reason"] == f"not recorded: {name}"
+    assert held == {"nvml", "xid", "kernel_log", "rdma",
+                    *[v for v in include if v != "--include"]}
+    assert replayed["remapped"]["status"] == "PASS"  # what it holds still replays
