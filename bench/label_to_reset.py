@@ -287,7 +287,7 @@ def scaling(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Goal], list[str]]:
     real = args.api == "real"
-    default_sizes = ([200] if args.quick else [200, 500, 1000]) if real else \
+    default_sizes = ([200] if args.quick else [500, 1000]) if real else \
         ([200] if args.quick else [500, 1000, 5000])
     sizes = sorted(args.nodes or default_sizes)
     faults, burst = (5, 20) if args.quick else (25, THROUGHPUT_NODES)
@@ -343,7 +343,7 @@ if __name__ == "__main__":
                      help="where the API emulator runs (default: %(default)s)")
     cli.add_argument("--api", choices=("emulator", "real"), default="emulator",
                      help="the API emulator (default), or the real control plane of "
-                          "tests/realcluster (default sizes 200 500 1000; needs Go or its "
+                          "tests/realcluster (default sizes 500 1000; needs Go or its "
                           "cached build)")
     cli.add_argument("--pods-per-node", type=int,
                      help=f"pods per node, {PODS_PER_AW} of them AppWrapper pods (default "

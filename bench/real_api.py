@@ -206,12 +206,12 @@ async def until(predicate: Callable[[], Awaitable[bool]], wait_s: float, what: s
     log.info("%s: done", what)
 
 
-async def not_running(kube: Kube) -> int:
-    """How many pods are not Running yet (kwok is still at work)."""
-    answer_ = await kube.request("GET", PODS.path(None), query={
-        "fieldSelector": "status.phase!=Running", "limit": 1})
-    items = answer_.get("items") or []
-    return len(items) + int((answer_.get("metadata") or {}).get("remainingItemCount") or 0)
+async def not_running(kube: Kube, page: int = 500) -> int:
+    """Pods not Running yet (kwok is still at work), counted up to `page` (a list
+    with a field selector says nothing of what it left out)."""
+    listed = await kube.request("GET", PODS.path(None), query={
+        "fieldSelector": "status.phase!=Running", "limit": page})
+    return len(listed.get("items") or [])
 
 
 async def settled(kube: Kube, wait_s: float = SETTLE_WAIT_S) -> float:
@@ -220,7 +220,7 @@ async def settled(kube: Kube, wait_s: float = SETTLE_WAIT_S) -> float:
 
     async def done() -> bool:
         left = await not_running(kube)
-        log.info("%d pods not Running yet", left)
+        log.info("pods not Running yet: %s", left if left < 500 else "500 or more")
         return left == 0
 
     await until(done, wait_s, "every pod Running", every_s=2.0)
@@ -239,6 +239,51 @@ async def label_evict(kube: Kube, indexes: list[int]) -> float:
 
     await in_parallel(indexes, write)
     return at
+
+
+# -- agents on the real API server (fault_to_label) ------------------------------------
+
+@contextlib.contextmanager
+def agents_on_real(count: int, config: Obj) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """The control plane with healthd installed from its manifests, `count` kwok GPU
+    nodes and an agent process on each (`tests/e2e`'s helper: the agent runs with a
+    token bound to its DaemonSet pod, `config` over the shipped one): the admin
+    kubeconfig and the agents by node name."""
+    with tempfile.TemporaryDirectory(prefix="healthd-bench-") as tmp, \
+            running_plane(Path(tmp) / "plane") as plane:
+        from tests.e2e.healthd import healthd_on
+        with healthd_on(plane.admin_kubeconfig, Path(tmp)) as healthd:
+            healthd.config = config
+            healthd.install()
+            names = [f"bench-gpu-{i}" for i in range(count)]
+            healthd.add_nodes(*names)
+            yield plane.admin_kubeconfig, {name: healthd.start_agent(name) for name in names}
+
+
+class NodeLabels:
+    """One label of every GPU node, as a watch shows it; `until` waits for a value."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.values: dict[str, str | None] = {}
+        self._changed = anyio.Event()
+
+    async def follow(self, kube: Kube) -> None:
+        from tests.e2e.healthd import GPU_NODE_LABEL  # what the agent DaemonSet selects
+        async for event in watch_forever(kube, NODES, label_selector=f"{GPU_NODE_LABEL}=true"):
+            labels = (event.object.get("metadata") or {}).get("labels") or {}
+            self.values[name_of(event.object)] = labels.get(self.key)
+            self._changed.set()
+            self._changed = anyio.Event()
+
+    async def until(self, name: str, wanted: str, wait_s: float) -> float:
+        """Seconds until node `name`'s label reads `wanted` (TimeoutError after
+        `wait_s`)."""
+        started = time.monotonic()
+        with anyio.fail_after(wait_s):
+            while self.values.get(name) != wanted:
+                await self._changed.wait()
+        return time.monotonic() - started
 
 
 # -- what the benchmark sees of the server --------------------------------------------
