@@ -36,7 +36,7 @@ import anyio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from common import REPO
 from reset_cluster import NAMESPACES as TEAMS
-from reset_cluster import ResetLog, answer, cluster, node
+from reset_cluster import ResetLog, answer, cluster, namespace, node, rss_mib
 
 from healthd.kube.client import Kube
 from healthd.kube.conventions import CONTROLLER_COMPONENT
@@ -61,7 +61,7 @@ SETTLE_WAIT_S = 1800.0  # kwok may take this long to run every pod on a loaded m
 RESOURCES = {"Node": NODES, "Pod": PODS, "AppWrapper": APPWRAPPERS,
              "Namespace": NAMESPACES, "ResourceFlavor": RESOURCEFLAVORS_V1BETA2,
              "ClusterQueue": CLUSTERQUEUES_V1BETA2}
-BENCH_NAMESPACES = [*(f"team-{j}" for j in range(TEAMS)), "healthd-system"]
+BENCH_NAMESPACES = [*(namespace(j) for j in range(TEAMS)), "healthd-system"]
 TRANSIENT = {429, 500, 503, 504}
 
 
@@ -123,9 +123,7 @@ def usage(pids: Iterable[int]) -> dict[str, float]:
         with contextlib.suppress(OSError, ValueError, IndexError):
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             cpu += (int(fields[11]) + int(fields[12])) / ticks
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    rss += int(line.split()[1]) / 1024
+            rss += rss_mib(pid)
     return {"cpu_s": round(cpu, 3), "rss_mib": round(rss, 1)}
 
 
