@@ -45,6 +45,7 @@ import anyio
 from common import Goal, main, parser, summary
 from prometheus_client import CollectorRegistry
 from reset_cluster import (
+    OTHER_PODS_PER_NODE,
     PODS_PER_AW,
     Cluster,
     InlineCluster,
@@ -66,6 +67,7 @@ P99_GOAL_S = 1.0
 RATE_GOAL = 100.0
 EVENTS_QUIET_S = 0.3  # no Event for this long after the last reset: the burst is over
 WHERE = ("own-process", "in-process")
+REAL = "kube-apiserver"
 
 
 def bench_config() -> Config:
@@ -78,19 +80,24 @@ def bench_config() -> Config:
 # -- measuring ------------------------------------------------------------------------
 
 @asynccontextmanager
-async def open_cluster(where: str, n: int) -> AsyncIterator[Cluster]:
+async def open_cluster(where: str, n: int, other_pods: int) -> AsyncIterator[Cluster]:
     if where == "in-process":
         from healthd.sim.apiserver import ApiEmulator  # only this mode has it here
         async with ApiEmulator() as api:
             yield InlineCluster(api, n)
+    elif where == REAL:
+        from real_api import serve_real  # only this mode needs the control plane
+        async with ProcessCluster(n, serve=serve_real, args=(other_pods,), where=REAL,
+                                  stop_s=120) as real:
+            yield real
     else:
         async with ProcessCluster(n, history_limit=max(1000, n)) as remote:
             yield remote
 
 
 async def run_scale(n: int, faults: int, burst: int, where: str,
-                    profile: Path | None) -> dict[str, Any]:
-    async with open_cluster(where, n) as cluster:
+                    profile: Path | None, other_pods: int) -> dict[str, Any]:
+    async with open_cluster(where, n, other_pods) as cluster:
         rss_before = rss_mib()
         kube = await cluster.connect()
         controller = Controller(bench_config(), kube=kube, identity="bench",
@@ -111,8 +118,11 @@ async def run_scale(n: int, faults: int, burst: int, where: str,
                 group.cancel_scope.cancel()
         finally:
             await kube.close()
-    return {"nodes": n, "pods": pods(n), "appwrappers": n, "emulator": cluster.where,
-            "seed_s": round(cluster.seed_s, 2), "controller_sync_s": round(synced_s, 3),
+    return {"nodes": n, "pods": pods(n, other_pods), "appwrappers": n,
+            "api_server": cluster.where, "seed_s": round(cluster.seed_s, 2),
+            **{key: value for key, value in getattr(cluster, "ready", {}).items()
+               if key in ("settle_s", "control_plane_rss_mib")},
+            "controller_sync_s": round(synced_s, 3),
             "controller_sync_cpu_s": round(sync_cpu_s, 3), "memory": memory,
             "idle_cpu_pct_of_core": idle, "latency_s": summary(latencies), **throughput}
 
@@ -276,19 +286,25 @@ def scaling(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Goal], list[str]]:
-    sizes = sorted(args.nodes or ([200] if args.quick else [500, 1000, 5000]))
+    real = args.api == "real"
+    default_sizes = ([200] if args.quick else [500, 1000]) if real else \
+        ([200] if args.quick else [500, 1000, 5000])
+    sizes = sorted(args.nodes or default_sizes)
     faults, burst = (5, 20) if args.quick else (25, THROUGHPUT_NODES)
+    faults, burst = args.faults or faults, args.burst or burst
     smallest = 2 * (burst + faults * (PODS_PER_AW + 1))
     if min(sizes) < smallest:
         raise ValueError(f"--nodes must be at least {smallest} (got {min(sizes)}): the "
                          "faults and the burst need nodes that share no AppWrapper")
-    modes = WHERE if args.emulator == "both" else (args.emulator,)
+    modes = (REAL,) if real else WHERE if args.emulator == "both" else (args.emulator,)
+    other_pods = OTHER_PODS_PER_NODE if args.pods_per_node is None else \
+        args.pods_per_node - PODS_PER_AW
     figures: dict[str, Any] = {}
     for where in modes:
         rows = []
         for n in sizes:
             profile = args.profile if n == sizes[-1] and where == modes[0] else None
-            rows.append(anyio.run(run_scale, n, faults, burst, where, profile))
+            rows.append(anyio.run(run_scale, n, faults, burst, where, profile, other_pods))
             gc.collect()  # the next size starts from a clean heap
         key = "scales" if where == modes[0] else f"scales_{where.replace('-', '_')}"
         figures[key] = rows
@@ -300,6 +316,7 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Goal], 
     return figures, goals, [
         f"{faults} single-node faults x {PODS_PER_AW} AppWrappers each, then {burst} nodes "
         "at once; breaker off, rate limit raised, other settings default (settle 0.1 s)",
+        *(REAL_NOTES if real else ()),
         "own-process: the emulator serves from a process of its own; controller CPU is "
         "this process's getrusage over the burst (label writes to the last Event, plus "
         f"{EVENTS_QUIET_S} s of quiet); in-process: the emulator shares this process and "
@@ -307,11 +324,33 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Goal], 
     ]
 
 
+REAL_NOTES = (
+    "kube-apiserver: the real control plane of tests/realcluster (etcd, kube-apiserver, "
+    "controller-manager, scheduler, kwok running every node and pod) with Kueue's and the "
+    "operator's CRDs but neither program; the label writes, the watches that time the "
+    "resets and the seeding run in a process of their own; a reset is timed when the "
+    "watch event showing phase Resetting arrives there (the server keeps no request "
+    "log), so burst_requests counts watch events, not requests; server_cpu_s and "
+    "server_rss_mib are kube-apiserver's and etcd's together (/proc); the controller "
+    "runs here with admin credentials",
+)
+
+
 if __name__ == "__main__":
     cli = parser(__doc__.splitlines()[0])
     cli.add_argument("--nodes", type=int, nargs="+", help="cluster sizes (default 500 1000 5000)")
     cli.add_argument("--emulator", choices=(*WHERE, "both"), default="own-process",
                      help="where the API emulator runs (default: %(default)s)")
+    cli.add_argument("--api", choices=("emulator", "real"), default="emulator",
+                     help="the API emulator (default), or the real control plane of "
+                          "tests/realcluster (default sizes 500 1000; needs Go or its "
+                          "cached build)")
+    cli.add_argument("--pods-per-node", type=int,
+                     help=f"pods per node, {PODS_PER_AW} of them AppWrapper pods (default "
+                          f"{PODS_PER_AW + OTHER_PODS_PER_NODE})")
+    cli.add_argument("--faults", type=int, help="single-node faults (default 25, --quick 5)")
+    cli.add_argument("--burst", type=int,
+                     help=f"nodes EVICT at once (default {THROUGHPUT_NODES}, --quick 20)")
     cli.add_argument("--profile", type=Path,
                      help="write a cProfile of the controller during the largest burst here")
     sys.exit(main(NAME, measure, cli.parse_args()))

@@ -20,6 +20,7 @@ serves HTTP on a thread of its own and answers on its main thread.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -88,7 +89,8 @@ def pod(name: str, ns: str, node_index: int, *, owner: str | None, gpus: int) ->
             "status": {"phase": "Running"}}
 
 
-def cluster(n: int) -> Iterable[Obj]:
+def cluster(n: int, other_pods: int = OTHER_PODS_PER_NODE) -> Iterable[Obj]:
+    """The objects, nodes first; `other_pods` per node that belong to no AppWrapper."""
     for i in range(n):
         yield node(i)
     for j in range(n):
@@ -97,7 +99,7 @@ def cluster(n: int) -> Iterable[Obj]:
         for k in range(PODS_PER_AW):
             yield pod(f"aw-{j:05d}-{k}", namespace(j), (j + k) % n,
                       owner=aw["metadata"]["name"], gpus=2)
-        for k in range(OTHER_PODS_PER_NODE):
+        for k in range(other_pods):
             yield pod(f"daemon-{j:05d}-{k}", "kube-system", j, owner=None, gpus=0)
     flavor = "default-flavor"
     yield {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
@@ -114,20 +116,20 @@ def owners_on(i: int, n: int) -> list[tuple[str, str]]:
     return [(namespace(j), f"aw-{j:05d}") for j in ((i - k) % n for k in range(PODS_PER_AW))]
 
 
-def pods(n: int) -> int:
-    return n * (PODS_PER_AW + OTHER_PODS_PER_NODE)
+def pods(n: int, other_pods: int = OTHER_PODS_PER_NODE) -> int:
+    return n * (PODS_PER_AW + other_pods)
 
 
 # -- what the server saw --------------------------------------------------------------
 
-class ServerLog:
-    """Hooks the emulator's request log (so waiting reads nothing back from the store):
-    when each AppWrapper's status PATCH was accepted, when the last Event came, and
-    requests counted by kind. Thread-safe: the emulator may serve on another thread.
-    It wakes a waiter only when what it waits for is complete, so the benchmark adds
-    next to nothing to the server's CPU."""
+class ResetLog:
+    """When each AppWrapper was seen reset, when the last Event came, and what was
+    seen counted by kind; filled by whoever sees the server (the emulator's request
+    log, or watches on a real API server). Thread-safe: it is filled on one thread
+    and waited on from another. It wakes a waiter only when what it waits for is
+    complete, so the benchmark adds next to nothing to the server's CPU."""
 
-    def __init__(self, api: Any) -> None:
+    def __init__(self) -> None:
         self.reset_at: dict[str, float] = {}
         self.counts: Counter[str] = Counter()
         self.last_event_at = 0.0
@@ -135,35 +137,29 @@ class ServerLog:
         self._awaited: set[str] = set()
         self._lock = threading.Lock()
         self._listeners: list[Any] = []
-        record = api.recorder.record
 
-        def recording(entry: Any) -> None:
-            record(entry)
-            with self._lock:
-                relevant = self._note(entry)
-            if relevant:
-                for listener in self._listeners:
-                    listener()
+    def note_reset(self, name: str, at: float) -> None:
+        """AppWrapper `name` was reset at epoch time `at` (the first time counts)."""
+        with self._lock:
+            self.reset_at.setdefault(name, at)
+            self._awaited.discard(name)
+            if not self._awaited:
+                self.all_reset.set()
+        self._notify()
 
-        api.recorder.record = recording
-
-    def _note(self, entry: Any) -> bool:
-        """Count `entry`; True when it was a status PATCH or an Event."""
-        if entry.method == "PATCH" and STATUS_PATH.fullmatch(entry.path):
-            self.counts["status_patch"] += 1
-            if entry.status == 200:
-                name = entry.path.split("/")[-2]
-                self.reset_at.setdefault(name, entry.time)
-                self._awaited.discard(name)
-                if not self._awaited:
-                    self.all_reset.set()
-            return True
-        if entry.method == "POST" and EVENTS_PATH.fullmatch(entry.path):
+    def note_event(self, at: float) -> None:
+        with self._lock:
             self.counts["event_post"] += 1
-            self.last_event_at = entry.time
-            return True
-        self.counts[f"{entry.method.lower()}_other"] += 1
-        return False
+            self.last_event_at = at
+        self._notify()
+
+    def count(self, kind: str) -> None:
+        with self._lock:
+            self.counts[kind] += 1
+
+    def _notify(self) -> None:
+        for listener in self._listeners:
+            listener()
 
     def expect(self, names: Iterable[str]) -> None:
         """`all_reset` is set once every one of `names` has been reset."""
@@ -175,9 +171,35 @@ class ServerLog:
                 self.all_reset.set()
 
     def listen(self, callback: Any) -> None:
-        """Also call `callback()` after each status PATCH or Event (on the serving
-        thread)."""
+        """Also call `callback()` after each reset or Event (on the thread that saw
+        it)."""
         self._listeners.append(callback)
+
+
+class ServerLog(ResetLog):
+    """A `ResetLog` filled from the emulator's request log (so waiting reads nothing
+    back from the store): a status PATCH accepted is a reset, an Event POST an
+    Event; other requests are counted by method."""
+
+    def __init__(self, api: Any) -> None:
+        super().__init__()
+        record = api.recorder.record
+
+        def recording(entry: Any) -> None:
+            record(entry)
+            self._note(entry)
+
+        api.recorder.record = recording
+
+    def _note(self, entry: Any) -> None:
+        if entry.method == "PATCH" and STATUS_PATH.fullmatch(entry.path):
+            self.count("status_patch")
+            if entry.status == 200:
+                self.note_reset(entry.path.split("/")[-2], entry.time)
+        elif entry.method == "POST" and EVENTS_PATH.fullmatch(entry.path):
+            self.note_event(entry.time)
+        else:
+            self.count(f"{entry.method.lower()}_other")
 
 
 def evict_in_store(api: Any, indexes: Iterable[int]) -> float:
@@ -272,14 +294,21 @@ class InlineCluster:
 
 
 class ProcessCluster:
-    """The emulator in a child process; use as `async with ProcessCluster(n) as c`."""
+    """The API server's side in a child process; use as `async with ProcessCluster(n)
+    as c`. By default the child is the emulator (`serve_cluster`); another `serve`
+    (e.g. one that starts a real API server and watches it) answers the same
+    questions over the same pipe: `serve(n, *args, conn)`."""
 
-    where = "own-process"
-
-    def __init__(self, n: int, *, history_limit: int = 1000) -> None:
+    def __init__(self, n: int, *, history_limit: int = 1000, serve: Any = None,
+                 args: tuple[Any, ...] = (), where: str = "own-process",
+                 stop_s: float = 30) -> None:
         self.n = n
+        self.where = where
         self.seed_s = 0.0
-        self._history_limit = history_limit
+        self.ready: dict[str, Any] = {}  # what the child said when it was ready
+        self._serve = serve or serve_cluster
+        self._args = args if serve else (history_limit,)
+        self._stop_s = stop_s
         self._conn: Connection | None = None
         self._child: Any = None
         self._kubeconfig = Path()
@@ -288,21 +317,27 @@ class ProcessCluster:
     async def __aenter__(self) -> ProcessCluster:
         ours, theirs = multiprocessing.Pipe()
         self._child = multiprocessing.get_context("spawn").Process(
-            target=serve_cluster, args=(self.n, self._history_limit, theirs),
-            name="api-emulator", daemon=True)
+            target=self._serve, args=(self.n, *self._args, theirs),
+            name="api-server-side", daemon=True)
         self._child.start()
         theirs.close()
         self._conn = ours
-        ready = await self._ask(None, wait_s=3600)
-        self._kubeconfig, self.seed_s = Path(ready["kubeconfig"]), ready["seed_s"]
+        try:
+            self.ready = await self._ask(None, wait_s=3600)
+        except BaseException:
+            await self.__aexit__()
+            raise
+        self._kubeconfig, self.seed_s = Path(self.ready["kubeconfig"]), self.ready["seed_s"]
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         if self._conn is not None:
-            self._conn.send(("stop", None))
+            with contextlib.suppress(OSError):  # the child may be gone already
+                self._conn.send(("stop", None))
             self._conn.close()
+            self._conn = None
         if self._child is not None:
-            await anyio.to_thread.run_sync(self._child.join, 30)
+            await anyio.to_thread.run_sync(self._child.join, self._stop_s)
             if self._child.is_alive():
                 self._child.kill()
 
@@ -319,13 +354,13 @@ class ProcessCluster:
                 conn.send(command)
             # A thread blocked on the pipe costs this process (the one measured) no CPU.
             if not await anyio.to_thread.run_sync(conn.poll, wait_s):
-                raise TimeoutError(f"the emulator process did not answer {command!r}")
+                raise TimeoutError(f"the API server's process did not answer {command!r}")
             try:
                 kind, value = conn.recv()
             except EOFError:
-                raise RuntimeError("the emulator process exited") from None
+                raise RuntimeError("the API server's process exited") from None
         if kind == "error":
-            raise RuntimeError(f"the emulator process failed: {value}")
+            raise RuntimeError(f"the API server's process failed: {value}")
         return value
 
     async def connect(self) -> Kube:
@@ -362,25 +397,44 @@ def serve_cluster(n: int, history_limit: int, conn: Connection) -> None:
             log = ServerLog(api)
             kubeconfig = api.write_kubeconfig(Path(tmp) / "kubeconfig")
             conn.send(("ready", {"kubeconfig": str(kubeconfig), "seed_s": seed_s}))
-            _answer(api, log, conn)
+            answer(EmulatorSide(api), log, conn)
     except Exception as exc:  # tell the parent instead of leaving it waiting
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
 
-def _answer(api: Any, log: ServerLog, conn: Connection) -> None:
+class ServerSide(Protocol):
+    """What differs between the children: how nodes turn EVICT, what the server costs."""
+
+    def evict(self, indexes: list[int]) -> float: ...
+    def usage(self) -> dict[str, float]: ...
+
+
+class EmulatorSide:
+    def __init__(self, api: Any) -> None:
+        self.api = api
+
+    def evict(self, indexes: list[int]) -> float:
+        return evict_in_store(self.api, indexes)
+
+    def usage(self) -> dict[str, float]:
+        return {"cpu_s": own_cpu_s(), "rss_mib": rss_mib(os.getpid())}
+
+
+def answer(side: ServerSide, log: ResetLog, conn: Connection) -> None:
+    """Answer the parent's questions on this thread until told to stop."""
     while True:
         command, arg = conn.recv()
         if command == "stop":
             return
         try:
-            conn.send(("ok", _one(api, log, command, arg)))
+            conn.send(("ok", _one(side, log, command, arg)))
         except Exception as exc:  # one bad question must not leave the parent waiting
             conn.send(("error", f"{command}: {type(exc).__name__}: {exc}"))
 
 
-def _one(api: Any, log: ServerLog, command: str, arg: Any) -> Any:
+def _one(side: ServerSide, log: ResetLog, command: str, arg: Any) -> Any:
     if command == "evict":
-        return evict_in_store(api, arg)
+        return side.evict(arg)
     if command == "resets":
         names, wait_s = arg
         log.expect(names)
@@ -399,5 +453,5 @@ def _one(api: Any, log: ServerLog, command: str, arg: Any) -> Any:
     if command == "counts":
         return dict(log.counts)
     if command == "usage":
-        return {"cpu_s": own_cpu_s(), "rss_mib": rss_mib(os.getpid())}
+        return side.usage()
     raise ValueError(f"unknown command {command!r}")

@@ -14,6 +14,9 @@ from typing import Any
 
 import pytest
 
+from tests.realcluster import programs
+from tests.realcluster.fixture import unavailable
+
 BENCH = Path(__file__).resolve().parent.parent.parent / "bench"
 
 # benchmark -> (extra arguments, figures it must report, goals it must judge)
@@ -61,8 +64,10 @@ def runs() -> Iterator[dict[str, subprocess.CompletedProcess[str]]]:
 
 def test_every_benchmark_is_covered() -> None:
     # real_gpu, the real-GPU acceptance run, has its own tests (test_real_gpu.py);
-    # reset_cluster is label_to_reset's cluster, not a benchmark
-    scripts = {p.stem for p in BENCH.glob("*.py")} - {"common", "real_gpu", "reset_cluster"}
+    # reset_cluster is label_to_reset's cluster and real_api the real control plane's
+    # plumbing, not benchmarks
+    scripts = {p.stem for p in BENCH.glob("*.py")} - {"common", "real_gpu", "reset_cluster",
+                                                       "real_api"}
     assert scripts == set(EXPECTED)
 
 
@@ -88,3 +93,21 @@ def test_a_benchmark_that_cannot_measure_still_prints_json_and_fails() -> None:
     assert proc.returncode == 1
     report = json.loads(proc.stdout)
     assert report["benchmark"] == "label_to_reset" and report["error"]
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_label_to_reset_measures_on_the_real_api_server() -> None:
+    # A small cluster (90 nodes, 4 pods each) keeps this near half a minute.
+    if programs.go_binary() is None:
+        unavailable("needs Go (>= 1.25) on PATH to build the real control plane")
+    proc = subprocess.run([sys.executable, str(BENCH / "label_to_reset.py"), "--quick",
+                           "--api", "real", "--nodes", "90", "--pods-per-node", "4"],
+                          capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    row = report["figures"]["scales"][0]
+    assert (row["api_server"], row["nodes"], row["pods"]) == ("kube-apiserver", 90, 360)
+    assert row["memory"]["cached"] == {"nodes": 90, "pods": 360, "appwrappers": 90}
+    assert row["latency_s"]["n"] == 5 * 4  # each of the 5 faults: its 4 AppWrappers reset
+    assert row["burst_appwrappers_reset"] > 0 and row["burst_requests"]["event_post"] > 0
