@@ -1,7 +1,8 @@
 """The admission policy's table of cases (tests/deploy/node_policy_cases.py), replayed
 on the real API server: each case's Node is registered as `old`, the DaemonSet gives it
 an agent Pod, and the agent, with a token bound to that Pod, updates the Node to `new`
-(metadata and spec through the Node, status through nodes/status, as the agent does).
+(a JSON patch: metadata and spec through the Node, status through nodes/status, as
+the agent writes).
 What the table says is allowed goes through; everything else is refused (403), and the
 Node is left as it was."""
 
@@ -32,27 +33,67 @@ def _registered(case: Case, name: str, which: str) -> Obj:
     labels[GPU_NODE_LABEL] = "true"
     if "kubernetes.io/hostname" in labels:
         labels["kubernetes.io/hostname"] = name
-    for key in ("addresses",):
-        for address in node.get("status", {}).get(key, []):
-            if address.get("type") == "Hostname":
-                address["address"] = name
+    for address in node.get("status", {}).get("addresses", []):
+        if address.get("type") == "Hostname":
+            address["address"] = name
+    for key in ("capacity", "allocatable"):  # room for the agent's Pod, on both sides
+        if key in node.get("status", {}):
+            node["status"][key].setdefault("memory", "1Ti")
+            node["status"][key].setdefault("pods", "110")
     return node
 
 
+def _content(node: Obj) -> Obj:
+    """What a case may change: labels, annotations (less the server's own), finalizers,
+    owner references, spec and status (other writers may move the resourceVersion)."""
+    meta = node["metadata"]
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items()
+                   if k not in SERVER_ANNOTATIONS}
+    return {"labels": meta.get("labels"), "annotations": annotations,
+            "finalizers": meta.get("finalizers"), "owners": meta.get("ownerReferences"),
+            "spec": node.get("spec"), "status": node.get("status")}
+
+
+FIELDS = (("metadata", "labels"), ("metadata", "annotations"), ("metadata", "finalizers"),
+          ("metadata", "ownerReferences"), ("spec",), ("status",))
+
+
+def _json_patch(current: Obj, new: Obj, fields: tuple[tuple[str, ...], ...]) -> list[Obj]:
+    """The JSON patch (RFC 6902) that turns `current` into `new` on `fields`."""
+    ops: list[Obj] = []
+    for path in fields:
+        old_value, new_value = _get(current, path), _get(new, path)
+        pointer = "/" + "/".join(path)
+        if new_value is None and old_value is not None:
+            ops.append({"op": "remove", "path": pointer})
+        elif new_value != old_value:
+            ops.append({"op": "add", "path": pointer, "value": new_value})
+    return ops
+
+
+def _get(obj: Obj, path: tuple[str, ...]) -> Any:
+    for key in path:
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj
+
+
 def _update(core: k8s.CoreV1Api, current: Obj, new: Obj) -> int:
-    """PUT `new` over `current` as the agent: status through nodes/status, the rest
-    through the Node; the HTTP status of the first refusal, or 200."""
+    """Turn `current` into `new` as the agent writes (it may patch, not update):
+    status through nodes/status, the rest through the Node; the HTTP status of the
+    refusal, or 200."""
     new = copy.deepcopy(new)
-    new["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
     for key in SERVER_ANNOTATIONS:  # what the server itself wrote stays as it is
         value = (current["metadata"].get("annotations") or {}).get(key)
         if value is not None and "annotations" in new["metadata"]:
             new["metadata"]["annotations"].setdefault(key, value)
+    name = new["metadata"]["name"]
     try:
-        if new.get("status") != current.get("status"):
-            core.replace_node_status(new["metadata"]["name"], new)
+        status = _json_patch(current, new, FIELDS[-1:])
+        if status:
+            core.patch_node_status(name, status)
         else:
-            core.replace_node(new["metadata"]["name"], new)
+            core.patch_node(name, _json_patch(current, new, FIELDS[:-1]) or [
+                {"op": "test", "path": "/metadata/name", "value": name}])
     except k8s.ApiException as exc:
         return int(exc.status)
     return 200
@@ -73,7 +114,6 @@ def test_every_case_of_the_policy_table_on_the_real_api_server(healthd: Healthd,
         code = _update(agent, before, _registered(case, name, "new"))
         outcomes[case.description] = "allowed" if code == 200 else f"refused {code}"
         if code != 200:
-            after = healthd.node(name)
-            assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+            assert _content(healthd.node(name)) == _content(before), case.description
     expected = {case.description: "allowed" if case.allowed else "refused 403" for case in CASES}
     assert outcomes == expected
