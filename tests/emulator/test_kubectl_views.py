@@ -36,6 +36,7 @@ KEYS = Keys()
 # Written by a real cluster's controllers, not by its API server: not the emulator's job.
 CLUSTER_OWN = (re.compile(r"^\s*node\.alpha\.kubernetes\.io/ttl: 0$"),
                re.compile(r"\bnode-controller\b"))
+_NOT_READY_TAINT = re.compile(r"^(\s*Taints:\s*)node\.kubernetes\.io/not-ready:NoSchedule$")
 _AGE = re.compile(r"(?<![\w.-])(\d+[smhdy])+(?![\w.-])|<unknown>")
 _HTTP_TIME = re.compile(r"\w{3}, \d\d \w{3} \d{4} \d\d:\d\d:\d\d [+-]\d{4}")
 _ISO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
@@ -98,6 +99,9 @@ def normalized(text: str, node: str) -> list[str]:
     for line in text.splitlines():
         if any(own.search(line) for own in CLUSTER_OWN):
             continue
+        # A new Node carries the not-ready taint until the node controller has seen it
+        # Ready (admission adds it): the cluster's, and gone a moment later.
+        line = _NOT_READY_TAINT.sub(r"\1<none>", line)
         line = re.sub(rf"{re.escape(node)}\.[a-z0-9]{{5}}\b", f"{node}.XXXXX", line)
         line = _ISO_TIME.sub("TIME", _HTTP_TIME.sub("TIME", line))
         line = _AGE.sub("AGE", line)
