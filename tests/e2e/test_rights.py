@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 
-from tests.e2e.healthd import NAMESPACE, Healthd
+from tests.e2e.healthd import NAMESPACE, Healthd, eventually
 
 VERDICT = "autopilot.ibm.com/gpuhealth"
 
@@ -39,7 +38,7 @@ def _labels(**labels: str | None) -> dict[str, Any]:
 
 
 def test_the_agent_writes_only_healthds_keys_on_its_own_node(
-        healthd: Healthd, two_nodes: tuple[str, str], tmp_path: Path) -> None:
+        healthd: Healthd, two_nodes: tuple[str, str]) -> None:
     own, other = two_nodes
     pod = healthd.running_pod("app.kubernetes.io/name=healthd-agent", own)
     agent = k8s.CoreV1Api(healthd.client_for(healthd.token_for(pod, "healthd-agent")))
@@ -56,6 +55,11 @@ def test_the_agent_writes_only_healthds_keys_on_its_own_node(
         assert _status(call) == 200, what
     assert healthd.label(own) == "WARN"
 
+    # The API server enforces a new policy a moment after it is created.
+    eventually(lambda: _status(lambda: agent.patch_node(
+        other, _labels(**{VERDICT: "EVICT"}))) == 403, 30, "the policy in force")
+    core_admin = healthd.core
+    core_admin.patch_node(other, {"metadata": {"labels": {VERDICT: None}}})
     refused = {
         "another node's verdict": lambda: agent.patch_node(other, _labels(**{VERDICT: "EVICT"})),
         "a label that is not healthd's": lambda: agent.patch_node(
@@ -81,7 +85,7 @@ def test_the_agent_writes_only_healthds_keys_on_its_own_node(
 
 
 def test_a_token_not_bound_to_a_node_writes_no_node(
-        healthd: Healthd, two_nodes: tuple[str, str], tmp_path: Path) -> None:
+        healthd: Healthd, two_nodes: tuple[str, str]) -> None:
     own, _ = two_nodes
     request = k8s.AuthenticationV1TokenRequest(
         spec=k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=600))
@@ -93,7 +97,7 @@ def test_a_token_not_bound_to_a_node_writes_no_node(
 
 
 def test_the_controller_resets_and_lends_but_writes_no_node(
-        healthd: Healthd, two_nodes: tuple[str, str], tmp_path: Path) -> None:
+        healthd: Healthd, two_nodes: tuple[str, str]) -> None:
     own, _ = two_nodes
     pod = healthd.running_pod("app.kubernetes.io/name=healthd-controller")
     client = healthd.client_for(healthd.token_for(pod, "healthd-controller"))

@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -246,8 +247,6 @@ def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
 
 def stop_saved(state_file: Path) -> list[str]:
     """Stop what a saved state names (a by-hand `up`); the names of what was stopped."""
-    import signal
-
     state = json.loads(state_file.read_text())
     stopped = []
     for name, pid in reversed(list(state["pids"].items())):
