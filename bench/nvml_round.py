@@ -27,8 +27,8 @@ from checks.base import CheckContext, CheckResult
 from checks.snapshot import NvmlGpuSource
 from healthd.agent.runner import Runner
 from healthd.agent.verdict import Trigger
+from healthd.check.plans import Planned, planned_check
 from healthd.config import Config
-from healthd.plans import Planned, planned_check
 from healthd.sim.node import simulate
 
 NAME = "nvml_round"

@@ -10,7 +10,7 @@ network on its own, from THIS node's view only: an unreachable peer is a
 reach most of its peers on a network is `NETWORK_ISOLATED` there (about the node
 for the pod network, about `network/<name>` for a secondary one). Who is really at
 fault when several nodes disagree is a cluster-wide question answered by
-`checks.blame` over every node's results, network by network.
+`healthd.blame.judge` over every node's results, network by network.
 
 Which networks are probed, and with how many echoes and what deadline each, is
 configuration (`networks`, `per_network`).

@@ -26,12 +26,12 @@ from typing import Any, Literal, Protocol
 from pydantic import ValidationError
 
 from checks.base import BaseCheck
+from healthd.config.selection import Selected, SelectionError, parse_selection
 from healthd.kube.conventions import Keys, Verdict
 from healthd.kube.errors import Invalid, KubeError, NotFound
 from healthd.kube.objects import meta, resource_version_of
 from healthd.published import LastRun
-from healthd.selection import Selected, SelectionError, parse_selection
-from healthd.times import rfc3339
+from healthd.util.times import rfc3339
 
 log = logging.getLogger(__name__)
 

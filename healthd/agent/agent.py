@@ -60,8 +60,8 @@ from healthd.agent.verdict import (
 )
 from healthd.agent.verdict import start_testing as testing_started
 from healthd.capacity.health import gpu_count
+from healthd.check.plans import Planned, planned_check
 from healthd.config import Config
-from healthd.http import serve_http
 from healthd.kube.client import Kube
 from healthd.kube.conventions import (
     COMPONENT,
@@ -73,8 +73,8 @@ from healthd.kube.conventions import (
 from healthd.kube.events import WARNING, EventRecorder
 from healthd.kube.pods import gpu_pods
 from healthd.kube.pvc_probe import KubeProbeApi
-from healthd.plans import Planned, planned_check
 from healthd.requests import Request, take
+from healthd.util.http import serve_http
 
 log = logging.getLogger(__name__)
 

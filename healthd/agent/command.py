@@ -23,10 +23,12 @@ import anyio
 
 from checks.base import Probes
 from healthd.agent.agent import Agent
-from healthd.config import Config
-from healthd.exits import EX_CONFIG, EX_SOFTWARE, ExitError, config_or_exit
+from healthd.config import Config, add_config_argument, config_or_exit
+from healthd.kube.arguments import add_kube_arguments
 from healthd.kube.errors import KubeError
-from healthd.logs import configure_logging
+from healthd.util.exits import EX_CONFIG, EX_SOFTWARE, ExitError
+from healthd.util.http import add_http_port_argument
+from healthd.util.logs import add_log_level_argument, configure_logging
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +92,20 @@ def _startup_error(exc: BaseException) -> BaseException:
     return exc
 
 
-def run_agent(args: argparse.Namespace, simulate: Simulate | None = None) -> int:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_argument(parser)
+    add_kube_arguments(parser)
+    parser.add_argument("--sim", metavar="SPEC",
+                        help="run on a simulated machine (YAML or name)")
+    parser.add_argument("--sim-control", metavar="FILE",
+                        help="with --sim: apply the JSON-line changes appended to FILE "
+                             "(docs/machine-spec.md)")
+    parser.add_argument("--node", metavar="NAME", help="this node's name (default: NODE_NAME)")
+    add_http_port_argument(parser)
+    add_log_level_argument(parser)
+
+
+def run(args: argparse.Namespace, simulate: Simulate | None = None) -> int:
     """The `healthd agent` subcommand; on the machine `simulate(args.sim)` opens when
     given (a ValueError from it is a spec that cannot be used)."""
     try:

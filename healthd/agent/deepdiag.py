@@ -5,7 +5,7 @@ agent would hide that from the scheduler, which could place work on GPUs the
 diagnostic is hammering. So the agent creates a Job pinned to its node that
 requests (and limits) all the node's GPUs: the scheduler reserves them, and nothing
 else lands there while it runs. The pod runs `healthd check --checks <key>` and
-leaves a compact summary (healthd.termination) in its termination message, which
+leaves a compact summary (healthd.check.termination) in its termination message, which
 the agent reads back into a CheckResult.
 
 Pinning uses node affinity (`matchFields metadata.name In [node]`), never
@@ -30,12 +30,12 @@ import anyio
 
 from checks.base import Check, CheckContext, CheckResult
 from checks.catalog import Catalog
+from healthd.check.termination import SummaryError, parse_summary
 from healthd.kube.conventions import GPU_RESOURCE, Keys, Reason
 from healthd.kube.errors import KubeError
 from healthd.kube.objects import JOBS, PODS, meta, name_of, node_name_of, phase_of
 from healthd.kube.pods import is_terminated
 from healthd.kube.watching import watch_forever
-from healthd.termination import SummaryError, parse_summary
 
 if TYPE_CHECKING:
     from healthd.config.agent import DeepDiagSettings

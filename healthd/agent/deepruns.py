@@ -15,10 +15,10 @@ from checks.base import CheckResult, Severity
 from healthd.agent.deepdiag import DeepCheck, DeepDiagnostic
 from healthd.agent.runner import Runner
 from healthd.agent.verdict import Trigger
+from healthd.check.plans import Planned
 from healthd.config import DCGM_HOST_ENGINE_ENV, Config
 from healthd.kube.conventions import dcgm_label_value
 from healthd.kube.errors import KubeError
-from healthd.plans import Planned
 
 
 class DeepHost(Protocol):

@@ -55,7 +55,7 @@ from healthd.kube.errors import Conflict, KubeError, TooLarge, Unavailable
 from healthd.kube.events import EventRecorder
 from healthd.kube.objects import NODES, annotations_of, condition_of, labels_of, meta
 from healthd.published import CheckStatus, Health
-from healthd.times import rfc3339
+from healthd.util.times import rfc3339
 
 __all__ = ["DesiredNode", "NodePublisher", "desired_from"]
 

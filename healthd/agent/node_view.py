@@ -36,7 +36,7 @@ from healthd.published import (
     holding_json,
     seen_json,
 )
-from healthd.times import rfc3339
+from healthd.util.times import rfc3339
 
 HEALTH_LIMIT = 8 * 1024  # bytes of the health annotation (JSON is ASCII-escaped)
 MESSAGE_CHARS = 240  # per finding in the annotation

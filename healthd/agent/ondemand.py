@@ -27,13 +27,13 @@ from typing import Any, Protocol
 import checks
 from checks.base import CheckResult, Severity
 from healthd.agent.verdict import Trigger
+from healthd.check.plans import Planned
 from healthd.kube.conventions import Keys, Reason, Verdict
 from healthd.kube.errors import KubeError
 from healthd.kube.events import NORMAL, WARNING
 from healthd.kube.objects import resource_version_of
-from healthd.logs import log_context
-from healthd.plans import Planned
 from healthd.requests import Request, answer, read_requests
+from healthd.util.logs import log_context
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ import anyio
 
 from checks.base import Check, CheckContext, CheckResult, run_check
 from healthd.agent.verdict import Trigger
-from healthd.logs import log_context
-from healthd.plans import Planned
+from healthd.check.plans import Planned
+from healthd.util.logs import log_context
 
 log = logging.getLogger(__name__)
 

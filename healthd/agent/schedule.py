@@ -33,8 +33,8 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 import checks
+from healthd.check.plans import Planned, planned_check
 from healthd.config import Config
-from healthd.plans import Planned, planned_check
 
 log = logging.getLogger(__name__)
 

@@ -9,6 +9,7 @@ offline. Only this module reads the environment; everything else gets the built
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from collections.abc import Mapping
@@ -27,11 +28,12 @@ from checks.base import Check, Severity
 from checks.catalog import Catalog, Override, RaiseRule, is_known_code
 from healthd.config.agent import AgentSettings, cron_expression
 from healthd.config.controller import ControllerSettings
-from healthd.durations import Duration, Interval
+from healthd.config.selection import parse_selection
 from healthd.kube.conventions import DEFAULT_LABEL_PREFIX, DEFAULT_OWN_PREFIX
-from healthd.models import Frozen
-from healthd.selection import parse_selection
-from healthd.validation import UnreadableYaml, explain, read_yaml_file
+from healthd.util.durations import Duration, Interval
+from healthd.util.exits import EX_CONFIG, ExitError
+from healthd.util.models import Frozen
+from healthd.util.validation import UnreadableYaml, explain, read_yaml_file
 
 ENV_OVERRIDES = {
     "NODE_NAME": "node_name",
@@ -208,6 +210,21 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     except ValidationError as exc:
         origin = path or "defaults"
         raise ConfigError(f"config {origin}: {explain(exc)}") from exc
+
+
+def add_config_argument(parser: argparse.ArgumentParser,
+                        help: str = "healthd config YAML") -> None:
+    """`--config FILE`, as every command that reads the config spells it."""
+    parser.add_argument("--config", metavar="FILE", help=help)
+
+
+def config_or_exit(path: str | None) -> Config:
+    """The config file (or the defaults) for a command; ExitError(EX_CONFIG) naming what
+    is wrong."""
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        raise ExitError(str(exc), EX_CONFIG) from exc
 
 
 def _set_nested(raw: dict[str, Any], path: tuple[str, ...], value: str) -> None:

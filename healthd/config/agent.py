@@ -23,9 +23,9 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator, model_validator
 
 import checks
-from healthd.durations import Duration, Interval
-from healthd.models import Frozen
-from healthd.selection import SelectionError, parse_selection
+from healthd.config.selection import SelectionError, parse_selection
+from healthd.util.durations import Duration, Interval
+from healthd.util.models import Frozen
 
 DEFAULT_IMAGE = "ghcr.io/healthd/healthd:0.1.0"
 DEFAULT_NAMESPACE = "healthd-system"

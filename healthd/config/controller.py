@@ -24,9 +24,9 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from healthd.durations import Duration, Interval
 from healthd.kube.conventions import CONTROLLER_COMPONENT, GPU_RESOURCE, Verdict
-from healthd.models import Frozen
+from healthd.util.durations import Duration, Interval
+from healthd.util.models import Frozen
 
 DEFAULT_NAMESPACE = "healthd-system"
 DEFAULT_SLACK_QUEUE = "slack-cluster-queue"

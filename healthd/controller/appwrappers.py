@@ -65,7 +65,7 @@ from healthd.kube.client import Kube
 from healthd.kube.errors import Conflict, Invalid, KubeError, NotFound
 from healthd.kube.events import NORMAL, WARNING, EventRecorder
 from healthd.kube.objects import APPWRAPPERS, NODES, meta
-from healthd.times import rfc3339
+from healthd.util.times import rfc3339
 
 log = logging.getLogger(__name__)
 

@@ -42,8 +42,8 @@ from healthd.kube.watching import DELETED
 log = logging.getLogger(__name__)
 
 # The kinds, as passed to `on_change` and accepted by `wait_synced`.
-NODES_KIND = "nodes"
-PODS_KIND = "pods"
+NODES_KIND = NODES.plural
+PODS_KIND = PODS.plural
 APPWRAPPERS_KIND = "appwrappers"
 QUEUES_KIND = "clusterqueues"
 FLAVORS_KIND = "resourceflavors"

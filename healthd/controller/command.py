@@ -19,14 +19,15 @@ from collections.abc import Awaitable, Callable
 import anyio
 from prometheus_client import CollectorRegistry
 
-from healthd.config import Config
+from healthd.config import Config, add_config_argument, config_or_exit
 from healthd.controller.controller import Controller, default_identity
 from healthd.controller.metrics import ControllerMetrics
-from healthd.exits import EX_CONFIG, EX_SOFTWARE, ExitError, config_or_exit
-from healthd.http import serve_http
+from healthd.kube.arguments import add_kube_arguments
 from healthd.kube.client import Kube
 from healthd.kube.errors import KubeError
-from healthd.logs import configure_logging
+from healthd.util.exits import EX_CONFIG, EX_SOFTWARE, ExitError
+from healthd.util.http import add_http_port_argument, serve_http
+from healthd.util.logs import add_log_level_argument, configure_logging
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,15 @@ def _leaf(exc: BaseException) -> BaseException:
     return exc
 
 
-def run_controller(args: argparse.Namespace) -> int:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_argument(parser)
+    add_kube_arguments(parser)
+    parser.add_argument("--dry-run", action="store_true", help="decide and log, write nothing")
+    add_http_port_argument(parser)
+    add_log_level_argument(parser)
+
+
+def run(args: argparse.Namespace) -> int:
     """The `healthd controller` subcommand."""
     try:
         config = effective_config(args)

@@ -12,7 +12,7 @@ moment the Lease is lost):
   move the lending model, dirty queues are reconciled in coalesced bursts;
 - resets (healthd.controller.evictions.EvictionReactor): a node turning EVICT marks
   the AppWrappers with GPU pods on it, decided and reset at once under the rails;
-- network blame (healthd.controller.blame.NetworkBlame): the agents' ping reports
+- network blame (healthd.blame.announce.NetworkBlame): the agents' ping reports
   judged fleet-wide; Events and gauges only, never a node label;
 - the cache-sync gauges;
 - a log line, once per node and streak, when a node's health annotation cannot be
@@ -38,9 +38,9 @@ from typing import Any
 
 import anyio
 
+from healthd.blame.announce import Episodes, NetworkBlame
 from healthd.config import Config
 from healthd.controller.appwrappers import Resetter
-from healthd.controller.blame import Episodes, NetworkBlame
 from healthd.controller.caches import KINDS, NODES_KIND, Caches
 from healthd.controller.clusterqueues import QueueWriter
 from healthd.controller.election import LeaseElector

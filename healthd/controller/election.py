@@ -36,7 +36,7 @@ from healthd.kube.client import Kube
 from healthd.kube.errors import Conflict, KubeError, NotFound
 from healthd.kube.leases import holder_of, lease_duration, record_of
 from healthd.kube.objects import LEASES, resource_version_of, spec_of
-from healthd.times import rfc3339
+from healthd.util.times import rfc3339
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ state the controller acts on.
 | `healthd_controller_label_to_reset_seconds` | histogram | | from the watch event that made a node EVICT to the reset written |
 | `healthd_controller_cache_synced` | gauge | kind | 1 once the cache of `kind` (`nodes`, `pods`, `appwrappers`, `clusterqueues`, `resourceflavors`) has its first full list; 0 while not leading |
 | `healthd_controller_leader` | gauge | | 1 while this replica holds the Lease |
-| `healthd_network_blamed` | gauge | node, network | 1 while most of its peers cannot reach the node by ping on that network (`pod` or a secondary network's name; healthd.controller.blame); no series otherwise |
+| `healthd_network_blamed` | gauge | node, network | 1 while most of its peers cannot reach the node by ping on that network (`pod` or a secondary network's name; healthd.blame.announce); no series otherwise |
 | `healthd_network_partitioned` | gauge | network | 1 while pings on that network fail between groups of nodes or most nodes reach almost nobody (nobody is blamed for those) |
 
 Quantities are exported as plain numbers (`500m` is 0.5, `2000G` is 2e12).

@@ -34,7 +34,7 @@ from healthd.kube.objects import (
     resource_version_of,
     spec_of,
 )
-from healthd.times import parse_time
+from healthd.util.times import parse_time
 
 RUNNING = "Running"
 RESETTING = "Resetting"

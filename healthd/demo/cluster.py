@@ -39,7 +39,6 @@ from healthd.config import Config
 from healthd.controller.controller import Controller
 from healthd.controller.metrics import ControllerMetrics
 from healthd.demo.scenario import AppWrapperSpec, Scenario, node_names
-from healthd.http import serve_http
 from healthd.kube.client import Kube
 from healthd.kube.conventions import GPU_RESOURCE, Keys
 from healthd.kube.objects import APPWRAPPERS
@@ -48,6 +47,7 @@ from healthd.sim.appwrapper_operator import AppWrapperOperator
 from healthd.sim.kubelet import FakeKubelet, HealthdRunner
 from healthd.sim.machine import load_machine_spec
 from healthd.sim.multinode import SimulatedNodes, simulate_nodes
+from healthd.util.http import serve_http
 
 log = logging.getLogger(__name__)
 

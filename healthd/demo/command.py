@@ -42,8 +42,8 @@ from healthd.demo.scenario import (
     minimum_nodes,
 )
 from healthd.demo.view import LiveView, line, summary
-from healthd.exits import UsageError, port_number
-from healthd.output import WIDE, add_output_argument, dump, is_document
+from healthd.util.exits import UsageError, port_number
+from healthd.util.output import WIDE, add_output_argument, dump, is_document
 
 if TYPE_CHECKING:
     from healthd.demo.cluster import DemoCluster
@@ -209,7 +209,7 @@ def _node_count(scenario: Scenario, asked: int | None) -> int:
     return asked
 
 
-def run_demo(args: argparse.Namespace, stream: TextIO | None = None) -> int:
+def run(args: argparse.Namespace, stream: TextIO | None = None) -> int:
     """The `healthd demo` subcommand; UsageError for a bad command line."""
     stream = stream or sys.stdout
     try:

@@ -22,13 +22,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from healthd import bundled
 from healthd.config import Config
-from healthd.durations import Duration
 from healthd.kube.conventions import GPU_RESOURCE, Verdict
-from healthd.models import Frozen
 from healthd.sim.machine import GpuFault, MachineSpecError, load_machine_spec
-from healthd.validation import explain
+from healthd.util import bundled
+from healthd.util.durations import Duration
+from healthd.util.models import Frozen
+from healthd.util.validation import explain
 
 NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 NODE_PREFIX = "gpu-node-"  # the simulated nodes are gpu-node-1..N

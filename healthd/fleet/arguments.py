@@ -1,40 +1,30 @@
 """The command-line arguments of `healthd trigger` and `healthd status`.
 
-Kept apart from the commands themselves so building the `healthd` parser stays
-cheap: nothing here imports the Kubernetes client.
+Kept apart from the commands themselves, which are long enough.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from healthd.output import add_output_argument
-
-
-def add_fleet_parsers(sub: Any) -> None:
-    """Add `trigger` and `status` to the `healthd` subcommands (`sub` is the
-    subparsers action of the main parser)."""
-    _trigger(sub.add_parser(
-        "trigger", help="run on-demand checks on many nodes through their agents",
-        description="Ask the agents of many nodes for on-demand checks (the healthd.io/run "
-                    "annotation), wait for their answers and summarise. Exit code: Nagios "
-                    "convention over all nodes (0 PASS, 1 WARN, 2 ERR/EVICT, 3 UNKNOWN, "
-                    "including nodes whose agent never answered); 64 for a bad request."))
-    _status(sub.add_parser(
-        "status", help="the fleet's GPU health and the controller's view, from the API"))
+from healthd.config import add_config_argument
+from healthd.kube.arguments import add_kube_arguments
+from healthd.util.output import add_output_argument
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
     add_output_argument(parser)
-    parser.add_argument("--config", metavar="FILE",
-                        help="healthd config YAML (key prefixes, agent pods, slack queues)")
-    parser.add_argument("--kubeconfig", metavar="FILE", help="default: $KUBECONFIG, ~/.kube")
-    parser.add_argument("--context", metavar="NAME",
-                        help="the kubeconfig context to use (default: its current-context)")
+    add_config_argument(parser, help="healthd config YAML (key prefixes, agent pods, slack "
+                                     "queues)")
+    add_kube_arguments(parser)
 
 
-def _trigger(parser: argparse.ArgumentParser) -> None:
+def add_trigger_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Ask the agents of many nodes for on-demand checks (the healthd.io/run annotation), "
+        "wait for their answers and summarise. Exit code: Nagios convention over all nodes "
+        "(0 PASS, 1 WARN, 2 ERR/EVICT, 3 UNKNOWN, including nodes whose agent never "
+        "answered); 64 for a bad request.")
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--selector", "-l", metavar="LABELSEL", help="nodes by label selector")
     where.add_argument("--nodes", metavar="N1,N2", help="nodes by name")
@@ -57,7 +47,7 @@ def _trigger(parser: argparse.ArgumentParser) -> None:
     _common(parser)
 
 
-def _status(parser: argparse.ArgumentParser) -> None:
+def add_status_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--selector", "-l", metavar="LABELSEL", help="only nodes matching")
     parser.add_argument("--verdict", metavar="V[,V]",
                         help="only nodes with these verdicts (PASS WARN ERR TESTING EVICT "

@@ -9,7 +9,7 @@ parse included; 78 for an unusable config or kubeconfig. `status` exits 0 (also
 when Ctrl-C ends `--watch`), and 3, 64 or 78 for the same causes as `trigger`.
 Usage errors (64) are `UsageError`s: healthd.cli prints them after the usage.
 
-`-o table|wide|json|yaml` picks the output (healthd.output). Output that is not a
+`-o table|wide|json|yaml` picks the output (healthd.util.output). Output that is not a
 terminal gets no progress line and no redraws: `trigger` prints one line per node
 as it answers, `status --watch` prints a frame only when something in it changed
 (ages moving is not a change).
@@ -29,9 +29,7 @@ from typing import Any, TextIO
 
 import anyio
 
-from healthd.config import Config
-from healthd.durations import parse_duration
-from healthd.exits import EX_CONFIG, ExitError, UsageError, config_or_exit
+from healthd.config import Config, config_or_exit
 from healthd.fleet import render
 from healthd.fleet.sources import Snapshot, follow, read_snapshot
 from healthd.fleet.status import VERDICTS, agent_nodes, build
@@ -48,7 +46,9 @@ from healthd.kube.client import Kube
 from healthd.kube.conventions import Keys
 from healthd.kube.errors import KubeError
 from healthd.kube.objects import PODS
-from healthd.output import WIDE, dump, is_document
+from healthd.util.durations import parse_duration
+from healthd.util.exits import EX_CONFIG, ExitError, UsageError
+from healthd.util.output import WIDE, dump, is_document
 
 EX_UNREACHABLE = 3  # UNKNOWN under the Nagios convention (trigger and status alike)
 HTTP_BAD_REQUEST = 400

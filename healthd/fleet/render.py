@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from healthd.check.report import render_table
 from healthd.fleet.trigger import (
     ANSWERED,
     FAILED,
@@ -23,7 +24,6 @@ from healthd.fleet.trigger import (
     NodeOutcome,
     Report,
 )
-from healthd.report import render_table
 
 TRIGGER_HEADERS = ("NODE", "BEFORE", "AFTER", "CHECKS", "DURATION", "ERROR")
 TRIGGER_WIDE_HEADERS = ("NODE", "BEFORE", "AFTER", "CHECKS", "DURATION", "WAITED", "ERROR")

@@ -58,6 +58,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from healthd.blame.networks import Assessment, assess, rows_of
 from healthd.capacity.health import gpu_count, unavailability
 from healthd.capacity.lending import LendingModel, format_quantity
 from healthd.config import Config
@@ -79,9 +80,8 @@ from healthd.kube.objects import (
     status_of,
 )
 from healthd.kube.pods import is_terminated
-from healthd.network_blame import Assessment, assess, rows_of
 from healthd.published import Health, Undecodable, read_health
-from healthd.times import parse_time, rfc3339
+from healthd.util.times import parse_time, rfc3339
 
 SCHEMA_VERSION = 1
 UNKNOWN = "UNKNOWN"  # the agent publishes but cannot judge yet

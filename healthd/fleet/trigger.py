@@ -37,6 +37,7 @@ import anyio
 
 import checks
 from checks.base import Severity, worst
+from healthd.check.plans import planned_check
 from healthd.config import Config
 from healthd.fleet.targets import Resolved
 from healthd.kube.client import Kube
@@ -50,7 +51,6 @@ from healthd.kube.objects import (
     resource_version_of,
 )
 from healthd.kube.watching import DELETED, watch_forever
-from healthd.plans import planned_check
 from healthd.published import LastRun, read_last_run
 from healthd.requests import Request, read_requests, take_ops
 

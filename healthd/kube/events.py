@@ -29,7 +29,7 @@ from healthd.kube.objects import (
     Resource,
     meta,
 )
-from healthd.times import rfc3339
+from healthd.util.times import rfc3339
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from healthd.kube.objects import resource_version_of, spec_of
-from healthd.times import parse_time
+from healthd.util.times import parse_time
 
 
 def holder_of(lease: dict[str, Any]) -> str:

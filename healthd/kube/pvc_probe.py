@@ -26,7 +26,7 @@ from healthd.kube.conventions import Keys
 from healthd.kube.errors import Gone, KubeError, NotFound
 from healthd.kube.objects import EVENTS, PODS, PVCS, STORAGECLASSES, meta, name_of, phase_of
 from healthd.kube.watching import DELETED, watch
-from healthd.times import parse_time
+from healthd.util.times import parse_time
 
 PVC_KIND = "PersistentVolumeClaim"
 PROVISIONING_FAILED = "ProvisioningFailed"

@@ -53,7 +53,7 @@ from healthd.kube.objects import (
 )
 from healthd.kube.watching import DELETED, watch_forever
 from healthd.sim.podgpus import gpus_needed, keeps_gpus
-from healthd.times import rfc3339
+from healthd.util.times import rfc3339
 
 log = logging.getLogger(__name__)
 

@@ -21,10 +21,10 @@ from pydantic import (
     model_validator,
 )
 
-from healthd import bundled
-from healthd.models import Frozen
 from healthd.sim.dcgm import DcgmSim
-from healthd.validation import explain
+from healthd.util import bundled
+from healthd.util.models import Frozen
+from healthd.util.validation import explain
 
 ClockReason = Literal[
     "gpu_idle",

@@ -20,9 +20,9 @@ from checks.base import CheckContext, Probes
 from checks.dcgm import DcgmCheck
 from checks.kernel_log import KernelLog, KernelLogSource
 from checks.rdma import RdmaReader, SysfsRdmaReader
+from healthd.check.plans import Planned
 from healthd.config import Config
 from healthd.config.agent import KernelLogSettings
-from healthd.plans import Planned
 from healthd.sim.control import ControlFile
 from healthd.sim.cuda import SimBandwidthProbe
 from healthd.sim.dcgm import DcgmSim, fake_dcgmi_command

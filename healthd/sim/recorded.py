@@ -7,7 +7,7 @@ not hold is not run: it is SKIPPED "not recorded: <sources>", never PASS. A spec
 without `recorded` is not a recording, and everything in it is simulated.
 
 A new recorded source needs two things: `healthd record` adds its name to
-`recorded` when it captured it (healthd.record.sources), and the checks that read it
+`recorded` when it captured it (healthd.record.recording.sources), and the checks that read it
 name it in their INPUTS. Nothing here changes.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pydantic import BaseModel
 
 from checks.base import Check, CheckContext, CheckResult, inputs_of
-from healthd.plans import Planned
+from healthd.check.plans import Planned
 from healthd.sim.machine import MachineSpec
 
 

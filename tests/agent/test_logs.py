@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from healthd.logs import configure_logging, log_context
+from healthd.util.logs import configure_logging, log_context
 
 
 @pytest.fixture

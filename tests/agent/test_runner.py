@@ -13,7 +13,7 @@ from checks.base import BaseCheck, CheckContext, CheckResult, Severity
 from checks.catalog import Catalog
 from healthd.agent.runner import Runner
 from healthd.agent.verdict import Trigger
-from healthd.plans import Planned
+from healthd.check.plans import Planned
 
 pytestmark = pytest.mark.anyio
 

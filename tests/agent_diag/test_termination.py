@@ -15,7 +15,7 @@ import pytest
 
 from checks.base import CheckResult, Entity, Finding, Severity
 from checks.catalog import Catalog, Override
-from healthd.termination import LIMIT_BYTES, SummaryError, compact_summary, parse_summary
+from healthd.check.termination import LIMIT_BYTES, SummaryError, compact_summary, parse_summary
 
 FAIL_SPEC = "node: sim-r3\ndcgm:\n  output: v4-fail-r3\n"
 

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from healthd.agent.metrics import AgentMetrics
-from healthd.http import serve_http
+from healthd.util.http import serve_http
 from tests.agent_metrics.conftest import NODE, remapped
 
 pytestmark = pytest.mark.anyio

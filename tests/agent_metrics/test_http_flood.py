@@ -13,7 +13,7 @@ import anyio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from healthd.http import serve_http
+from healthd.util.http import serve_http
 from tests.agent_metrics.test_http import alive, get
 
 pytestmark = pytest.mark.anyio

@@ -9,9 +9,9 @@ from prometheus_client import CollectorRegistry
 from checks.base import CheckContext, CheckResult
 from checks.snapshot import NvmlGpuSource
 from healthd.agent.metrics import AgentMetrics
+from healthd.check.once import run_planned
+from healthd.check.plans import planned_check
 from healthd.config import load_config
-from healthd.once import run_planned
-from healthd.plans import planned_check
 from healthd.sim.node import simulate
 
 CHECKS = ["remapped", "pciebw", "power", "pcie", "ecc"]

@@ -10,9 +10,9 @@ import pytest
 from checks.base import CheckContext, CheckResult
 from checks.snapshot import NvmlGpuSource
 from healthd.agent.verdict import HealthState, Policy, Trigger, apply, initial
+from healthd.check.once import run_planned
+from healthd.check.plans import planned_check
 from healthd.config import load_config
-from healthd.once import run_planned
-from healthd.plans import planned_check
 from healthd.sim.machine import MachineSpec
 from healthd.sim.node import simulate
 from tests.agent_publish.conftest import KEYS, running

@@ -9,10 +9,10 @@ import json
 import pytest
 
 import checks
+from healthd.config.selection import Selected
 from healthd.kube.conventions import Keys, Verdict
 from healthd.kube.objects import NODES
 from healthd.requests import Request, answer, pointer, read_requests, take, take_ops
-from healthd.selection import Selected
 from tests.agent_publish.conftest import KEYS, NODE, node_object, running
 
 REGISTRY = checks.REGISTRY

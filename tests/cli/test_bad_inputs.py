@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from healthd.config import ConfigError, load_config
-from healthd.exits import EX_CONFIG
+from healthd.util.exits import EX_CONFIG
 
 EX_UNKNOWN = 3
 

@@ -7,9 +7,9 @@ import anyio
 
 from checks.base import CheckContext
 from checks.snapshot import NvmlGpuSource
+from healthd.check.once import run_planned
+from healthd.check.plans import planned_check
 from healthd.config import load_config
-from healthd.once import run_planned
-from healthd.plans import planned_check
 from healthd.sim.node import simulate
 
 NVML_CHECKS = ["gpus", "remapped", "power", "pcie", "ecc", "nvlink"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import checks
-from healthd.selection import Selected, SelectionError, UnknownCheck, parse_selection
+from healthd.config.selection import Selected, SelectionError, UnknownCheck, parse_selection
 
 R = checks.REGISTRY
 

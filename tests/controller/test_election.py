@@ -20,7 +20,7 @@ import pytest
 from healthd.controller.election import LeaseElector
 from healthd.kube.leases import is_expired
 from healthd.sim.apiserver import ApiEmulator
-from healthd.times import rfc3339
+from healthd.util.times import rfc3339
 from tests.controller.conftest import KubeFactory
 
 pytestmark = pytest.mark.anyio

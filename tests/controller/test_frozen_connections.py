@@ -17,7 +17,7 @@ import pytest
 from healthd.kube.client import Kube
 from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.apiserver.kubeconfig import async_api_client
-from healthd.times import parse_time
+from healthd.util.times import parse_time
 from tests.controller.conftest import (
     appwrapper,
     controllers,

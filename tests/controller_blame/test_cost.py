@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 
-from healthd.network_blame import Assessment, assess, rows_of
+from healthd.blame.networks import Assessment, assess, rows_of
 from tests.controller.conftest import KEYS, Obj, node
 
 FLEET = [f"gpu-{i:04d}" for i in range(2000)]

@@ -20,8 +20,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from healthd.controller.blame import NetworkBlame
-from healthd.network_blame import Assessment
+from healthd.blame.announce import NetworkBlame
+from healthd.blame.networks import Assessment
 from healthd.sim.apiserver import ApiEmulator
 from tests.controller.conftest import (
     KubeFactory,

@@ -19,7 +19,7 @@ import json
 
 import pytest
 
-from healthd.network_blame import assess_networks, ping_rows, rows_by_network
+from healthd.blame.networks import assess_networks, ping_rows, rows_by_network
 from healthd.sim.apiserver import ApiEmulator
 from tests.controller.conftest import KEYS, KubeFactory, controllers, eventually, settings
 from tests.controller_blame.conftest import (

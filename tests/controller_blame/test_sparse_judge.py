@@ -1,4 +1,4 @@
-"""`checks.blame.judge_rows`, the sparse entry point the controller uses: for any
+"""`healthd.blame.judge.judge_rows`, the sparse entry point the controller uses: for any
 rows ("reached everyone but these", "reached nobody") it says exactly what the
 dense `judge` says of the same matrix (hypothesis), the cheap per-node answers
 agree with the full report, and a 2,000-node fleet with three failed pings is
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from checks.blame import Judgement, Row, SparseReport, judge, judge_rows, to_matrix
+from healthd.blame.judge import Judgement, Row, SparseReport, judge, judge_rows, to_matrix
 
 NAMES = [f"n{i}" for i in range(9)]
 

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from healthd.cli import main
-from healthd.demo.command import play, run_demo
+from healthd.demo.command import play, run
 from healthd.demo.scenario import (
     DEFAULT_SCENARIO,
     bundled_scenarios,
@@ -37,7 +37,7 @@ def played(name: str) -> tuple[int, dict[str, Any]]:
     if name not in _PLAYED:
         stream = io.StringIO()
         args = argparse.Namespace(scenario=name, nodes=None, output="json", serve=None)
-        code = run_demo(args, stream)
+        code = run(args, stream)
         _PLAYED[name] = code, json.loads(stream.getvalue())
     return _PLAYED[name]
 

@@ -17,12 +17,12 @@ from prometheus_client import CollectorRegistry
 from healthd.agent.agent import Agent
 from healthd.cli import build_parser
 from healthd.config import Config
-from healthd.exits import ExitError
 from healthd.fleet.command import status_command, trigger_command
 from healthd.kube.conventions import Keys
 from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.machine import load_machine_spec
 from healthd.sim.node import simulate
+from healthd.util.exits import ExitError
 from tests.agent.harness import eventually
 
 KEYS = Keys()

@@ -26,7 +26,7 @@ NOW = 1_750_000_000.0  # the status view's clock
 
 
 def stamp(ago_s: float) -> str:
-    from healthd.times import rfc3339
+    from healthd.util.times import rfc3339
 
     return rfc3339(NOW - ago_s)
 

@@ -1,4 +1,4 @@
-"""Network blame over a reachability matrix (checks.blame.judge).
+"""Network blame over a reachability matrix (healthd.blame.judge.judge).
 
 Tests, as named scenarios and as hypothesis properties: everything reachable ->
 nobody at fault; one dead node -> it alone is blamed (never isolated by others'
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from checks.blame import Judgement, Matrix, judge
+from healthd.blame.judge import Judgement, Matrix, judge
 
 NAMES = [f"n{i:02d}" for i in range(12)]
 

@@ -32,8 +32,8 @@ from checks.base import Attachment, CheckContext, CheckResult, run_check
 from checks.catalog import Catalog
 from checks.nic import NetlinkReader, NicCheck
 from checks.rdma import RdmaCheck, SysfsRdmaReader
+from healthd.blame.networks import Assessment, assess_networks, ping_rows
 from healthd.kube.conventions import Keys
-from healthd.network_blame import Assessment, assess_networks, ping_rows
 from healthd.sim.machine import RdmaPortSpec, RdmaSpec
 from healthd.sim.rdma import SimRdma
 from tests.conftest import require_binary

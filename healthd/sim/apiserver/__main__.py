@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from healthd.exits import UsageParser, port_number
 from healthd.sim.apiserver.emulator import ApiEmulator
+from healthd.util.exits import UsageParser, port_number
 
 
 def _objects(path: Path) -> list[dict[str, Any]]:

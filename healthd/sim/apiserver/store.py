@@ -40,7 +40,7 @@ from healthd.sim.apiserver.validation import (
     event_errors,
     refuse,
 )
-from healthd.times import rfc3339
+from healthd.util.times import rfc3339
 
 _SYSTEM_METADATA = ("uid", "creationTimestamp", "deletionTimestamp",
                     "deletionGracePeriodSeconds", "generation", "namespace", "name")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from healthd.sim.apiserver.resources import Obj
-from healthd.times import parse_time
+from healthd.util.times import parse_time
 
 Column = tuple[str, int, str]  # name, priority (1: only with -o wide), format
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
-from healthd.models import Frozen
+from healthd.util.models import Frozen
 
 FAKE_DCGMI = Path(__file__).resolve().parent / "fake_dcgmi.py"
 

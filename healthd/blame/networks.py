@@ -1,6 +1,6 @@
 """Network blame from the agents' ping reports: which node do its peers fail to
 reach, on which network. Pure: the controller announces it
-(healthd.controller.blame) and `healthd status` shows it, from the same objects.
+(healthd.blame.announce) and `healthd status` shows it, from the same objects.
 
 One agent's `ping` check cannot tell "that peer is down" from "my own link is
 down"; the fleet can. Every agent publishes what its latest ping round saw in its
@@ -8,7 +8,7 @@ down"; the fleet can. Every agent publishes what its latest ping round saw in it
 healthd.agent.node_view): per network it
 probed every other agent node attached there and reached all but `unreached`, or,
 when `isolated`, almost none. This module reads those objects, judges each network
-on its own with `checks.blame.judge_rows` (the sparse form of `judge`: linear in
+on its own with `healthd.blame.judge.judge_rows` (the sparse form of `judge`: linear in
 nodes plus unreached entries, no n x n matrix), and says:
 
 - which nodes most of their peers cannot reach on a network (BLAMED). A node is
@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checks.base import POD_NETWORK
-from checks.blame import Judgement, Row, SparseReport, judge_rows
+from healthd.blame.judge import Judgement, Row, SparseReport, judge_rows
 from healthd.kube.conventions import Keys
 from healthd.kube.objects import name_of
 from healthd.published import Health, NetworkView, read_health
 
-SHARE = 0.5  # "most" means more than this share (checks.blame)
+SHARE = 0.5  # "most" means more than this share (healthd.blame.judge)
 NAMES_SHOWN = 10  # reporters named in an Event; the rest are counted
 Obj = dict[str, Any]
 
@@ -102,7 +102,7 @@ class Assessment:
 
 def assess(rows: Mapping[str, Row], *, share: float = SHARE,
            network: str = POD_NETWORK) -> Assessment:
-    """Judge one network's rows (checks.blame's rules), with one guard: when most
+    """Judge one network's rows (healthd.blame.judge's rules), with one guard: when most
     reporters reached almost nobody, each of them missed every peer and none says
     which, so the reports cannot single a node out; that is a partition (an even
     split, or the whole fabric down, reads exactly so), and nobody is blamed.

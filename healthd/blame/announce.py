@@ -1,7 +1,7 @@
 """Fleet-level network blame, the controller's activity: which node do its peers
 fail to reach, on which network, said once per episode.
 
-The judgement itself is healthd.network_blame's (pure, shared with `healthd
+The judgement itself is healthd.blame.networks' (pure, shared with `healthd
 status`); this module follows the controller's node cache, re-judges when a ping
 report moves (coalesced after a short settle, never polled), and says what changed:
 
@@ -20,30 +20,51 @@ not announce them again.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
 from checks.base import POD_NETWORK
-from checks.blame import Row
-from healthd.controller.caches import NODES_KIND, Caches
-from healthd.controller.metrics import ControllerMetrics
-from healthd.kube.conventions import Keys, Reason
-from healthd.kube.events import WARNING, EventRecorder
-from healthd.kube.objects import NODES, name_of
-from healthd.network_blame import (
+from healthd.blame.judge import Row
+from healthd.blame.networks import (
     Assessment,
     assess_networks,
     blame_message,
     network_name,
     ping_rows,
 )
+from healthd.kube.conventions import Keys, Reason
+from healthd.kube.events import WARNING, EventRecorder
+from healthd.kube.objects import NODES, name_of
 
 log = logging.getLogger(__name__)
 
 SETTLE_S = 0.1  # lets one ping round's annotations from many agents land together
 Obj = dict[str, Any]
+NODES_KIND = NODES.plural  # the kind the controller's caches name nodes by
+
+
+class NodeStore(Protocol):
+    def get(self, key: str) -> Obj | None: ...
+
+
+class NodeCache(Protocol):
+    """What blame reads of the controller's caches: the nodes, once synced."""
+
+    @property
+    def nodes(self) -> NodeStore: ...
+
+    async def wait_synced(self, kinds: Iterable[str] | None = None) -> None: ...
+
+
+class BlameGauges(Protocol):
+    """Where blame shows in the controller's metrics."""
+
+    def set_blamed(self, blamed: Iterable[tuple[str, str]]) -> None: ...
+
+    def set_partitioned(self, networks: Mapping[str, bool]) -> None: ...
 
 
 # -- the activity ----------------------------------------------------------------------
@@ -65,8 +86,8 @@ class NetworkBlame:
     """Follows the node cache (`handle`), recomputes the blame when a ping report
     moves (`run`), and announces what changed; see the module docstring."""
 
-    def __init__(self, caches: Caches, events: EventRecorder, *, keys: Keys,
-                 metrics: ControllerMetrics, dry_run: bool, lease: Obj,
+    def __init__(self, caches: NodeCache, events: EventRecorder, *, keys: Keys,
+                 metrics: BlameGauges, dry_run: bool, lease: Obj,
                  episodes: Episodes | None = None, settle_s: float = SETTLE_S) -> None:
         self._caches = caches
         self._events = events

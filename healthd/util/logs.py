@@ -10,6 +10,7 @@ task, so concurrent runs never mix their fields. Extras passed with
 
 from __future__ import annotations
 
+import argparse
 import contextvars
 import json
 import logging
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-from healthd.times import rfc3339
+from healthd.util.times import rfc3339
 
 _check: contextvars.ContextVar[str] = contextvars.ContextVar("healthd_check", default="")
 _request: contextvars.ContextVar[str] = contextvars.ContextVar("healthd_request", default="")
@@ -84,3 +85,8 @@ def configure_logging(level: str | int = "INFO", node: str = "",
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     return handler
+
+
+def add_log_level_argument(parser: argparse.ArgumentParser) -> None:
+    """`--log-level`, as the daemons spell it."""
+    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING"))

@@ -23,6 +23,7 @@ is 256.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import http.server
 import logging
@@ -38,6 +39,8 @@ import anyio.from_thread
 import anyio.lowlevel
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
+
+from healthd.util.exits import port_number
 
 log = logging.getLogger(__name__)
 
@@ -256,3 +259,9 @@ async def serve_http(
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(server.shutdown)
         server.server_close()
+
+
+def add_http_port_argument(parser: argparse.ArgumentParser) -> None:
+    """`--http-port`, where a daemon serves /metrics, /healthz and /readyz."""
+    parser.add_argument("--http-port", type=port_number, metavar="N",
+                        help="/metrics, /healthz, /readyz")

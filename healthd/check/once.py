@@ -15,9 +15,9 @@ from typing import Any
 import anyio
 
 from checks.base import CheckContext, CheckResult, Severity, run_check, worst
+from healthd.check.plans import Planned, planned_check
 from healthd.config import Config
-from healthd.plans import Planned, planned_check
-from healthd.selection import Selected
+from healthd.config.selection import Selected
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from healthd.validation import UnreadableYaml, read_yaml_file
+from healthd.util.validation import UnreadableYaml, read_yaml_file
 
 
 def names(folder: Path) -> list[str]:

@@ -16,8 +16,6 @@ import argparse
 import sys
 from typing import NoReturn
 
-from healthd.config import Config, ConfigError, load_config
-
 EX_SOFTWARE = 1
 EX_USAGE = 64
 EX_CANTCREAT = 73  # an output file that cannot be created
@@ -38,14 +36,6 @@ class UsageError(ExitError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, EX_USAGE)
-
-
-def config_or_exit(path: str | None) -> Config:
-    """The config file (or the defaults); ExitError(EX_CONFIG) naming what is wrong."""
-    try:
-        return load_config(path)
-    except ConfigError as exc:
-        raise ExitError(str(exc), EX_CONFIG) from exc
 
 
 class UsageParser(argparse.ArgumentParser):

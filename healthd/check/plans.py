@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import checks
 from checks.base import Check
 from healthd.config import Config
-from healthd.selection import parse_selection
+from healthd.config.selection import parse_selection
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""`healthd record`: the command line around healthd.record.
+"""`healthd record`: the command line around healthd.record.recording.
 
     healthd record [--output FILE] [--include xid-window=D] [--include pciebw]
                    [--include dcgm] [--redact] [--config FILE] [--sim SPEC]
@@ -28,11 +28,11 @@ from checks.kernel_log import KernelLog, KernelLogSource
 from checks.pciebw import MIB, BandwidthProbe, CudaBandwidthProbe, PcieBwCheck
 from checks.rdma import RdmaParams, RdmaReader, SysfsRdmaReader
 from healthd import __version__
-from healthd.config import Config
-from healthd.durations import parse_duration
-from healthd.exits import EX_CANTCREAT, EX_CONFIG, ExitError, UsageError, config_or_exit
-from healthd.once import node_name
-from healthd.record import NothingToRecord, machine_spec, read_machine
+from healthd.check.once import node_name
+from healthd.config import Config, add_config_argument, config_or_exit
+from healthd.record.recording import NothingToRecord, machine_spec, read_machine
+from healthd.util.durations import parse_duration
+from healthd.util.exits import EX_CANTCREAT, EX_CONFIG, ExitError, UsageError
 
 EX_NO_DRIVER = 3  # UNKNOWN in the Nagios convention `healthd check` follows
 DEFAULT_XID_WINDOW_S = 2.0
@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "PCIe bandwidth), dcgm (run a dcgmi level-1 diagnostic); repeatable")
     parser.add_argument("--redact", action="store_true",
                         help="replace GPU UUIDs, serials and the node name with placeholders")
-    parser.add_argument("--config", metavar="FILE", help="healthd config YAML (checks' params)")
+    add_config_argument(parser, help="healthd config YAML (checks' params)")
     parser.add_argument("--sim", metavar="SPEC",
                         help="record a simulated machine (YAML file or bundled name)")
 
@@ -76,7 +76,7 @@ def parse_includes(values: list[str]) -> Includes:
     return Includes(window, pciebw, dcgm)
 
 
-def run_record(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """`healthd record`; its ExitError goes to healthd.cli, which prints it."""
     includes = parse_includes(args.include)
     config = config_or_exit(args.config)
