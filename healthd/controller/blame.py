@@ -32,6 +32,7 @@ from healthd.controller.metrics import ControllerMetrics
 from healthd.kube.conventions import Keys, Reason
 from healthd.kube.events import WARNING, EventRecorder
 from healthd.kube.objects import NODES, name_of
+from healthd.kube.shapes import KubeObject
 from healthd.network_blame import (
     Assessment,
     assess_networks,
@@ -90,7 +91,7 @@ class NetworkBlame:
         """The pod network's latest assessment (None before the first)."""
         return self.assessments.get(POD_NETWORK)
 
-    def handle(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+    def handle(self, kind: str, old: KubeObject | None, new: KubeObject | None) -> None:
         """The caches' change callback: quick; wakes `run` only when a ping report
         appears, moves or goes, or a node comes or goes."""
         if kind != NODES_KIND:

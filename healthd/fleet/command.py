@@ -47,7 +47,8 @@ from healthd.fleet.trigger import (
 from healthd.kube.client import Kube
 from healthd.kube.conventions import Keys
 from healthd.kube.errors import KubeError
-from healthd.kube.objects import PODS
+from healthd.kube.objects import PODS, items_of
+from healthd.kube.shapes import Pod
 from healthd.output import WIDE, dump, is_document
 
 EX_UNREACHABLE = 3  # UNKNOWN under the Nagios convention (trigger and status alike)
@@ -118,7 +119,7 @@ async def _agentless(kube: Kube, config: Config, resolved: Resolved) -> frozense
         pods = await kube.list(PODS, peers.namespace, label_selector=peers.label_selector)
     except KubeError:
         return frozenset()
-    running = agent_nodes(p for p in pods.get("items") or [] if isinstance(p, dict))
+    running = agent_nodes(items_of(pods, Pod))
     return frozenset(n for n in resolved.nodes if n not in running)
 
 
