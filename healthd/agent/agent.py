@@ -73,6 +73,7 @@ from healthd.kube.conventions import (
 from healthd.kube.events import WARNING, EventRecorder
 from healthd.kube.pods import gpu_pods
 from healthd.kube.pvc_probe import KubeProbeApi
+from healthd.kube.shapes import Node, view
 from healthd.requests import Request, take
 from healthd.util.http import serve_http
 
@@ -432,4 +433,4 @@ def _covers(result: CheckResult, event: XidEvent) -> bool:
 
 def _node_gpus(node: dict[str, Any] | None) -> int:
     """The node's GPU capacity (`status.capacity["nvidia.com/gpu"]`), 0 when unknown."""
-    return int(gpu_count(node, GPU_RESOURCE)) if node is not None else 0
+    return int(gpu_count(view(Node, node), GPU_RESOURCE)) if node is not None else 0

@@ -33,8 +33,18 @@ from checks.catalog import Catalog
 from healthd.check.termination import SummaryError, parse_summary
 from healthd.kube.conventions import GPU_RESOURCE, Keys, Reason
 from healthd.kube.errors import KubeError
-from healthd.kube.objects import JOBS, PODS, meta, name_of, node_name_of, phase_of
+from healthd.kube.objects import (
+    JOBS,
+    PODS,
+    condition_of,
+    container_statuses_of,
+    meta,
+    name_of,
+    node_name_of,
+    phase_of,
+)
 from healthd.kube.pods import is_terminated
+from healthd.kube.shapes import ContainerState, ContainerStateTerminated, Pod, part, view
 from healthd.kube.watching import watch_forever
 
 if TYPE_CHECKING:
@@ -126,34 +136,37 @@ def job_manifest(node: str, key: str, gpu_count: int, settings: DeepDiagSettings
 # -- reading the pod -------------------------------------------------------------------
 
 
-def _container_state(pod: Obj) -> Obj:
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    state = statuses[0].get("state") if statuses and isinstance(statuses[0], dict) else None
-    return state if isinstance(state, dict) else {}
+def _container_state(pod: Pod) -> ContainerState:
+    statuses = container_statuses_of(pod)
+    return part(statuses[0].get("state")) if statuses else {}
 
 
-def is_scheduled(pod: Obj) -> bool:
+def _terminated(pod: Pod) -> ContainerStateTerminated:
+    return part(_container_state(pod).get("terminated"))
+
+
+def is_scheduled(pod: Pod) -> bool:
     return bool(node_name_of(pod))
 
 
-def is_finished(pod: Obj) -> bool:
+def is_finished(pod: Pod) -> bool:
     return is_terminated(pod) or "terminated" in _container_state(pod)
 
 
-def unscheduled_reason(pod: Obj | None) -> str:
+def unscheduled_reason(pod: Pod | None) -> str:
     """The scheduler's explanation (PodScheduled condition), or what is known."""
     if pod is None:
         return "no pod was created for the Job"
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "PodScheduled" and cond.get("status") != "True":
-            return str(cond.get("message") or cond.get("reason") or "pending")
+    cond = condition_of(pod, "PodScheduled")
+    if cond is not None and cond.get("status") != "True":
+        return str(cond.get("message") or cond.get("reason") or "pending")
     return "pod pending"
 
 
-def failure_reason(pod: Obj) -> str:
+def failure_reason(pod: Pod) -> str:
     """Why a pod ended without a result: container reason and exit code, or the pod's."""
-    terminated = _container_state(pod).get("terminated") or {}
-    status = pod.get("status") or {}
+    terminated = _terminated(pod)
+    status = part(pod.get("status"))
     reason = terminated.get("reason") or status.get("reason") or status.get("phase") or "unknown"
     exit_code = terminated.get("exitCode")
     text = f"{reason} (exit code {exit_code})" if exit_code is not None else str(reason)
@@ -161,9 +174,9 @@ def failure_reason(pod: Obj) -> str:
     return f"{text}: {detail[-300:]}" if detail else text
 
 
-def result_from_pod(pod: Obj, check: str, catalog: Catalog) -> CheckResult:
+def result_from_pod(pod: Pod, check: str, catalog: Catalog) -> CheckResult:
     """The check result in a finished pod's termination message."""
-    message = str((_container_state(pod).get("terminated") or {}).get("message") or "")
+    message = str(_terminated(pod).get("message") or "")
     try:
         return parse_summary(message, check, catalog)
     except SummaryError as exc:
@@ -222,7 +235,7 @@ class DeepDiagnostic:
         within the run deadline after that."""
         uid = meta(job).get("uid", "")
         schedule_s, run_s = self.settings.schedule_deadline_s, self.settings.run_deadline_s
-        pod: Obj | None = None
+        pod: Pod | None = None
         scheduled = False
         watching = watch_forever(self.kube, PODS, self.settings.namespace,
                                  label_selector=f"controller-uid={uid}")
@@ -232,7 +245,7 @@ class DeepDiagnostic:
                     if event.type == "DELETED":
                         raise DiagnosticFailed(f"diagnostic pod {name_of(event.object)} was "
                                                "deleted before it finished")
-                    pod = event.object
+                    pod = view(Pod, event.object)
                     if is_finished(pod):
                         return result_from_pod(pod, check, self.catalog)
                     if is_scheduled(pod) and not scheduled:

@@ -54,6 +54,7 @@ from healthd.kube.conventions import CONDITION_TYPE, Keys, Reason, Verdict
 from healthd.kube.errors import Conflict, KubeError, TooLarge, Unavailable
 from healthd.kube.events import EventRecorder
 from healthd.kube.objects import NODES, annotations_of, condition_of, labels_of, meta
+from healthd.kube.shapes import Node, view
 from healthd.published import CheckStatus, Health
 from healthd.util.times import rfc3339
 
@@ -84,7 +85,7 @@ class _Observed:
         return cls(
             labels=labels_of(node),
             annotations=annotations_of(node),
-            condition=condition_of(node, CONDITION_TYPE),
+            condition=condition_of(view(Node, node), CONDITION_TYPE),
             resource_version=str(md.get("resourceVersion") or ""),
             involved=involved,
         )

@@ -18,35 +18,35 @@ from typing import TYPE_CHECKING, Any
 
 from checks.base import Attachment, Peer
 from healthd.agent.network_status import ProblemLog, network_status
-from healthd.kube.objects import PODS, key_of, meta, node_name_of, phase_of
+from healthd.kube.objects import PODS, is_deleting, key_of, meta, node_name_of, phase_of
+from healthd.kube.shapes import Pod, entries, part, view
 from healthd.kube.watching import watch_forever
 
 if TYPE_CHECKING:
     from healthd.kube.client import Kube
 
 
-def pod_addresses(pod: Mapping[str, Any]) -> list[str]:
+def pod_addresses(pod: Pod) -> list[str]:
     """`status.podIPs[*].ip` (dual stack), else `status.podIP`."""
-    status = pod.get("status") or {}
-    ips = [str(entry["ip"]) for entry in status.get("podIPs") or []
-           if isinstance(entry, dict) and entry.get("ip")]
+    status = part(pod.get("status"))
+    ips = [str(entry["ip"]) for entry in entries(status.get("podIPs")) if entry.get("ip")]
     if not ips and status.get("podIP"):
         ips = [str(status["podIP"])]
     return ips
 
 
-def is_live_peer(pod: Mapping[str, Any], own_node: str) -> bool:
+def is_live_peer(pod: Pod, own_node: str) -> bool:
     """Another node's agent pod that can answer: Running, not being deleted, has an IP."""
     node = node_name_of(pod)
     return (bool(node) and node != own_node
             and phase_of(pod) == "Running"
-            and not meta(pod).get("deletionTimestamp")
+            and not is_deleting(pod)
             and bool(pod_addresses(pod)))
 
 
-def _newest_per_node(pods: Mapping[str, Mapping[str, Any]], own_node: str
-                     ) -> dict[str, Mapping[str, Any]]:
-    newest: dict[str, Mapping[str, Any]] = {}
+def _newest_per_node(pods: Mapping[str, Pod], own_node: str
+                     ) -> dict[str, Pod]:
+    newest: dict[str, Pod] = {}
     for pod in pods.values():
         if not is_live_peer(pod, own_node):
             continue
@@ -58,7 +58,7 @@ def _newest_per_node(pods: Mapping[str, Mapping[str, Any]], own_node: str
     return newest
 
 
-def peers_from(pods: Mapping[str, Mapping[str, Any]], own_node: str) -> list[Peer]:
+def peers_from(pods: Mapping[str, Pod], own_node: str) -> list[Peer]:
     """One Peer per other node, sorted by node name; the newest pod wins a node.
     Its secondary networks come from its network-status (none when unreadable)."""
     newest = _newest_per_node(pods, own_node)
@@ -67,7 +67,7 @@ def peers_from(pods: Mapping[str, Mapping[str, Any]], own_node: str) -> list[Pee
             for node in sorted(newest)]
 
 
-def own_attachments(pods: Mapping[str, Mapping[str, Any]], own_node: str
+def own_attachments(pods: Mapping[str, Pod], own_node: str
                     ) -> tuple[Attachment, ...]:
     """The secondary interfaces of this node's own (newest live) agent pod."""
     mine = {k: p for k, p in pods.items()
@@ -90,7 +90,7 @@ class PeerWatcher:
         self.label_selector = label_selector
         self.on_change = on_change  # called with the new list whenever it changes
         self.on_attachments = on_attachments  # this pod's secondary interfaces changed
-        self._pods: dict[str, Mapping[str, Any]] = {}
+        self._pods: dict[str, Pod] = {}
         self._peers: list[Peer] = []
         self._attachments: tuple[Attachment, ...] = ()
         self._problems = ProblemLog()
@@ -99,9 +99,10 @@ class PeerWatcher:
     def peers(self) -> list[Peer]:
         return list(self._peers)
 
-    def apply(self, kind: str, pod: Mapping[str, Any]) -> None:
+    def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
         """Fold one watch event (ADDED, MODIFIED, DELETED) into the peer list."""
-        key = key_of(dict(pod))
+        pod = view(Pod, obj)
+        key = key_of(pod)
         if kind == "DELETED":
             self._pods.pop(key, None)
         else:

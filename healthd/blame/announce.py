@@ -38,6 +38,7 @@ from healthd.blame.networks import (
 from healthd.kube.conventions import Keys, Reason
 from healthd.kube.events import WARNING, EventRecorder
 from healthd.kube.objects import NODES, name_of
+from healthd.kube.shapes import KubeObject, Node
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ NODES_KIND = NODES.plural  # the kind the controller's caches name nodes by
 
 
 class NodeStore(Protocol):
-    def get(self, key: str) -> Obj | None: ...
+    def get(self, key: str) -> Node | None: ...
 
 
 class NodeCache(Protocol):
@@ -111,7 +112,7 @@ class NetworkBlame:
         """The pod network's latest assessment (None before the first)."""
         return self.assessments.get(POD_NETWORK)
 
-    def handle(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+    def handle(self, kind: str, old: KubeObject | None, new: KubeObject | None) -> None:
         """The caches' change callback: quick; wakes `run` only when a ping report
         appears, moves or goes, or a node comes or goes."""
         if kind != NODES_KIND:

@@ -37,7 +37,7 @@ from healthd.published import Health, NetworkView, read_health
 
 SHARE = 0.5  # "most" means more than this share (healthd.blame.judge)
 NAMES_SHOWN = 10  # reporters named in an Event; the rest are counted
-Obj = dict[str, Any]
+Obj = Mapping[str, Any]  # a Node (healthd.kube.shapes), typed or as read
 
 
 # -- reading the reports ---------------------------------------------------------------

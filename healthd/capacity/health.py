@@ -23,11 +23,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
 
 from healthd.capacity.quantities import Quantity, try_quantity
 from healthd.kube.conventions import Keys, Verdict
-from healthd.kube.objects import as_dict, dicts, labels_of, name_of, spec_of, status_of
+from healthd.kube.objects import is_cordoned, labels_of, name_of, resources_of, taints_of
+from healthd.kube.shapes import Node
 from healthd.published import Health, read_health
 
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
@@ -61,7 +61,7 @@ class Unavailability:
         return next((r for r in REASON_ORDER if r in self.reasons), min(self.reasons))
 
 
-def verdict_of(node: dict[str, Any], keys: Keys) -> Verdict | None:
+def verdict_of(node: Node, keys: Keys) -> Verdict | None:
     """The published verdict label, or None when absent or not a verdict."""
     try:
         return Verdict(labels_of(node).get(keys.gpuhealth, ""))
@@ -69,32 +69,32 @@ def verdict_of(node: dict[str, Any], keys: Keys) -> Verdict | None:
         return None
 
 
-def is_evict(node: dict[str, Any], keys: Keys) -> bool:
+def is_evict(node: Node, keys: Keys) -> bool:
     """The node's label says running work must move now."""
     return verdict_of(node, keys) is Verdict.EVICT
 
 
-def _taint_reasons(node: dict[str, Any]) -> set[str]:
-    return {_TAINT_REASONS[str(taint["key"])] for taint in dicts(spec_of(node).get("taints"))
+def _taint_reasons(node: Node) -> set[str]:
+    return {_TAINT_REASONS[str(taint["key"])] for taint in taints_of(node)
             if taint.get("key") in _TAINT_REASONS}
 
 
-def reasons_of(node: dict[str, Any], *, keys: Keys,
+def reasons_of(node: Node, *, keys: Keys,
                bad_verdicts: frozenset[Verdict]) -> frozenset[str]:
     """Every reason the node's capacity is unavailable (empty: it is available)."""
     reasons = _taint_reasons(node)
     verdict = verdict_of(node, keys)
     if verdict is not None and verdict in bad_verdicts and verdict in _COUNTABLE:
         reasons.add(verdict.value)
-    if spec_of(node).get("unschedulable") is True:
+    if is_cordoned(node):
         reasons.add(CORDONED)
     return frozenset(reasons)
 
 
-def capacity_of(node: dict[str, Any], source: str = "capacity") -> dict[str, Quantity]:
+def capacity_of(node: Node, source: str = "capacity") -> dict[str, Quantity]:
     """Non-zero quantities of `status.<source>`, `pods` left out."""
     out: dict[str, Quantity] = {}
-    for name, text in as_dict(status_of(node).get(source)).items():
+    for name, text in resources_of(node, source).items():
         quantity = try_quantity(text)
         if name not in UNCOUNTED_RESOURCES and quantity is not None and quantity > 0:
             out[str(name)] = quantity
@@ -104,7 +104,7 @@ def capacity_of(node: dict[str, Any], source: str = "capacity") -> dict[str, Qua
 WHOLE_NODE_REASONS = frozenset({NOT_READY, UNREACHABLE, CORDONED})
 
 
-def unavailability(node: dict[str, Any], *, keys: Keys, bad_verdicts: frozenset[Verdict],
+def unavailability(node: Node, *, keys: Keys, bad_verdicts: frozenset[Verdict],
                    source: str = "capacity",
                    health_resources: frozenset[str] | None = None) -> Unavailability | None:
     """The node's contribution to unavailable capacity, or None when it has none.
@@ -119,12 +119,12 @@ def unavailability(node: dict[str, Any], *, keys: Keys, bad_verdicts: frozenset[
                           labels=labels_of(node))
 
 
-def gpu_count(node: dict[str, Any], resource: str, source: str = "capacity") -> Decimal:
+def gpu_count(node: Node, resource: str, source: str = "capacity") -> Decimal:
     """How many `resource` (GPUs) the node has; 0 for a node without any."""
     return capacity_of(node, source).get(resource, Decimal(0))
 
 
-def evict_codes(node: dict[str, Any], keys: Keys) -> tuple[str, ...]:
+def evict_codes(node: Node, keys: Keys) -> tuple[str, ...]:
     """The finding codes that hold the node at EVICT, from its health annotation:
     the EVICT holdings, else every holding, else the top code, else `("EVICT",)`
     (also when the annotation is missing or unreadable)."""

@@ -22,11 +22,11 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
 
 from healthd.capacity.health import Unavailability
 from healthd.capacity.quantities import format_quantity, parse_quantity, try_quantity
-from healthd.kube.objects import dicts, name_of, spec_of
+from healthd.kube.objects import name_of
+from healthd.kube.shapes import ClusterQueue, FlavorQuotas, ResourceQuota, entries, part
 
 __all__ = ["LendingModel", "LimitChange", "flavor_path", "format_quantity", "lending_path",
            "parse_quantity"]
@@ -147,28 +147,28 @@ class LendingModel:
         sums = self._by_reason.get(flavor)
         return {k: v for k, v in sums.items() if v} if sums is not None else {}
 
-    def evaluate(self, queue: dict[str, Any]) -> list[LimitChange]:
+    def evaluate(self, queue: ClusterQueue) -> list[LimitChange]:
         """Every (group, flavor, resource) of `queue` whose flavor is known, with the
         value read and the value due (changed or not)."""
         name = name_of(queue)
         out: list[LimitChange] = []
-        for g, group in enumerate(dicts(spec_of(queue).get("resourceGroups"))):
-            for f, flavor in enumerate(dicts(group.get("flavors"))):
+        for g, group in enumerate(entries(part(queue.get("spec")).get("resourceGroups"))):
+            for f, flavor in enumerate(entries(group.get("flavors"))):
                 out.extend(self._flavor_limits(name, g, f, flavor))
         return out
 
-    def changes(self, queue: dict[str, Any]) -> list[LimitChange]:
+    def changes(self, queue: ClusterQueue) -> list[LimitChange]:
         """What to write for `queue`: only the entries whose value must change."""
         return [c for c in self.evaluate(queue) if c.changed]
 
     def _flavor_limits(self, queue: str, g: int, f: int,
-                       flavor: dict[str, Any]) -> Iterable[LimitChange]:
+                       flavor: FlavorQuotas) -> Iterable[LimitChange]:
         flavor_name = str(flavor.get("name") or "")
         if flavor_name not in self._flavors:
             log.debug("queue %s: flavor %r is not a known ResourceFlavor; left alone",
                       queue, flavor_name)
             return
-        for r, entry in enumerate(dicts(flavor.get("resources"))):
+        for r, entry in enumerate(entries(flavor.get("resources"))):
             nominal = try_quantity(entry.get("nominalQuota"))
             if nominal is None:
                 log.debug("queue %s: %s has no usable nominalQuota", queue, entry.get("name"))
@@ -176,7 +176,7 @@ class LendingModel:
             yield self._limit(queue, (g, f, r), flavor_name, entry, nominal)
 
     def _limit(self, queue: str, where: tuple[int, int, int], flavor: str,
-               entry: dict[str, Any], nominal: Decimal) -> LimitChange:
+               entry: ResourceQuota, nominal: Decimal) -> LimitChange:
         resource = str(entry.get("name") or "")
         unavailable = self.unavailable(flavor, resource)
         nominal_text = str(entry.get("nominalQuota"))

@@ -65,6 +65,7 @@ from healthd.kube.client import Kube
 from healthd.kube.errors import Conflict, Invalid, KubeError, NotFound
 from healthd.kube.events import NORMAL, WARNING, EventRecorder
 from healthd.kube.objects import APPWRAPPERS, NODES, meta
+from healthd.kube.shapes import AppWrapper, Condition, Node, part, view
 from healthd.util.times import rfc3339
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ WRITE_ATTEMPTS = 3  # a status that keeps changing under us: let the next event 
 EVENT_BACKLOG = 64  # resets whose Events may be in flight at once
 DRAIN_S = 5.0  # on the way out, how long pending Events may still take
 
-NodeLookup = Callable[[str], dict[str, Any] | None]
+NodeLookup = Callable[[str], Node | None]
 
 
 class ResetMetrics(Protocol):
@@ -93,9 +94,9 @@ class ResetMetrics(Protocol):
     def set_breaker(self, is_open: bool, bad_nodes: int | None = None) -> None: ...
 
 
-def unhealthy(decision: ResetDecision, aw: dict[str, Any], at: float) -> dict[str, Any]:
+def unhealthy(decision: ResetDecision, aw: AppWrapper, at: float) -> Condition:
     """The `Unhealthy=True` condition a reset writes."""
-    cond: dict[str, Any] = {"type": UNHEALTHY, "status": "True", "reason": NODE_EVICTED,
+    cond: Condition = {"type": UNHEALTHY, "status": "True", "reason": NODE_EVICTED,
                             "message": decision.message, "lastTransitionTime": rfc3339(at)}
     generation = meta(aw).get("generation")
     if isinstance(generation, int):
@@ -103,12 +104,11 @@ def unhealthy(decision: ResetDecision, aw: dict[str, Any], at: float) -> dict[st
     return cond
 
 
-def reset_ops(decision: ResetDecision, aw: dict[str, Any], at: float) -> list[dict[str, Any]]:
+def reset_ops(decision: ResetDecision, aw: AppWrapper, at: float) -> list[dict[str, Any]]:
     """The JSON patch (on the status subresource) that resets `aw` as read: the phase
     and the conditions list are tested, so only that exact state is changed, and
     every other condition is carried over."""
-    status = aw.get("status")
-    conditions = status.get("conditions") if isinstance(status, dict) else None
+    conditions = part(aw.get("status")).get("conditions")  # as read: the test compares it
     cond = unhealthy(decision, aw, at)
     ops: list[dict[str, Any]] = [
         {"op": "test", "path": "/status/phase", "value": RUNNING},
@@ -199,7 +199,7 @@ class Resetter:
 
     # -- resets ----------------------------------------------------------------------
 
-    async def reset(self, decision: ResetDecision, *, appwrapper: dict[str, Any] | None = None,
+    async def reset(self, decision: ResetDecision, *, appwrapper: AppWrapper | None = None,
                     since: float | None = None) -> str:
         """Reset the AppWrapper `decision` names; returns the result (module docstring).
 
@@ -219,7 +219,7 @@ class Resetter:
                 ", ".join(decision.nodes), result)
         return result
 
-    async def _reset(self, decision: ResetDecision, aw: dict[str, Any] | None,
+    async def _reset(self, decision: ResetDecision, aw: AppWrapper | None,
                      since: float | None) -> str:
         if await self._announce() is BreakerState.OPEN:
             return BREAKER
@@ -249,21 +249,22 @@ class Resetter:
         await self._send_events(decision, written)
         return RESET
 
-    async def _read(self, decision: ResetDecision) -> dict[str, Any] | None:
+    async def _read(self, decision: ResetDecision) -> AppWrapper | None:
         try:
-            return await self._kube.get(APPWRAPPERS, decision.name, decision.namespace)
+            return view(AppWrapper, await self._kube.get(APPWRAPPERS, decision.name,
+                                                         decision.namespace))
         except NotFound:
             return None
 
     async def _write(self, decision: ResetDecision,
-                     aw: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+                     aw: AppWrapper) -> tuple[str, AppWrapper | None]:
         """Patch until written; re-read after each failed test. (result, written object)."""
         for _ in range(WRITE_ATTEMPTS):
             ops = reset_ops(decision, aw, self._clock())
             try:
                 written = await self._kube.json_patch(APPWRAPPERS, decision.name, ops,
                                                       decision.namespace, subresource="status")
-                return RESET, written
+                return RESET, view(AppWrapper, written)
             except NotFound:
                 return GONE, None
             except (Invalid, Conflict) as exc:
@@ -306,7 +307,7 @@ class Resetter:
                 for node, resets in pending.items():
                     await self._post(self._record_node_event, node, resets)
 
-    async def _send_events(self, decision: ResetDecision, aw: dict[str, Any]) -> None:
+    async def _send_events(self, decision: ResetDecision, aw: AppWrapper) -> None:
         await self._post(self._record_appwrapper_event, decision, aw)
         for node, codes in zip(decision.nodes, decision.codes, strict=True):
             if self._node_resets is not None:
@@ -335,7 +336,7 @@ class Resetter:
                 self._event_slots.release()
 
     async def _record_appwrapper_event(self, decision: ResetDecision,
-                                       aw: dict[str, Any]) -> None:
+                                       aw: AppWrapper) -> None:
         await self._events.record(aw, type=WARNING, reason=NODE_EVICTED,
                                   message=f"Reset: {decision.message}", res=APPWRAPPERS)
 
@@ -349,7 +350,7 @@ class Resetter:
     # -- when to look again ----------------------------------------------------------
 
     def retry_in_s(self, result: str, decision: ResetDecision,
-                   appwrapper: dict[str, Any] | None = None) -> float | None:
+                   appwrapper: AppWrapper | None = None) -> float | None:
         """After `result`, seconds until trying `decision` again could succeed; None
         when only a change of the objects can make it due (or it is done)."""
         if result == BREAKER:

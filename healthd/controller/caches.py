@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, cast
+from typing import Any, Generic, cast
 
 import anyio
 
@@ -32,10 +32,22 @@ from healthd.kube.objects import (
     NODES,
     PODS,
     Resource,
+    items_of,
     key_of,
     name_of,
     node_name_of,
     resource_version_of,
+)
+from healthd.kube.shapes import (
+    APIGroup,
+    AppWrapper,
+    ClusterQueue,
+    KubeObject,
+    Node,
+    Pod,
+    ResourceFlavor,
+    T,
+    view,
 )
 from healthd.kube.watching import DELETED
 
@@ -51,36 +63,40 @@ KINDS = (NODES_KIND, PODS_KIND, APPWRAPPERS_KIND, QUEUES_KIND, FLAVORS_KIND)
 RESET_KINDS = (NODES_KIND, PODS_KIND, APPWRAPPERS_KIND)  # what resets decide from
 LENDING_KINDS = (NODES_KIND, QUEUES_KIND, FLAVORS_KIND)  # what lending decides from
 
-Obj = dict[str, Any]
+Obj = KubeObject  # any kind's object, as `on_change` gets it
 OnChange = Callable[[str, Obj | None, Obj | None], None]
 
 
-class Store:
-    """One kind's objects by `ns/name` (or `name`), kept current by watch events.
+class Store(Generic[T]):
+    """One kind's objects by `ns/name` (or `name`), kept current by watch events, each
+    seen as `shape` (healthd.kube.shapes): where the watched JSON becomes typed.
 
     `accept` filters what is kept (an object that stops matching is dropped as if
     deleted); `synced` is set once the first full list has been applied.
     """
 
-    def __init__(self, kind: str, accept: Callable[[Obj], bool] | None = None) -> None:
+    def __init__(self, kind: str, shape: type[T],
+                 accept: Callable[[T], bool] | None = None) -> None:
         self.kind = kind
+        self.shape = shape
         self.synced = anyio.Event()
-        self._objects: dict[str, Obj] = {}
+        self._objects: dict[str, T] = {}
         self._accept = accept
 
-    def apply(self, event: WatchEvent) -> tuple[Obj | None, Obj | None]:
+    def apply(self, event: WatchEvent) -> tuple[T | None, T | None]:
         """Apply one event; returns (old, new), new None when the object is gone."""
-        key = key_of(event.object)
-        if event.type == DELETED or (self._accept and not self._accept(event.object)):
+        obj = view(self.shape, event.object)
+        key = key_of(obj)
+        if event.type == DELETED or (self._accept and not self._accept(obj)):
             return self._objects.pop(key, None), None
         old = self._objects.get(key)
-        self._objects[key] = event.object
-        return old, event.object
+        self._objects[key] = obj
+        return old, obj
 
-    def get(self, key: str) -> Obj | None:
+    def get(self, key: str) -> T | None:
         return self._objects.get(key)
 
-    def values(self) -> Iterable[Obj]:
+    def values(self) -> Iterable[T]:
         return self._objects.values()
 
     def keys(self) -> Iterable[str]:
@@ -94,13 +110,13 @@ class Store:
 
 
 class _Index:
-    """Keys of objects grouped by one derived value (pods by node, by AppWrapper)."""
+    """Keys of pods grouped by one derived value (by node, by AppWrapper)."""
 
-    def __init__(self, value_of: Callable[[Obj], str | None]) -> None:
+    def __init__(self, value_of: Callable[[Pod], str | None]) -> None:
         self._value_of = value_of
         self._groups: dict[str, dict[str, None]] = {}  # dicts keep insertion order
 
-    def update(self, old: Obj | None, new: Obj | None) -> None:
+    def update(self, old: Pod | None, new: Pod | None) -> None:
         before = self._value_of(old) if old is not None else None
         after = self._value_of(new) if new is not None else None
         key = key_of(new if new is not None else old or {})
@@ -116,7 +132,7 @@ class _Index:
         return iter(list(self._groups.get(value, ())))
 
 
-def _node_name(pod: Obj) -> str | None:
+def _node_name(pod: Pod) -> str | None:
     return node_name_of(pod) or None
 
 
@@ -127,7 +143,7 @@ class _ListingWatcher:
     starts the watch; counting them is how a store learns it holds the full list.
     """
 
-    def __init__(self, kube: Kube, store: Store) -> None:
+    def __init__(self, kube: Kube, store: Store[Any]) -> None:
         self._kube = kube
         self._store = store
         self.pending: int | None = None  # first-list events still to apply
@@ -138,8 +154,7 @@ class _ListingWatcher:
     async def list(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         listing = await self._kube.list(*args, **kwargs)
         if not self._store.synced.is_set():
-            items = listing.get("items") or []
-            self.pending = len({key_of(i) for i in items if isinstance(i, dict)})
+            self.pending = len({key_of(i) for i in items_of(listing, KubeObject)})
             self._mark_if_done()
         return listing
 
@@ -169,34 +184,35 @@ class Caches:
         self._on_change = on_change
         self._backoff = backoff or Backoff(initial=1, maximum=60)
         self.slack_queues = frozenset(slack_queues)
-        self.nodes = Store(NODES_KIND)
-        self.pods = Store(PODS_KIND, accept=lambda pod: owner_of(pod) is not None)
-        self.appwrappers = Store(APPWRAPPERS_KIND)
-        self.clusterqueues = Store(QUEUES_KIND, accept=lambda q: name_of(q) in self.slack_queues)
-        self.flavors = Store(FLAVORS_KIND)
+        self.nodes = Store(NODES_KIND, Node)
+        self.pods = Store(PODS_KIND, Pod, accept=lambda pod: owner_of(pod) is not None)
+        self.appwrappers = Store(APPWRAPPERS_KIND, AppWrapper)
+        self.clusterqueues = Store(QUEUES_KIND, ClusterQueue,
+                                   accept=lambda q: name_of(q) in self.slack_queues)
+        self.flavors = Store(FLAVORS_KIND, ResourceFlavor)
         self.kueue: KueueResources | None = None
         self._by_kind = {s.kind: s for s in self._stores()}
         self._by_node = _Index(_node_name)
         self._by_appwrapper = _Index(owner_of)
 
-    def store(self, kind: str) -> Store:
+    def store(self, kind: str) -> Store[Any]:
         """The store of `kind` (one of KINDS)."""
         return self._by_kind[kind]
 
-    def _stores(self) -> tuple[Store, ...]:
+    def _stores(self) -> tuple[Store[Any], ...]:
         return (self.nodes, self.pods, self.appwrappers, self.clusterqueues, self.flavors)
 
     # -- indexes -------------------------------------------------------------------
 
-    def pods_on_node(self, node: str) -> list[Obj]:
+    def pods_on_node(self, node: str) -> list[Pod]:
         """AppWrapper pods bound to `node` (by `spec.nodeName`)."""
         return self._lookup(self._by_node.keys(node))
 
-    def pods_of_appwrapper(self, key: str) -> list[Obj]:
+    def pods_of_appwrapper(self, key: str) -> list[Pod]:
         """Pods labelled for the AppWrapper `ns/name`, in its namespace."""
         return self._lookup(self._by_appwrapper.keys(key))
 
-    def _lookup(self, keys: Iterable[str]) -> list[Obj]:
+    def _lookup(self, keys: Iterable[str]) -> list[Pod]:
         return [pod for key in keys if (pod := self.pods.get(key)) is not None]
 
     # -- sync ----------------------------------------------------------------------
@@ -259,7 +275,8 @@ class Caches:
         told = False
         while True:
             try:
-                chosen = choose_kueue(await self._kube.request("GET", f"/apis/{KUEUE_GROUP}"))
+                group = await self._kube.request("GET", f"/apis/{KUEUE_GROUP}")
+                chosen = choose_kueue(view(APIGroup, group))
                 if chosen is not None:
                     log.info("using Kueue %s", chosen.queues.api_version)
                     return chosen

@@ -50,13 +50,14 @@ from healthd.controller.caches import (
 from healthd.kube import Backoff, Conflict, EventRecorder, Invalid, Kube, KubeError, NotFound
 from healthd.kube.conventions import Keys, Reason
 from healthd.kube.events import NORMAL, WARNING
-from healthd.kube.kueue import KueueResources
-from healthd.kube.objects import name_of, node_labels_of, resource_version_of, spec_of
+from healthd.kube.kueue import KueueResources, cohort_of
+from healthd.kube.objects import name_of, node_labels_of, resource_version_of
+from healthd.kube.shapes import ClusterQueue, KubeObject, Node, view
 
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 4  # re-reads after a failed test before backing off
-Obj = dict[str, Any]
+Obj = dict[str, Any]  # a JSON patch operation
 
 
 class LendingMetrics(Protocol):
@@ -92,7 +93,7 @@ class _Rejected(Exception):
     """The server refused a value that was computed from its current object."""
 
 
-def patch_ops(queue: Obj, changes: Iterable[LimitChange]) -> list[Obj]:
+def patch_ops(queue: ClusterQueue, changes: Iterable[LimitChange]) -> list[Obj]:
     """The JSON patch for `changes`, guarded by `test`s of everything they rest on."""
     ops: list[Obj] = []
     for c in changes:
@@ -124,12 +125,7 @@ def _describe(c: LimitChange) -> str:
             f"(nominalQuota {c.nominal}, unavailable {c.unavailable.normalize():f})")
 
 
-def _has_cohort(queue: Obj) -> bool:
-    spec = spec_of(queue)
-    return bool(spec.get("cohortName") or spec.get("cohort"))
-
-
-def _newer(a: Obj | None, b: Obj | None) -> Obj | None:
+def _newer(a: ClusterQueue | None, b: ClusterQueue | None) -> ClusterQueue | None:
     """The later of two reads of one object (resourceVersions compare as integers
     where they are, as every real server's do; else the first wins)."""
     if a is None or b is None:
@@ -157,16 +153,17 @@ class QueueWriter:
         self._wake = anyio.Event()
         self._retry_at: dict[str, float] = {}
         self._backoff: dict[str, Backoff] = {}
-        self._latest: dict[str, Obj] = {}  # our own last read or write, until the cache has it
+        self._latest: dict[str, ClusterQueue] = {}  # our last read or write, until cached
         self._said: dict[tuple[str, str], str] = {}  # (queue, topic) -> last message given
         self._observed: dict[str, frozenset[tuple[str, str]]] = {}  # series shown per queue
 
     # -- following the caches ------------------------------------------------------
 
-    def handle(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+    def handle(self, kind: str, old: KubeObject | None, new: KubeObject | None) -> None:
         """The caches' change callback (quick, never raises)."""
         if kind == NODES_KIND:
-            if self._set_node(old, new):
+            if self._set_node(name_of(new or old or {}),
+                              None if new is None else view(Node, new)):
                 self.mark_dirty()
         elif kind == FLAVORS_KIND:
             self.model.set_flavors(self._flavor_labels())
@@ -176,10 +173,9 @@ class QueueWriter:
             self._retry_at.pop(name, None)  # the queue itself changed: try again at once
             self.mark_dirty(name)
 
-    def _set_node(self, old: Obj | None, new: Obj | None) -> bool:
-        """Move the model to the node's new state; False when its contribution is
-        unchanged (most node updates: heartbeats, other owners' labels)."""
-        name = name_of(new or old or {})
+    def _set_node(self, name: str, new: Node | None) -> bool:
+        """Move the model to node `name`'s new state (None: gone); False when its
+        contribution is unchanged (most node updates: heartbeats, other owners' labels)."""
         after = None if new is None else unavailability(
             new, keys=self._keys, bad_verdicts=self._settings.bad_verdicts,
             source=self._settings.capacity_source,
@@ -196,7 +192,7 @@ class QueueWriter:
         """Rebuild the model from the caches (after they synced)."""
         self.model.set_flavors(self._flavor_labels())
         for node in list(self._caches.nodes.values()):
-            self._set_node(None, node)
+            self._set_node(name_of(node), node)
 
     def mark_dirty(self, queue: str | None = None) -> None:
         """Reconcile `queue` (None: every slack queue) as soon as the loop can."""
@@ -261,7 +257,7 @@ class QueueWriter:
             log.warning("cannot update the lendingLimit of queue %s: %s", name, exc)
         self._schedule_retry(name)
 
-    def _read(self, name: str) -> Obj | None:
+    def _read(self, name: str) -> ClusterQueue | None:
         cached = self._caches.clusterqueues.get(name)
         if cached is None:
             self._latest.pop(name, None)
@@ -280,7 +276,7 @@ class QueueWriter:
         self._retry_at[name] = self._clock() + delay
         self._dirty.add(name)
 
-    async def _attempt(self, name: str, queue: Obj) -> Obj | None:
+    async def _attempt(self, name: str, queue: ClusterQueue) -> ClusterQueue | None:
         """One evaluate-and-write; returns a fresh read to retry with, else None."""
         limits = self.model.evaluate(queue)
         self._observe(name, limits)
@@ -293,7 +289,8 @@ class QueueWriter:
             return None
         return await self._write(name, queue, changes)
 
-    async def _write(self, name: str, queue: Obj, changes: list[LimitChange]) -> Obj | None:
+    async def _write(self, name: str, queue: ClusterQueue,
+                     changes: list[LimitChange]) -> ClusterQueue | None:
         assert self._kueue is not None
         try:
             result = await self._kube.json_patch(self._kueue.queues, name,
@@ -302,18 +299,18 @@ class QueueWriter:
             return None  # deleted meanwhile: the watch tells us
         except (Invalid, Conflict) as exc:
             return await self._after_refusal(name, queue, changes, exc)
-        self._latest[name] = result
+        self._latest[name] = view(ClusterQueue, result)
         self._metrics.count_lending_write(name, "written")
         message = "; ".join(_describe(c) + self._culprits(c) for c in changes)
         log.info("queue %s: %s", name, message)
         await self._event(queue, NORMAL, Reason.LENDING_LIMIT_UPDATED, message)
         return None
 
-    async def _after_refusal(self, name: str, queue: Obj, changes: list[LimitChange],
-                             exc: KubeError) -> Obj | None:
+    async def _after_refusal(self, name: str, queue: ClusterQueue, changes: list[LimitChange],
+                             exc: KubeError) -> ClusterQueue | None:
         assert self._kueue is not None
         try:
-            fresh = await self._kube.get(self._kueue.queues, name)
+            fresh = view(ClusterQueue, await self._kube.get(self._kueue.queues, name))
         except NotFound:
             return None
         if isinstance(exc, Conflict) or resource_version_of(fresh) != resource_version_of(queue):
@@ -328,17 +325,17 @@ class QueueWriter:
                           topic="rejected")
         raise _Rejected(message)
 
-    async def _conflicts_exhausted(self, queue: Obj) -> None:
+    async def _conflicts_exhausted(self, queue: ClusterQueue) -> None:
         message = (f"every one of {MAX_ATTEMPTS} attempts to update the lendingLimit met a "
                    "conflict (409, or the queue changed before the write landed); backing off")
         log.warning("queue %s: %s", name_of(queue), message)
         await self._event(queue, WARNING, Reason.LENDING_LIMIT_CONFLICT, message,
                           topic="conflict")
 
-    async def _writable(self, queue: Obj, changes: list[LimitChange]) -> list[LimitChange]:
+    async def _writable(self, queue: ClusterQueue, changes: list[LimitChange]) -> list[LimitChange]:
         """`changes` less what the queue cannot hold: without a cohort Kueue accepts
         no lendingLimit (removing one is always fine)."""
-        if _has_cohort(queue):
+        if cohort_of(queue):
             self._said.pop((name_of(queue), "cohort"), None)
             return changes
         if all(c.new is None for c in changes):
@@ -362,7 +359,7 @@ class QueueWriter:
         self._metrics.count_lending_write(name, "dry-run")
         log.info("dry run: would patch queue %s: %s", name, message)
 
-    async def _report_shortfall(self, queue: Obj, limits: list[LimitChange]) -> None:
+    async def _report_shortfall(self, queue: ClusterQueue, limits: list[LimitChange]) -> None:
         short = [c for c in limits if c.shortfall > 0]
         if not short:
             self._said.pop((name_of(queue), "shortfall"), None)
@@ -373,7 +370,7 @@ class QueueWriter:
         await self._event(queue, WARNING, Reason.LENDING_SHORTFALL,
                           f"lending cannot cover lost capacity: {message}", topic="shortfall")
 
-    async def _event(self, queue: Obj, type: str, reason: str, message: str, *,
+    async def _event(self, queue: ClusterQueue, type: str, reason: str, message: str, *,
                      topic: str | None = None) -> None:
         """An Event on the queue; with `topic`, only when its message changed."""
         if topic is not None:

@@ -51,6 +51,7 @@ from healthd.kube.client import Kube
 from healthd.kube.conventions import CONTROLLER_COMPONENT, Keys
 from healthd.kube.events import EventRecorder
 from healthd.kube.objects import LEASES, name_of
+from healthd.kube.shapes import KubeObject
 from healthd.published import Undecodable, read_health
 
 log = logging.getLogger(__name__)
@@ -82,8 +83,7 @@ class Term:
                                   dry_run=settings.dry_run, lease=lease, episodes=episodes)
         self.unreadable = UnreadableHealth(keys)
 
-    def _changed(self, kind: str, old: dict[str, Any] | None,
-                 new: dict[str, Any] | None) -> None:
+    def _changed(self, kind: str, old: KubeObject | None, new: KubeObject | None) -> None:
         # Each handler is quick and guards itself; one failing must not starve the others.
         for handle in (self.unreadable.handle, self.lending.handle, self.resets.handle,
                        self.blame.handle):
@@ -131,8 +131,7 @@ class UnreadableHealth:
         self._keys = keys
         self.nodes: set[str] = set()  # nodes told about, still unreadable
 
-    def handle(self, kind: str, old: dict[str, Any] | None,
-               new: dict[str, Any] | None) -> None:
+    def handle(self, kind: str, old: KubeObject | None, new: KubeObject | None) -> None:
         if kind != NODES_KIND:
             return
         name = name_of(new or old or {})

@@ -35,7 +35,8 @@ import anyio
 from healthd.kube.client import Kube
 from healthd.kube.errors import Conflict, KubeError, NotFound
 from healthd.kube.leases import holder_of, lease_duration, record_of
-from healthd.kube.objects import LEASES, resource_version_of, spec_of
+from healthd.kube.objects import LEASES, meta, resource_version_of
+from healthd.kube.shapes import Lease, part, view
 from healthd.util.times import rfc3339
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class LeaseElector:
         self.renew_s = renew_s
         self.retry_s = retry_s
         self._clock = clock or (lambda: datetime.now(UTC))
-        self._lease: dict[str, Any] | None = None  # the latest version we wrote or read
+        self._lease: Lease | None = None  # the latest version we wrote or read
         self._seen: tuple[str, str, str] | None = None  # the Lease record last observed
         self._seen_at = 0.0  # monotonic time it was first observed
         self._sent_at = 0.0  # monotonic time our last successful write was sent
@@ -152,10 +153,11 @@ class LeaseElector:
 
     async def _try_acquire(self) -> bool:
         try:
-            lease = await self._kube.get(LEASES, self.name, self.namespace)
+            lease = await self._read()
         except NotFound:
             sent = anyio.current_time()
-            self._lease = await self._kube.create(LEASES, self._new_lease(), self.namespace)
+            self._lease = view(Lease, await self._kube.create(LEASES, self._new_lease(),
+                                                              self.namespace))
             self._sent_at = sent
             return True
         holder = holder_of(lease)
@@ -165,7 +167,7 @@ class LeaseElector:
         self._lease = await self._write(lease, self._clock(), taking=holder != self.identity)
         return True
 
-    def _expired(self, lease: dict[str, Any]) -> bool:
+    def _expired(self, lease: Lease) -> bool:
         """Nobody holds `lease`, or its record has not changed for a lease duration
         as this candidate observed it."""
         if not holder_of(lease):
@@ -176,15 +178,15 @@ class LeaseElector:
         return now - self._seen_at > lease_duration(lease, self.lease_s)
 
     async def _renew(self) -> None:
-        lease = self._lease or await self._kube.get(LEASES, self.name, self.namespace)
+        lease = self._lease or await self._read()
         try:
             self._lease = await self._write_held(lease)
         except Conflict:
             # Our copy is stale: someone wrote the Lease. Still ours? Renew that version.
-            lease = await self._kube.get(LEASES, self.name, self.namespace)
+            lease = await self._read()
             self._lease = await self._write_held(lease)
 
-    async def _write_held(self, lease: dict[str, Any]) -> dict[str, Any]:
+    async def _write_held(self, lease: Lease) -> Lease:
         if holder_of(lease) != self.identity:
             raise LostLease(f"the Lease is now held by {holder_of(lease) or 'nobody'}")
         return await self._write(lease, self._clock(), taking=False)
@@ -192,7 +194,7 @@ class LeaseElector:
     async def _release(self) -> None:
         """Hand the Lease over: empty holder, expired at once. Best effort."""
         try:
-            lease = await self._kube.get(LEASES, self.name, self.namespace)
+            lease = await self._read()
             if holder_of(lease) != self.identity:
                 return
             body = _with_spec(lease, holderIdentity="", leaseDurationSeconds=1,
@@ -203,8 +205,10 @@ class LeaseElector:
             log.warning("%s: could not release the Lease (it expires by itself): %s",
                         self.identity, exc)
 
-    async def _write(self, lease: dict[str, Any], now: datetime, *,
-                     taking: bool) -> dict[str, Any]:
+    async def _read(self) -> Lease:
+        return view(Lease, await self._kube.get(LEASES, self.name, self.namespace))
+
+    async def _write(self, lease: Lease, now: datetime, *, taking: bool) -> Lease:
         """PUT the Lease held by us, conditional on the version read (else Conflict)."""
         if resource_version_of(lease) is None:
             raise KubeError("the Lease read has no resourceVersion", reason="BadResponse")
@@ -212,14 +216,14 @@ class LeaseElector:
         changes: dict[str, Any] = {"holderIdentity": self.identity, "renewTime": stamp,
                                    "leaseDurationSeconds": self._duration}
         if taking:
-            transitions = spec_of(lease).get("leaseTransitions")
+            transitions = part(lease.get("spec")).get("leaseTransitions")
             count = transitions if isinstance(transitions, int) else 0
             changes |= {"acquireTime": stamp, "leaseTransitions": count + 1}
         body = _with_spec(lease, **changes)
         sent = anyio.current_time()
         written = await self._kube.replace(LEASES, self.name, body, self.namespace)
         self._sent_at = sent
-        return written
+        return view(Lease, written)
 
     def _new_lease(self) -> dict[str, Any]:
         stamp = rfc3339(self._clock().timestamp(), digits=6)
@@ -236,7 +240,7 @@ class LeaseElector:
         return max(1, math.ceil(self.lease_s))
 
 
-def _with_spec(lease: dict[str, Any], **fields: Any) -> dict[str, Any]:
+def _with_spec(lease: Lease, **fields: Any) -> dict[str, Any]:
     """A copy of `lease` (metadata with its resourceVersion kept) with spec fields set."""
     return {"apiVersion": LEASES.api_version, "kind": LEASES.kind,
-            "metadata": lease.get("metadata") or {}, "spec": {**spec_of(lease), **fields}}
+            "metadata": meta(lease), "spec": {**part(lease.get("spec")), **fields}}

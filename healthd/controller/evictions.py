@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 import anyio
 import anyio.abc
@@ -38,12 +37,13 @@ from healthd.controller.resets import affected, decide, eligible, owner_of
 from healthd.controller.safety import BreakerState
 from healthd.kube.conventions import Keys
 from healthd.kube.objects import key_of, name_of, node_name_of
+from healthd.kube.shapes import AppWrapper, KubeObject, Node, Pod, view
 
 log = logging.getLogger(__name__)
 
 SETTLE_S = 0.1  # lets a burst of node events land before the breaker judges the fleet
 CONCURRENCY = 32  # AppWrappers decided (and written) at once
-Obj = dict[str, Any]
+Obj = KubeObject  # any kind's object, as the caches' change callback gets it
 
 
 class Worklist:
@@ -88,7 +88,7 @@ class Fleet:
         self._settings = settings
         self._nodes: dict[str, bool] = {}  # GPU node -> bad
 
-    def update(self, name: str, node: Obj | None) -> None:
+    def update(self, name: str, node: Node | None) -> None:
         self._nodes.pop(name, None)
         if node is None or gpu_count(node, self._settings.gpu_resource,
                                      self._settings.capacity_source) <= 0:
@@ -129,20 +129,21 @@ class EvictionReactor:
     def handle(self, kind: str, old: Obj | None, new: Obj | None) -> None:
         """The caches' change callback (quick, never blocks)."""
         if kind == NODES_KIND:
-            self._node_changed(name_of(new or old or {}), new)
+            self._node_changed(name_of(new or old or {}),
+                               None if new is None else view(Node, new))
         elif kind == PODS_KIND:
-            pod = new or old or {}
+            pod = view(Pod, new or old)
             owner = owner_of(pod)
             if owner and node_name_of(pod) in self.evict:
                 self._work.mark(owner)
-        elif kind == APPWRAPPERS_KIND and new is not None and eligible(new):
+        elif kind == APPWRAPPERS_KIND and new is not None and eligible(view(AppWrapper, new)):
             # Only a Running AppWrapper can be due: our own reset (now Resetting) and
             # the operator's later steps are not looked at again until it runs again.
             key = key_of(new)
             if any(node_name_of(p) in self.evict for p in self._caches.pods_of_appwrapper(key)):
                 self._work.mark(key)
 
-    def _node_changed(self, name: str, node: Obj | None) -> None:
+    def _node_changed(self, name: str, node: Node | None) -> None:
         self.fleet.update(name, node)
         self._work.poke()
         was_evict = name in self.evict

@@ -17,23 +17,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from healthd.capacity.health import FALLBACK_CODE
 from healthd.kube.conventions import APPWRAPPER_LABEL, GPU_RESOURCE, OPERATOR_MANAGER, Reason
 from healthd.kube.objects import (
-    as_dict,
+    amounts_of,
     condition_of,
-    dicts,
+    containers_of,
+    is_deleting,
     labels_of,
-    meta,
     name_of,
     namespace_of,
     node_name_of,
     phase_of,
     resource_version_of,
-    spec_of,
 )
+from healthd.kube.shapes import AppWrapper, Condition, Pod, part
 from healthd.util.times import parse_time
 
 RUNNING = "Running"
@@ -81,23 +80,23 @@ class ResetDecision:
 # -- the AppWrapper ------------------------------------------------------------------
 
 
-def ours(aw: dict[str, Any]) -> bool:
+def ours(aw: AppWrapper) -> bool:
     """True unless `spec.managedBy` names a controller other than the AppWrapper
     operator (MultiKueue, for one): those AppWrappers are someone else's to reset."""
-    managed_by = spec_of(aw).get("managedBy")
+    managed_by = part(aw.get("spec")).get("managedBy")
     return managed_by in (None, "", OPERATOR_MANAGER)
 
 
-def eligible(aw: dict[str, Any]) -> bool:
+def eligible(aw: AppWrapper) -> bool:
     """Running, ours, and not being deleted: the AppWrapper-level half of the rule."""
-    return phase_of(aw) == RUNNING and ours(aw) and not meta(aw).get("deletionTimestamp")
+    return phase_of(aw) == RUNNING and ours(aw) and not is_deleting(aw)
 
 
-def unhealthy_condition(aw: dict[str, Any]) -> dict[str, Any] | None:
+def unhealthy_condition(aw: AppWrapper) -> Condition | None:
     return condition_of(aw, UNHEALTHY)
 
 
-def last_reset_at(aw: dict[str, Any]) -> float | None:
+def last_reset_at(aw: AppWrapper) -> float | None:
     """When this controller last reset `aw` (epoch seconds), from its `Unhealthy`
     condition (reason NodeEvicted); None when it never did, as far as the object says."""
     cond = unhealthy_condition(aw)
@@ -109,7 +108,7 @@ def last_reset_at(aw: dict[str, Any]) -> float | None:
 # -- pods ----------------------------------------------------------------------------
 
 
-def _nonzero(value: Any) -> bool:
+def _nonzero(value: object) -> bool:
     text = str(value).strip()
     try:
         return float(text.rstrip("m") or 0) > 0
@@ -117,32 +116,25 @@ def _nonzero(value: Any) -> bool:
         return bool(text)
 
 
-def uses_gpu(pod: dict[str, Any], resource: str = GPU_RESOURCE) -> bool:
+def uses_gpu(pod: Pod, resource: str = GPU_RESOURCE) -> bool:
     """A regular container (init containers do not count) requests or limits a non-zero
     amount of `resource`."""
-    for container in dicts(spec_of(pod).get("containers")):
-        resources = as_dict(container.get("resources"))
-        for part in ("requests", "limits"):
-            amount = as_dict(resources.get(part)).get(resource)
-            if amount is not None and _nonzero(amount):
-                return True
-    return False
+    return any(_nonzero(amount) for container in containers_of(pod)
+               for amount in amounts_of(container, resource))
 
 
-def counts(pod: dict[str, Any], resource: str = GPU_RESOURCE) -> bool:
+def counts(pod: Pod, resource: str = GPU_RESOURCE) -> bool:
     """The pod runs (phase Running, not terminating) and uses a GPU."""
-    return (phase_of(pod) == RUNNING
-            and not meta(pod).get("deletionTimestamp")
-            and uses_gpu(pod, resource))
+    return phase_of(pod) == RUNNING and not is_deleting(pod) and uses_gpu(pod, resource)
 
 
-def owner_of(pod: dict[str, Any]) -> str | None:
+def owner_of(pod: Pod) -> str | None:
     """`ns/name` of the AppWrapper that created `pod`, or None."""
     name, ns = labels_of(pod).get(APPWRAPPER_LABEL), namespace_of(pod)
     return f"{ns}/{name}" if name and ns else None
 
 
-def affected(pods: Iterable[dict[str, Any]], resource: str = GPU_RESOURCE) -> set[str]:
+def affected(pods: Iterable[Pod], resource: str = GPU_RESOURCE) -> set[str]:
     """AppWrappers (`ns/name`) with a counting pod among `pods` (e.g. the pods on a
     node that just turned EVICT): the ones to decide about."""
     return {owner for pod in pods if counts(pod, resource) and (owner := owner_of(pod))}
@@ -151,7 +143,7 @@ def affected(pods: Iterable[dict[str, Any]], resource: str = GPU_RESOURCE) -> se
 # -- the decision --------------------------------------------------------------------
 
 
-def decide(aw: dict[str, Any], pods: Iterable[dict[str, Any]],
+def decide(aw: AppWrapper, pods: Iterable[Pod],
            evict_nodes: Mapping[str, tuple[str, ...]], *,
            resource: str = GPU_RESOURCE) -> ResetDecision | None:
     """The reset `aw` is due, or None.

@@ -18,11 +18,13 @@ from healthd.kube.conventions import APPWRAPPER_LABEL, CONDITION_TYPE, Keys
 from healthd.kube.objects import (
     condition_of,
     labels_of,
+    namespace_of,
     natural_name_key,
     node_name_of,
     phase_of,
     spec_of,
 )
+from healthd.kube.shapes import AppWrapper, Node, Pod, view
 from healthd.published import Health, Holding, LastRun, Seen, read_health, read_last_run
 
 if TYPE_CHECKING:
@@ -37,7 +39,7 @@ NONE = "(none)"
 
 
 def _condition(node: dict[str, Any]) -> str | None:
-    cond = condition_of(node, CONDITION_TYPE)
+    cond = condition_of(view(Node, node), CONDITION_TYPE)
     return None if cond is None else str(cond.get("status"))
 
 
@@ -95,16 +97,16 @@ def observe(cluster: DemoCluster) -> State:
     """The cluster as a user sees it now (read from the emulator's store)."""
     api, keys = cluster.api, cluster.keys
     pods_of: dict[str, list[str]] = {}
-    for pod in api.list("Pod"):
+    for pod in (view(Pod, obj) for obj in api.list("Pod")):
         owner = labels_of(pod).get(APPWRAPPER_LABEL)
         where = node_name_of(pod)
         if owner and where and phase_of(pod) == "Running":
-            key = f"{pod['metadata'].get('namespace')}/{owner}"
+            key = f"{namespace_of(pod)}/{owner}"
             pods_of.setdefault(key, []).append(str(where))
     appwrappers = {}
     for aw in api.list("AppWrapper"):
         key = f"{aw['metadata'].get('namespace')}/{aw['metadata']['name']}"
-        appwrappers[key] = {"phase": phase_of(aw),
+        appwrappers[key] = {"phase": phase_of(view(AppWrapper, aw)),
                             "nodes": sorted(pods_of.get(key, []), key=natural_name_key)}
     slack = cluster.config.controller.slack_queues
     breaker = cluster.controller.metrics.registry.get_sample_value(BREAKER_GAUGE)

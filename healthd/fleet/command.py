@@ -45,7 +45,8 @@ from healthd.fleet.trigger import (
 from healthd.kube.client import Kube
 from healthd.kube.conventions import Keys
 from healthd.kube.errors import KubeError
-from healthd.kube.objects import PODS
+from healthd.kube.objects import PODS, items_of
+from healthd.kube.shapes import Pod
 from healthd.util.durations import parse_duration
 from healthd.util.exits import EX_CONFIG, ExitError, UsageError
 from healthd.util.output import WIDE, dump, is_document
@@ -118,7 +119,7 @@ async def _agentless(kube: Kube, config: Config, resolved: Resolved) -> frozense
         pods = await kube.list(PODS, peers.namespace, label_selector=peers.label_selector)
     except KubeError:
         return frozenset()
-    running = agent_nodes(p for p in pods.get("items") or [] if isinstance(p, dict))
+    running = agent_nodes(items_of(pods, Pod))
     return frozenset(n for n in resolved.nodes if n not in running)
 
 

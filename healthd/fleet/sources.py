@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
@@ -27,12 +27,31 @@ from healthd.kube.client import Kube
 from healthd.kube.conventions import Reason
 from healthd.kube.errors import KubeError, NotFound
 from healthd.kube.kueue import KueueResources, discover_kueue
-from healthd.kube.objects import EVENTS, LEASES, NODES, PODS, Resource, key_of, name_of
+from healthd.kube.objects import (
+    EVENTS,
+    LEASES,
+    NODES,
+    PODS,
+    Resource,
+    items_of,
+    key_of,
+    name_of,
+)
+from healthd.kube.shapes import (
+    ClusterQueue,
+    Event,
+    KubeObject,
+    Lease,
+    Node,
+    Pod,
+    ResourceFlavor,
+    view,
+)
 from healthd.kube.watching import DELETED, watch_forever
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
+S = TypeVar("S", bound=KubeObject)
 EVENT_REASONS = (Reason.NODE_EVICTED, Reason.RESET_BREAKER_OPEN, Reason.RESET_BREAKER_CLOSED)
 
 
@@ -40,27 +59,26 @@ EVENT_REASONS = (Reason.NODE_EVICTED, Reason.RESET_BREAKER_OPEN, Reason.RESET_BR
 class Snapshot:
     """The objects one status view is computed from (dicts keyed by `key_of`)."""
 
-    nodes: dict[str, Obj] = field(default_factory=dict)
+    nodes: dict[str, Node] = field(default_factory=dict)
     shown: set[str] | None = None  # node names the selector matches; None: all
-    agent_pods: dict[str, Obj] = field(default_factory=dict)
+    agent_pods: dict[str, Pod] = field(default_factory=dict)
     kueue: KueueResources | None = None
-    queues: dict[str, Obj] = field(default_factory=dict)
-    flavors: dict[str, Obj] = field(default_factory=dict)
-    lease: Obj | None = None
-    events: dict[str, Obj] = field(default_factory=dict)
+    queues: dict[str, ClusterQueue] = field(default_factory=dict)
+    flavors: dict[str, ResourceFlavor] = field(default_factory=dict)
+    lease: Lease | None = None
+    events: dict[str, Event] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)  # source -> what went wrong
 
 
-def _items(listing: Obj) -> dict[str, Obj]:
-    items = listing.get("items") if isinstance(listing, dict) else None
-    return {key_of(i): i for i in items or [] if isinstance(i, dict)}
+def _items(listing: object, shape: type[S]) -> dict[str, S]:
+    return {key_of(i): i for i in items_of(listing, shape)}
 
 
 async def read_snapshot(kube: Kube, config: Config, selector: str | None) -> Snapshot:
     """List every source once. KubeError only when the nodes cannot be listed."""
-    snap = Snapshot(nodes=_items(await kube.list(NODES)))
+    snap = Snapshot(nodes=_items(await kube.list(NODES), Node))
     if selector:
-        snap.shown = set(_items(await kube.list(NODES, label_selector=selector)))
+        snap.shown = set(_items(await kube.list(NODES, label_selector=selector), Node))
     peers = config.agent.peers
     await _optional(snap, "agent pods", _set_pods(kube, snap, peers.namespace,
                                                   peers.label_selector))
@@ -80,21 +98,21 @@ async def _optional(snap: Snapshot, source: str, work: Any) -> None:
 
 
 async def _set_pods(kube: Kube, snap: Snapshot, namespace: str, selector: str) -> None:
-    snap.agent_pods = _items(await kube.list(PODS, namespace, label_selector=selector))
+    snap.agent_pods = _items(await kube.list(PODS, namespace, label_selector=selector), Pod)
 
 
 async def _merge_events(snap: Snapshot, listing: Any) -> None:
-    snap.events.update(_items(await listing))
+    snap.events.update(_items(await listing, Event))
 
 
 async def _read_kueue(kube: Kube, snap: Snapshot, config: Config) -> None:
     snap.kueue = await discover_kueue(kube)
     if snap.kueue is None:
         return
-    snap.flavors = _items(await kube.list(snap.kueue.flavors))
+    snap.flavors = _items(await kube.list(snap.kueue.flavors), ResourceFlavor)
     for name in config.controller.slack_queues:
         try:
-            snap.queues[name] = await kube.get(snap.kueue.queues, name)
+            snap.queues[name] = view(ClusterQueue, await kube.get(snap.kueue.queues, name))
         except NotFound:
             snap.problems[f"queue {name}"] = f"slack ClusterQueue {name} does not exist"
 
@@ -102,7 +120,8 @@ async def _read_kueue(kube: Kube, snap: Snapshot, config: Config) -> None:
 async def _read_lease(kube: Kube, snap: Snapshot, config: Config) -> None:
     election = config.controller.election
     try:
-        snap.lease = await kube.get(LEASES, election.lease_name, election.namespace)
+        snap.lease = view(Lease, await kube.get(LEASES, election.lease_name,
+                                                election.namespace))
     except NotFound:
         snap.lease = None
 
@@ -115,7 +134,7 @@ class Feed:
     """One watched collection and where its events go."""
 
     res: Resource
-    apply: Callable[[str, Obj], None]
+    apply: Callable[[str, dict[str, Any]], None]  # a watch event's type and object
     namespace: str | None = None
     labels: str | None = None
     fields: str | None = None
@@ -134,18 +153,20 @@ async def follow(kube: Kube, config: Config, selector: str | None, on_change: Ch
         snap.problems["kueue"] = str(exc)
     peers, election = config.agent.peers, config.controller.election
     feeds: list[Feed] = [
-        Feed(NODES, _into(snap.nodes)),
-        Feed(PODS, _into(snap.agent_pods), peers.namespace, labels=peers.label_selector),
-        Feed(LEASES, lambda kind, obj: setattr(snap, "lease", None if kind == DELETED else obj),
+        Feed(NODES, _into(snap.nodes, Node)),
+        Feed(PODS, _into(snap.agent_pods, Pod), peers.namespace, labels=peers.label_selector),
+        Feed(LEASES, lambda kind, obj: setattr(snap, "lease",
+                                               None if kind == DELETED else view(Lease, obj)),
              election.namespace, fields=f"metadata.name={election.lease_name}"),
     ]
-    feeds += [Feed(EVENTS, _into(snap.events), fields=f"reason={r.value}")
+    feeds += [Feed(EVENTS, _into(snap.events, Event), fields=f"reason={r.value}")
               for r in EVENT_REASONS]
     if selector and snap.shown is not None:
         feeds.append(Feed(NODES, _names_into(snap.shown), labels=selector))
     if snap.kueue is not None:
-        feeds.append(Feed(snap.kueue.flavors, _into(snap.flavors)))
-        feeds += [Feed(snap.kueue.queues, _into(snap.queues), fields=f"metadata.name={name}")
+        feeds.append(Feed(snap.kueue.flavors, _into(snap.flavors, ResourceFlavor)))
+        feeds += [Feed(snap.kueue.queues, _into(snap.queues, ClusterQueue),
+                       fields=f"metadata.name={name}")
                   for name in config.controller.slack_queues]
     async with anyio.create_task_group() as group:
         for feed in feeds:
@@ -159,16 +180,16 @@ async def _run_feed(kube: Kube, feed: Feed, changed: Callable[[], None]) -> None
         changed()
 
 
-def _into(store: dict[str, Obj]) -> Callable[[str, Obj], None]:
-    def apply(kind: str, obj: Obj) -> None:
+def _into(store: dict[str, S], shape: type[S]) -> Callable[[str, dict[str, Any]], None]:
+    def apply(kind: str, obj: dict[str, Any]) -> None:
         if kind == DELETED:
             store.pop(key_of(obj), None)
         else:
-            store[key_of(obj)] = obj
+            store[key_of(obj)] = view(shape, obj)
     return apply
 
 
-def _names_into(names: set[str]) -> Callable[[str, Obj], None]:
-    def apply(kind: str, obj: Obj) -> None:
+def _names_into(names: set[str]) -> Callable[[str, dict[str, Any]], None]:
+    def apply(kind: str, obj: dict[str, Any]) -> None:
         (names.discard if kind == DELETED else names.add)(name_of(obj))
     return apply

@@ -66,9 +66,9 @@ from healthd.fleet.sources import Snapshot
 from healthd.kube.conventions import GPU_RESOURCE, Keys, Reason, Verdict
 from healthd.kube.leases import holder_of, is_expired
 from healthd.kube.objects import (
-    as_dict,
     condition_of,
-    dicts,
+    container_statuses_of,
+    is_cordoned,
     labels_of,
     meta,
     name_of,
@@ -76,10 +76,9 @@ from healthd.kube.objects import (
     node_labels_of,
     node_name_of,
     phase_of,
-    spec_of,
-    status_of,
 )
 from healthd.kube.pods import is_terminated
+from healthd.kube.shapes import Event, Lease, Node, Pod, part
 from healthd.published import Health, Undecodable, read_health
 from healthd.util.times import parse_time, rfc3339
 
@@ -91,8 +90,6 @@ _LABELS = frozenset(v.value for v in Verdict)
 RESET_WINDOW_S = 3600.0
 RESETS_SHOWN = 20
 TOP_CODES = 5
-
-Obj = dict[str, Any]
 
 
 def build(snap: Snapshot, config: Config, *, now: float, selector: str | None = None,
@@ -129,19 +126,19 @@ def dumps(doc: Mapping[str, Any]) -> str:
 # -- nodes -----------------------------------------------------------------------------
 
 
-def is_gpu_node(node: Obj, keys: Keys) -> bool:
+def is_gpu_node(node: Node, keys: Keys) -> bool:
     """A node with GPU capacity, or one an agent has labelled."""
     return gpu_count(node, GPU_RESOURCE) > 0 or keys.gpuhealth in labels_of(node)
 
 
-def agent_nodes(pods: Iterable[Obj]) -> set[str]:
+def agent_nodes(pods: Iterable[Pod]) -> set[str]:
     """Nodes with a running (bound, not terminated) agent pod."""
     return {node for node, pod in agent_pods_by_node(pods).items() if _running(pod)}
 
 
-def agent_pods_by_node(pods: Iterable[Obj]) -> dict[str, Obj]:
+def agent_pods_by_node(pods: Iterable[Pod]) -> dict[str, Pod]:
     """Per node, its agent pod: a running one first, else the newest."""
-    out: dict[str, Obj] = {}
+    out: dict[str, Pod] = {}
     for pod in pods:
         node = node_name_of(pod)
         if not node:
@@ -152,30 +149,30 @@ def agent_pods_by_node(pods: Iterable[Obj]) -> dict[str, Obj]:
     return out
 
 
-def _running(pod: Obj) -> bool:
+def _running(pod: Pod) -> bool:
     return phase_of(pod) == "Running" and not is_terminated(pod)
 
 
-def _created(pod: Obj) -> str:
+def _created(pod: Pod) -> str:
     return str(meta(pod).get("creationTimestamp") or "")
 
 
-def agent_health(pod: Obj | None, now: float) -> dict[str, Any]:
+def agent_health(pod: Pod | None, now: float) -> dict[str, Any]:
     """The agent pod's readiness and restarts, as `kubectl get pods` shows them."""
     if pod is None:
         return {"agent_pod": None, "agent_ready": None, "agent_restarts": None,
                 "agent_restarted_age_s": None}
     ready = _ready(pod) is True
-    containers = dicts(status_of(pod).get("containerStatuses"))
+    containers = container_statuses_of(pod)
     restarts = sum(int(c.get("restartCount") or 0) for c in containers)
-    ended = [parse_time(as_dict(as_dict(c.get("lastState")).get("terminated")).get("finishedAt"))
+    ended = [parse_time(part(part(c.get("lastState")).get("terminated")).get("finishedAt"))
              for c in containers]
     last = max((t for t in ended if t is not None), default=None)
     return {"agent_pod": name_of(pod), "agent_ready": ready and _running(pod),
             "agent_restarts": restarts, "agent_restarted_age_s": _age(last, now)}
 
 
-def node_row(node: Obj, keys: Keys, agents: Mapping[str, Obj], now: float, *,
+def node_row(node: Node, keys: Keys, agents: Mapping[str, Pod], now: float, *,
              blamed: bool = False) -> dict[str, Any]:
     doc = read_health(node, keys)
     health = doc if isinstance(doc, Health) else None
@@ -195,7 +192,7 @@ def node_row(node: Obj, keys: Keys, agents: Mapping[str, Obj], now: float, *,
         "agent": name_of(node) in agents and _running(agents[name_of(node)]),
         **agent_health(agents.get(name_of(node)), now),
         "gpus": int(gpu_count(node, GPU_RESOURCE)),
-        "cordoned": spec_of(node).get("unschedulable") is True,
+        "cordoned": is_cordoned(node),
         "ready": _ready(node),
         "blamed": blamed,
         "health_unreadable": doc.why if isinstance(doc, Undecodable) else None,
@@ -227,7 +224,7 @@ def _age(at: float | None, now: float) -> float | None:
     return None if at is None else round(max(0.0, now - at), 3)
 
 
-def _ready(obj: Obj) -> bool | None:
+def _ready(obj: Node | Pod) -> bool | None:
     """A node's or a pod's Ready condition; None when it has none."""
     cond = condition_of(obj, "Ready")
     return None if cond is None else cond.get("status") == "True"
@@ -290,25 +287,24 @@ def lending_rows(snap: Snapshot, config: Config, keys: Keys) -> list[dict[str, A
     return rows
 
 
-def _leader(lease: Obj | None, now: float) -> dict[str, Any]:
+def _leader(lease: Lease | None, now: float) -> dict[str, Any]:
     if lease is None:
         return {"holder": None, "renewed": None, "expired": True}
-    spec = spec_of(lease)
-    renewed = parse_time(spec.get("renewTime"))
+    renewed = parse_time(part(lease.get("spec")).get("renewTime"))
     return {"holder": holder_of(lease) or None,
             "renewed": rfc3339(renewed) if renewed is not None else None,
             "expired": is_expired(lease, now)}
 
 
-def _event_time(event: Obj) -> float:
-    for key in ("lastTimestamp", "eventTime", "firstTimestamp"):
-        at = parse_time(event.get(key))
-        if at is not None:
-            return at
+def _event_time(event: Event) -> float:
+    for at in (event.get("lastTimestamp"), event.get("eventTime"), event.get("firstTimestamp")):
+        seconds = parse_time(at)
+        if seconds is not None:
+            return seconds
     return parse_time(meta(event).get("creationTimestamp")) or 0.0
 
 
-def _breaker(events_newest_first: list[Obj]) -> dict[str, Any]:
+def _breaker(events_newest_first: list[Event]) -> dict[str, Any]:
     """The latest breaker Event says its state; none at all: closed."""
     reasons = {Reason.RESET_BREAKER_OPEN.value: "open", Reason.RESET_BREAKER_CLOSED.value: "closed"}
     for event in events_newest_first:
@@ -319,8 +315,8 @@ def _breaker(events_newest_first: list[Obj]) -> dict[str, Any]:
     return {"state": "closed", "since": None, "message": "no breaker Event seen"}
 
 
-def _reset(event: Obj) -> dict[str, Any]:
-    involved = as_dict(event.get("involvedObject"))
+def _reset(event: Event) -> dict[str, Any]:
+    involved = part(event.get("involvedObject"))
     namespace = involved.get("namespace") or namespace_of(event) or ""
     return {"appwrapper": f"{namespace}/{involved.get('name', '')}",
             "at": rfc3339(_event_time(event)),

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import anyio
 
 from healthd.kube.client import Kube
 from healthd.kube.conventions import APPWRAPPER_LABEL, Keys
 from healthd.kube.errors import KubeError, NotFound
-from healthd.kube.objects import APPWRAPPERS, NODES, PODS, name_of, node_name_of
+from healthd.kube.objects import APPWRAPPERS, NODES, PODS, items_of, name_of, node_name_of
 from healthd.kube.pods import gpu_pods
+from healthd.kube.shapes import Node, Pod
 
-Obj = dict[str, Any]
 BUSY_CHECKS_AT_ONCE = 16  # pod listings in flight while checking many nodes
 
 
@@ -71,7 +70,7 @@ class Targets:
 class Resolved:
     """The target nodes as listed (in a stable order) and names that match no node."""
 
-    nodes: dict[str, Obj] = field(default_factory=dict)
+    nodes: dict[str, Node] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
     label_selector: str | None = None  # what a watch over the targets may filter on
     field_selector: str | None = None
@@ -87,7 +86,7 @@ async def resolve(kube: Kube, targets: Targets) -> Resolved:
         return await _by_name(kube, list(targets.names))
     selector = targets.selector or None
     listed = await kube.list(NODES, label_selector=selector)
-    nodes = {name_of(n): n for n in _items(listed) if name_of(n)}
+    nodes = {name_of(n): n for n in items_of(listed, Node) if name_of(n)}
     return Resolved(dict(sorted(nodes.items())), [], label_selector=selector)
 
 
@@ -98,7 +97,7 @@ async def _by_name(kube: Kube, names: Sequence[str]) -> Resolved:
     else:
         selector = None
         listed = await kube.list(NODES)
-    present = {name_of(n): n for n in _items(listed)}
+    present = {name_of(n): n for n in items_of(listed, Node)}
     nodes = {n: present[n] for n in names if n in present}
     return Resolved(nodes, [n for n in names if n not in present], field_selector=selector)
 
@@ -111,15 +110,10 @@ async def job_nodes(kube: Kube, job: str) -> list[str]:
     except NotFound:
         raise TargetError(f"no AppWrapper {job}") from None
     pods = await kube.list(PODS, namespace, label_selector=f"{APPWRAPPER_LABEL}={name}")
-    nodes = sorted({node_name_of(p) for p in _items(pods) if node_name_of(p)})
+    nodes = sorted({node_name_of(p) for p in items_of(pods, Pod) if node_name_of(p)})
     if not nodes:
         raise TargetError(f"AppWrapper {job} has no pod bound to a node (not running?)")
     return nodes
-
-
-def _items(listing: Obj) -> list[Obj]:
-    items = listing.get("items") if isinstance(listing, dict) else None
-    return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
 
 
 async def busy_nodes(kube: Kube, keys: Keys, nodes: Iterable[str]) -> dict[str, str]:

@@ -31,7 +31,6 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 import anyio
 
@@ -50,13 +49,13 @@ from healthd.kube.objects import (
     name_of,
     resource_version_of,
 )
+from healthd.kube.shapes import Node, view
 from healthd.kube.watching import DELETED, watch_forever
 from healthd.published import LastRun, read_last_run
 from healthd.requests import Request, read_requests, take_ops
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 
 # A node's state in a trigger run.
 PENDING = "pending"  # not asked yet
@@ -271,7 +270,7 @@ class FleetTrigger:
                 await self._kube.merge_patch(NODES, node, patch)
                 return ""
             except Conflict:
-                self._latest[node] = await self._kube.get(NODES, node)
+                self._latest[node] = view(Node, await self._kube.get(NODES, node))
         raise KubeError(f"the node changed under each of {WRITE_ATTEMPTS} attempts")
 
     # -- following the answers ---------------------------------------------------------
@@ -281,20 +280,21 @@ class FleetTrigger:
         events = watch_forever(self._kube, NODES, label_selector=self._targets.label_selector,
                                field_selector=self._targets.field_selector)
         async for event in events:
-            outcome = self.report.outcomes.get(name_of(event.object))
+            node = view(Node, event.object)
+            outcome = self.report.outcomes.get(name_of(node))
             if outcome is not None and event.type != DELETED:
-                self._latest[outcome.node] = event.object  # a fresh resourceVersion to ask on
+                self._latest[outcome.node] = node  # a fresh resourceVersion to ask on
             if outcome is None or outcome.state != REQUESTED:
                 continue
             if event.type == DELETED:
                 outcome.state, outcome.error = FAILED, "the node was deleted"
             else:
-                self._observe(outcome, event.object)
+                self._observe(outcome, node)
             if outcome.state != REQUESTED:
                 self._on_answer(outcome)
                 self._wake.set()
 
-    def _observe(self, outcome: NodeOutcome, node: Obj) -> None:
+    def _observe(self, outcome: NodeOutcome, node: Node) -> None:
         answer = read_last_run(node, self._keys)
         if not isinstance(answer, LastRun) or answer.id != self.report.plan.request_id:
             return
@@ -355,7 +355,7 @@ class FleetTrigger:
 
     async def _not_withdrawn(self, node: str) -> str:
         try:
-            current = await self._kube.get(NODES, node)
+            current = view(Node, await self._kube.get(NODES, node))
         except KubeError:
             current = self._latest[node]
         now = annotations_of(current)
@@ -375,11 +375,11 @@ class FleetTrigger:
         self._on_progress(self.report)
 
 
-def _verdict(node: Obj, keys: Keys) -> str | None:
+def _verdict(node: Node, keys: Keys) -> str | None:
     return labels_of(node).get(keys.gpuhealth) or None
 
 
-def _pending_request(node: Obj, keys: Keys) -> str:
+def _pending_request(node: Node, keys: Keys) -> str:
     """The request waiting on `node` for its agent, in words ("" when none)."""
     annotations = annotations_of(node)
     if keys.run not in annotations:

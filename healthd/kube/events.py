@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from healthd.kube.client import Kube
@@ -44,7 +45,7 @@ def _trim(message: str) -> str:
     return message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 3] + "..."
 
 
-def involved_reference(obj: dict[str, Any], res: Resource | None = None) -> dict[str, str]:
+def involved_reference(obj: Mapping[str, Any], res: Resource | None = None) -> dict[str, str]:
     """An ObjectReference to `obj`. Objects from a list carry no kind/apiVersion:
     `res` supplies them."""
     m = meta(obj)
@@ -67,7 +68,7 @@ class EventRecorder:
         self.component = component
         self.host = host
 
-    def event(self, involved: dict[str, Any], *, type: str, reason: str, message: str,
+    def event(self, involved: Mapping[str, Any], *, type: str, reason: str, message: str,
               res: Resource | None = None) -> dict[str, Any]:
         """The Event object `record` posts (namespace: the involved object's, or
         "default" for cluster-scoped objects such as Nodes)."""
@@ -93,7 +94,7 @@ class EventRecorder:
             "count": 1,
         }
 
-    async def record(self, involved: dict[str, Any], *, type: str, reason: str, message: str,
+    async def record(self, involved: Mapping[str, Any], *, type: str, reason: str, message: str,
                      res: Resource | None = None) -> None:
         """Post one Event about `involved`; never raises (a failure is logged)."""
         try:

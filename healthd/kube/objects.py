@@ -14,6 +14,23 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from healthd.kube.shapes import (
+    AppWrapper,
+    Condition,
+    Container,
+    ContainerStatus,
+    Node,
+    ObjectMeta,
+    PersistentVolumeClaim,
+    Pod,
+    ResourceFlavor,
+    T,
+    Taint,
+    entries,
+    part,
+    view,
+)
+
 
 def _segment(value: str) -> str:
     # Names are DNS subdomains in practice; quote anyway so a bad name cannot change the path.
@@ -104,24 +121,28 @@ def dicts(value: object) -> list[dict[str, Any]]:
     return [item for item in as_list(value) if isinstance(item, dict)]
 
 
-def meta(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """`obj["metadata"]`, or {} when absent or malformed."""
-    value = obj.get("metadata") if isinstance(obj, Mapping) else None
-    return value if isinstance(value, dict) else {}
+def meta(obj: Mapping[str, Any]) -> ObjectMeta:
+    """`obj["metadata"]` of any object (typed view or not), {} when absent or malformed."""
+    return view(ObjectMeta, obj.get("metadata")) if isinstance(obj, Mapping) else {}
 
 
-def name_of(obj: dict[str, Any]) -> str:
+def name_of(obj: Mapping[str, Any]) -> str:
     return str(meta(obj).get("name") or "")
 
 
-def namespace_of(obj: dict[str, Any]) -> str | None:
+def namespace_of(obj: Mapping[str, Any]) -> str | None:
     ns = meta(obj).get("namespace")
     return str(ns) if ns else None
 
 
-def resource_version_of(obj: dict[str, Any]) -> str | None:
+def resource_version_of(obj: Mapping[str, Any]) -> str | None:
     rv = meta(obj).get("resourceVersion")
     return str(rv) if rv else None
+
+
+def is_deleting(obj: Mapping[str, Any]) -> bool:
+    """`metadata.deletionTimestamp` is set: the object is on its way out."""
+    return bool(meta(obj).get("deletionTimestamp"))
 
 
 def _strings(value: Any) -> dict[str, str]:
@@ -139,39 +160,83 @@ def annotations_of(obj: Mapping[str, Any]) -> dict[str, str]:
 
 
 def spec_of(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """`obj["spec"]`, or {} when absent or malformed."""
+    """`obj["spec"]` of an object without a typed view (healthd.kube.shapes), {} when
+    absent or malformed."""
     return as_dict(obj.get("spec")) if isinstance(obj, Mapping) else {}
 
 
 def status_of(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """`obj["status"]`, or {} when absent or malformed."""
+    """`obj["status"]` of an object without a typed view, {} when absent or malformed."""
     return as_dict(obj.get("status")) if isinstance(obj, Mapping) else {}
 
 
-def phase_of(obj: Mapping[str, Any]) -> str:
-    """`status.phase` of a pod (or an AppWrapper), "" when absent."""
-    return str(status_of(obj).get("phase") or "")
-
-
-def node_name_of(pod: Mapping[str, Any]) -> str:
-    """`spec.nodeName`: the node a pod is bound to, "" while unbound."""
-    return str(spec_of(pod).get("nodeName") or "")
-
-
-def condition_of(obj: Mapping[str, Any], kind: str) -> dict[str, Any] | None:
+def condition_of(obj: Node | Pod | AppWrapper, kind: str) -> Condition | None:
     """The `status.conditions` entry of type `kind`, or None."""
-    return next((c for c in dicts(status_of(obj).get("conditions")) if c.get("type") == kind),
-                None)
+    return next((c for c in entries(part(obj.get("status")).get("conditions"))
+                 if c.get("type") == kind), None)
 
 
-def node_labels_of(flavor: Mapping[str, Any]) -> dict[str, str]:
+# -- Pods ------------------------------------------------------------------------------
+
+
+def phase_of(obj: Pod | AppWrapper | PersistentVolumeClaim) -> str:
+    """`status.phase` of a pod (or an AppWrapper, a PVC), "" when absent."""
+    return str(part(obj.get("status")).get("phase") or "")
+
+
+def node_name_of(pod: Pod) -> str:
+    """`spec.nodeName`: the node a pod is bound to, "" while unbound."""
+    return str(part(pod.get("spec")).get("nodeName") or "")
+
+
+def containers_of(pod: Pod, *, init: bool = False) -> list[Container]:
+    """`spec.containers` (or `spec.initContainers` with `init`)."""
+    spec = part(pod.get("spec"))
+    return entries(spec.get("initContainers") if init else spec.get("containers"))
+
+
+def amounts_of(container: Container, resource: str) -> list[object]:
+    """What a container requests and limits of `resource`, as written (each absent
+    one left out): quantities are read by their users, who differ on what counts."""
+    resources = part(container.get("resources"))
+    found = (part(resources.get("requests")).get(resource),
+             part(resources.get("limits")).get(resource))
+    return [amount for amount in found if amount is not None]
+
+
+def container_statuses_of(pod: Pod) -> list[ContainerStatus]:
+    """`status.containerStatuses` (regular containers), [] before the kubelet reports."""
+    return entries(part(pod.get("status")).get("containerStatuses"))
+
+
+# -- Nodes and flavors -----------------------------------------------------------------
+
+
+def is_cordoned(node: Node) -> bool:
+    """`spec.unschedulable` is true (`kubectl cordon`)."""
+    return part(node.get("spec")).get("unschedulable") is True
+
+
+def taints_of(node: Node) -> list[Taint]:
+    return entries(part(node.get("spec")).get("taints"))
+
+
+def resources_of(node: Node, source: str = "capacity") -> dict[str, Any]:
+    """`status.capacity` (or `status.allocatable` when `source` says so): resource ->
+    quantity as written, {} when absent or malformed."""
+    status = part(node.get("status"))
+    return as_dict(status.get("allocatable") if source == "allocatable"
+                   else status.get("capacity"))
+
+
+def node_labels_of(flavor: ResourceFlavor) -> dict[str, str]:
     """A Kueue ResourceFlavor's `spec.nodeLabels` (the nodes it stands for)."""
-    return _strings(spec_of(flavor).get("nodeLabels"))
+    return _strings(part(flavor.get("spec")).get("nodeLabels"))
 
 
-def items_of(listing: object) -> list[dict[str, Any]]:
-    """The objects of a list response (`items`); [] when it is not one."""
-    return dicts(as_dict(listing).get("items"))
+def items_of(listing: object, shape: type[T]) -> list[T]:
+    """The objects of a list response (`items`) seen as `shape`; [] when it is not one."""
+    return [view(shape, item) for item in dicts(as_dict(listing).get("items"))]
 
 
 # Annotations are anyone's to write (node-patch rights, a bug): whatever healthd reads
@@ -241,7 +306,7 @@ def natural_name_key(name: str) -> tuple[tuple[int, str], ...]:
                  for part in re.split(r"(\d+)", name))
 
 
-def key_of(obj: dict[str, Any]) -> str:
+def key_of(obj: Mapping[str, Any]) -> str:
     """`namespace/name`, or `name` for cluster-scoped objects: a cache key."""
     ns = namespace_of(obj)
     return f"{ns}/{name_of(obj)}" if ns else name_of(obj)

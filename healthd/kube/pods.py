@@ -12,20 +12,20 @@ counts. The agent's own diagnostic pods never count: they are what will run.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from healthd.kube.conventions import GPU_RESOURCE, Keys
 from healthd.kube.objects import (
     PODS,
-    as_dict,
-    dicts,
+    amounts_of,
+    containers_of,
     items_of,
     labels_of,
     meta,
     phase_of,
-    spec_of,
 )
+from healthd.kube.shapes import Container, Pod
 
 if TYPE_CHECKING:
     from healthd.kube.client import Kube
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
 
 
-def _quantity(value: Any) -> int:
+def _quantity(value: object) -> int:
     """An extended-resource quantity (`"2"`, 2); anything unreadable is 0."""
     try:
         return max(0, int(str(value).strip()))
@@ -41,36 +41,33 @@ def _quantity(value: Any) -> int:
         return 0
 
 
-def _container_gpus(container: dict[str, Any]) -> int:
-    resources = as_dict(container.get("resources"))
-    return max(_quantity(as_dict(resources.get(part)).get(GPU_RESOURCE, 0))
-               for part in ("requests", "limits"))
+def _container_gpus(container: Container) -> int:
+    return max((_quantity(a) for a in amounts_of(container, GPU_RESOURCE)), default=0)
 
 
-def pod_gpus(pod: Mapping[str, Any]) -> int:
+def pod_gpus(pod: Pod) -> int:
     """GPUs a pod holds while it is on the node, as the scheduler counts them: the
     larger of the sum over regular containers and the largest init container."""
-    spec = spec_of(pod)
-    regular = sum(_container_gpus(c) for c in dicts(spec.get("containers")))
-    init = max((_container_gpus(c) for c in dicts(spec.get("initContainers"))), default=0)
+    regular = sum(_container_gpus(c) for c in containers_of(pod))
+    init = max((_container_gpus(c) for c in containers_of(pod, init=True)), default=0)
     return max(regular, init)
 
 
-def is_terminated(pod: Mapping[str, Any]) -> bool:
+def is_terminated(pod: Pod) -> bool:
     return phase_of(pod) in TERMINATED_PHASES
 
 
-def is_diagnostic(pod: Mapping[str, Any], keys: Keys) -> bool:
+def is_diagnostic(pod: Pod, keys: Keys) -> bool:
     """One of the agent's own diagnostic pods (label `<own prefix>diagnostic=true`)."""
     return labels_of(pod).get(keys.diagnostic) == "true"
 
 
-def holds_gpus(pod: Mapping[str, Any], keys: Keys) -> bool:
+def holds_gpus(pod: Pod, keys: Keys) -> bool:
     """A live (not terminated) workload pod that asks for at least one GPU."""
     return not is_terminated(pod) and not is_diagnostic(pod, keys) and pod_gpus(pod) > 0
 
 
-def gpu_holders(pods: Iterable[Any], keys: Keys) -> list[str]:
+def gpu_holders(pods: Iterable[Pod], keys: Keys) -> list[str]:
     """`namespace/name` of the pods among `pods` that hold GPUs, sorted."""
     out = []
     for pod in pods:
@@ -86,4 +83,4 @@ async def gpu_pods(kube: Kube, node: str, keys: Keys) -> list[str]:
     Raises `healthd.kube.errors.KubeError` when the pods cannot be listed: the caller
     must not start a diagnostic it cannot prove safe."""
     listed = await kube.list(PODS, field_selector=f"spec.nodeName={node}")
-    return gpu_holders(items_of(listed), keys)
+    return gpu_holders(items_of(listed, Pod), keys)

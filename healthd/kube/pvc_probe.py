@@ -25,6 +25,7 @@ from healthd.kube.client import Kube
 from healthd.kube.conventions import Keys
 from healthd.kube.errors import Gone, KubeError, NotFound
 from healthd.kube.objects import EVENTS, PODS, PVCS, STORAGECLASSES, meta, name_of, phase_of
+from healthd.kube.shapes import PersistentVolumeClaim, view
 from healthd.kube.watching import DELETED, watch
 from healthd.util.times import parse_time
 
@@ -126,7 +127,7 @@ class KubeProbeApi(ProbeApi):
             if version and await self._watch_until_bound(name, version):
                 return
             async with translated("cannot read the test PVC"):
-                pvc = await self.kube.get(PVCS, name, self.namespace)
+                pvc = view(PersistentVolumeClaim, await self.kube.get(PVCS, name, self.namespace))
             if phase_of(pvc) == "Bound":
                 return
             version = str(meta(pvc).get("resourceVersion") or "")
@@ -142,7 +143,7 @@ class KubeProbeApi(ProbeApi):
                     if event.type == DELETED:
                         raise ApiProblem(f"the test PVC {name} was deleted by someone else "
                                          "while waiting")
-                    if phase_of(event.object) == "Bound":
+                    if phase_of(view(PersistentVolumeClaim, event.object)) == "Bound":
                         return True
         except ApiProblem as exc:
             if isinstance(exc.__cause__, Gone):

@@ -51,6 +51,7 @@ from healthd.kube.objects import (
     natural_name_key,
     phase_of,
 )
+from healthd.kube.shapes import AppWrapper, view
 from healthd.kube.watching import DELETED, watch_forever
 from healthd.sim.podgpus import gpus_needed, keeps_gpus
 from healthd.util.times import rfc3339
@@ -206,7 +207,7 @@ class AppWrapperOperator:
         except NotFound:
             self._paused_since.pop(key, None)
             return
-        phase = phase_of(aw)
+        phase = phase_of(view(AppWrapper, aw))
         if (aw.get("spec") or {}).get("suspend"):
             return
         if phase in ("", "Suspended"):
@@ -291,7 +292,8 @@ class AppWrapperOperator:
                                        subresource="status")
         except (Invalid, NotFound):
             return  # changed or gone meanwhile: its event brings us back
-        log.info("AppWrapper %s: %s -> %s", key_of(aw), phase_of(aw) or "new", phase)
+        log.info("AppWrapper %s: %s -> %s", key_of(aw), phase_of(view(AppWrapper, aw)) or "new",
+                 phase)
 
     async def finish(self, key: str) -> None:
         """The job completed: phase Succeeded, then its pods go."""
