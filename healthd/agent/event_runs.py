@@ -70,13 +70,11 @@ def with_params(config: Config, name: str, params: dict[str, Any]) -> Config:
 
 
 def event_loops(config: Config, feeds: Feeds) -> list[Activity]:
-    """One loop per enabled check that declares an event source the agent can follow."""
+    """One loop per enabled check that declares an event source."""
     loops: list[Activity] = []
     for name, events in _declared():
         if not config.check_section(name).enabled:
             continue
-        if events.source == "kernel-log" and feeds.kernel_log is None:
-            continue  # no log to follow: periodic runs report why
         planned = _event_planned(config, name, events)
         loops.append(partial(SOURCES[events.source], planned, events, feeds))
     return loops
@@ -114,7 +112,8 @@ async def follow_xids(planned: Planned, events: EventRun, feeds: Feeds) -> None:
 async def follow_kernel_log(planned: Planned, events: EventRun, feeds: Feeds) -> None:
     """Run the check as soon as the kernel log holds a line of its kind."""
     kernel_log, kind = feeds.kernel_log, events.lines
-    assert kernel_log is not None and kind is not None  # event_loops saw to it
+    if kernel_log is None or kind is None:
+        return  # no log to follow (periodic runs report why), or no kind to look for
     while True:
         try:
             await kernel_log.wait(KERNEL_LOG_POLL_S)
