@@ -29,7 +29,7 @@ from checks.severity import Severity as Severity
 from checks.severity import worst as worst
 
 if TYPE_CHECKING:
-    from checks.kernel_log import KernelLogSource
+    from checks.kernel_log import KernelLogSource, Kind
     from checks.nic import LinkReader
     from checks.pciebw import BandwidthProbe
     from checks.ping import Prober
@@ -284,6 +284,25 @@ class AutopilotGauge:
     value: str | None = None
 
 
+@dataclass(frozen=True)
+class EventRun:
+    """Events that run a check at once, besides its schedule: the agent follows
+    `source` and runs the check (trigger `event`) as soon as it has something.
+
+    - "nvml-xid": each XID event NVML delivers (a burst makes one run);
+    - "kernel-log": a new kernel-log line of kind `lines` (checks.kernel_log), for
+      what NVML has no event for.
+
+    `listen`: the parameter saying how long one run waits for events, if any. A run
+    an event triggers sets it to 0 (the event is already queued); the agent's
+    periodic runs listen for `agent.xid_window_s` unless the config sets it (events
+    stream in continuously anyway)."""
+
+    source: Literal["nvml-xid", "kernel-log"]
+    lines: Kind | None = None
+    listen: str | None = None
+
+
 class NoParams(BaseModel):
     """Parameters of a check that takes none."""
 
@@ -397,14 +416,21 @@ class BaseCheck:
     - AUTOPILOT: its place in Autopilot's compatibility gauge, if Autopilot has it
     - CODES: the finding codes it reports (see checks.catalog); a family of codes
       is written with a `*` (`XID_*`)
+    - EVENTS: what runs it at once besides its schedule (`EventRun`), if anything
+    - REACHABILITY: its results are the node's view of its peers, per network (the
+      `ping` view of the health annotation the fleet's blame reads, and the
+      per-network peer gauges); one check declares it
+    - ENV: environment variables that set a parameter (`{variable: parameter}`):
+      the config reads them, and the agent hands them on to its diagnostic Jobs
 
     - INPUTS: what it reads from the machine, by the names a recording
       (`healthd record`) gives its sources (`nvml`, `xid`, `pciebw`, `dcgm`, ...);
       None: one source named like the check. A replay runs it only when the
       recording holds every one (see `inputs_of`).
 
-    Adding a check with a metric touches its module and its registry line: the
-    agent builds its metric families and the Autopilot gauge from these.
+    Adding a check with a metric or an event source touches its module and its
+    registry line: the agent builds its metric families, the Autopilot gauge and its
+    event runs from these.
     """
 
     NAME: ClassVar[str]
@@ -418,6 +444,9 @@ class BaseCheck:
     AUTOPILOT: ClassVar[AutopilotGauge | None] = None
     CODES: ClassVar[tuple[str, ...]] = ()
     INPUTS: ClassVar[frozenset[str] | None] = None
+    EVENTS: ClassVar[EventRun | None] = None
+    REACHABILITY: ClassVar[bool] = False
+    ENV: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self, params: BaseModel | Mapping[str, Any] | None = None) -> None:
         if isinstance(params, BaseModel):

@@ -29,6 +29,7 @@ themselves (`exclusive`); levels 1 and 2 do not.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import ClassVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -124,6 +125,8 @@ class DcgmCheck(BaseCheck):
     DESCRIPTION: ClassVar[str] = "NVIDIA DCGM diagnostics (dcgmi diag), per GPU"
     AUTOPILOT: ClassVar[AutopilotGauge | None] = AutopilotGauge("dcgm", per="node")
     CODES: ClassVar[tuple[str, ...]] = ("DCGM_*", "DCGM_ISOLATE")
+    # The pod's host engine (`$(HOST_IP):5555`), handed on to the diagnostic Jobs too.
+    ENV: ClassVar[Mapping[str, str]] = {"DCGM_HOST_ENGINE": "host_engine"}
 
     @property
     def _params(self) -> DcgmParams:

@@ -298,6 +298,7 @@ class PingCheck(BaseCheck):
                 secondary=True),
     )
     AUTOPILOT: ClassVar[AutopilotGauge | None] = AutopilotGauge("ping", per="peer")
+    REACHABILITY: ClassVar[bool] = True  # the node's view of its peers, per network
     CODES: ClassVar[tuple[str, ...]] = ("PEER_UNREACHABLE", "NETWORK_ISOLATED")
 
     params: PingParams

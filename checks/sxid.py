@@ -26,7 +26,7 @@ from typing import ClassVar
 
 import anyio.to_thread
 
-from checks.base import CheckContext, Entity, NoParams, ResultBuilder
+from checks.base import CheckContext, Entity, EventRun, NoParams, ResultBuilder
 from checks.catalog import SXID_FATAL, is_fatal_sxid
 from checks.gpucheck import GpuCheck
 from checks.kernel_log import LoggedSxid, LogUnavailable, NoLog, NotRecorded
@@ -40,6 +40,8 @@ class SxidCheck(GpuCheck[NoParams]):
     CODES: ClassVar[tuple[str, ...]] = ("SXID_*", "SXID_FATAL")
     DEFAULT_INTERVAL_S: ClassVar[float] = 30.0
     DEFAULT_TIMEOUT_S: ClassVar[float] = 10.0
+    # NVML has no event for SXIDs: the agent runs the check when the log has one.
+    EVENTS: ClassVar[EventRun | None] = EventRun("kernel-log", lines="sxid")
 
     async def examine(self, snapshot: NodeSnapshot, ctx: CheckContext,
                       builder: ResultBuilder) -> None:

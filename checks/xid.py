@@ -6,8 +6,8 @@ the bus) is a sticky EVICT, application-caused XIDs (13, 31, 43, 45, ...) are PA
 reported for the record but never raising the verdict.
 
 The check is event-driven. One run collects the events of a short window
-(`window_s`, for one-shot runs such as `healthd check xid`); the agent's continuous
-consumer reuses `findings_for_xids` on the events it receives as they happen.
+(`window_s`, for one-shot runs such as `healthd check xid`); the agent runs it at
+once for every XID NVML delivers (its `EVENTS`), with no window of its own.
 
 Where the context has a kernel log (checks.kernel_log), each run also takes the XID
 lines logged since the last run, so an XID written while nobody listened (the agent
@@ -25,7 +25,7 @@ from typing import ClassVar
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
 
-from checks.base import CheckContext, Entity, Finding, ResultBuilder
+from checks.base import CheckContext, Entity, EventRun, Finding, ResultBuilder
 from checks.gpucheck import GpuCheck, gpu_entity
 from checks.kernel_log import LoggedXid, LogUnavailable
 from checks.snapshot import GpuSnapshot, NodeSnapshot, XidEvent
@@ -48,6 +48,7 @@ class XidCheck(GpuCheck[XidParams]):
     Params: ClassVar[type[BaseModel]] = XidParams
     DEFAULT_INTERVAL_S: ClassVar[float] = 30.0
     INPUTS: ClassVar[frozenset[str] | None] = frozenset({"nvml", "xid"})
+    EVENTS: ClassVar[EventRun | None] = EventRun("nvml-xid", listen="window_s")
     # Must exceed the longest window plus one NVML pass.
     DEFAULT_TIMEOUT_S: ClassVar[float] = MAX_WINDOW_S + 10.0
 

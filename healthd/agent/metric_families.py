@@ -140,13 +140,18 @@ class SnapshotCollector:
             self._check(out, key, entry)
             self._entities(out, key, entry.result, identities)
         self._autopilot(out, snap.latest, identities)
-        if (ping := snap.latest.get("ping")) is not None:
-            _ping_networks(out, self._node, ping.result)
+        for key, entry in sorted(snap.latest.items()):
+            if (declared := self._class_of(key)) is not None and declared.REACHABILITY:
+                _ping_networks(out, self._node, entry.result)
         if snap.state is not None:
             self._verdict(out, snap.state)
         yield from out.metrics()
         if snap.state is not None:
             yield self._flaps(snap.state)
+
+    def _class_of(self, key: str) -> type[BaseCheck] | None:
+        """The class of check `key`: what it declares it measures and publishes."""
+        return self._checks.get(check_name(key))
 
     def _flaps(self, state: HealthState) -> Metric:
         flaps = CounterMetricFamily(
@@ -167,7 +172,7 @@ class SnapshotCollector:
     def _entities(
         self, out: _Families, key: str, result: CheckResult, identities: Mapping[str, Entity]
     ) -> None:
-        declared = self._checks.get(check_name(key))
+        declared = self._class_of(key)
         measures = declared.MEASURES if declared is not None else ()
         for status in result.entities:
             entity = _complete(status.entity, identities)
@@ -197,7 +202,7 @@ class SnapshotCollector:
     ) -> None:
         newest: dict[str, tuple[AutopilotGauge, Latest]] = {}
         for key, entry in latest.items():
-            declared = self._checks.get(check_name(key))
+            declared = self._class_of(key)
             gauge = declared.AUTOPILOT if declared is not None else None
             if gauge is None:
                 continue
@@ -245,8 +250,9 @@ def _entity_labels(entity: Entity) -> dict[str, str]:
 
 
 def _ping_networks(out: _Families, node: str, result: CheckResult) -> None:
-    """Per network this node probed: peers probed and peers that lost every echo
-    (or were found unreachable): the per-network view a dashboard plots."""
+    """Per network this node probed (the latest result of the check declaring
+    REACHABILITY): peers probed and peers that lost every echo (or were found
+    unreachable): the per-network view a dashboard plots."""
     probed: dict[str, int] = {}
     unreachable: dict[str, int] = {}
     for status in result.entities:

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import checks
 from checks.base import Finding, Severity, worst
 from healthd.agent.verdict import CheckState, HealthState, Held
 from healthd.kube.conventions import CONDITION_TYPE, Keys, Reason, Verdict
@@ -159,7 +160,6 @@ def health_json(state: HealthState, limit: int = HEALTH_LIMIT) -> str:
     return text
 
 
-PING_CHECK = "ping"
 MAX_UNREACHED = 64  # peers named in the annotation; past that the node reads as isolated
 
 
@@ -173,12 +173,19 @@ def ping_view(state: HealthState) -> PingView | None:
     it is held, and it stays in the view as long as it is held (damping and release
     as for any finding). None while ping's latest run could not tell (or before it
     ran)."""
-    ran = state.checks.get(PING_CHECK)
+    name = reachability_check()
+    ran = state.checks.get(name) if name is not None else None
     if ran is None or not ran.status.ordered:
         return None
-    held = {(h.code, h.entity) for h in state.held if h.check == PING_CHECK}
+    held = {(h.code, h.entity) for h in state.held if h.check == name}
     return PingView(_network_view(held, ""),
                     {n: _network_view(held, n) for n in ran.networks})
+
+
+def reachability_check() -> str | None:
+    """The check whose results are the node's view of its peers (the one that
+    declares REACHABILITY: ping), if any is registered."""
+    return next((name for name, cls in checks.REGISTRY.items() if cls.REACHABILITY), None)
 
 
 def _network_view(held: set[tuple[str, str]], network: str) -> NetworkView:

@@ -21,18 +21,21 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
 
 import checks
 from checks.base import CheckResult, Severity
+from healthd.agent.deepruns import DeepRuns
+from healthd.agent.health import NodeHealth
+from healthd.agent.node_events import NodeEvents
+from healthd.agent.node_watch import NodeWatch
 from healthd.agent.verdict import Trigger
 from healthd.check.plans import Planned
-from healthd.kube.conventions import Keys, Reason, Verdict
+from healthd.kube.conventions import Keys, Reason
 from healthd.kube.errors import KubeError
 from healthd.kube.events import NORMAL, WARNING
 from healthd.kube.objects import resource_version_of
-from healthd.requests import Request, answer, read_requests
+from healthd.requests import NodePatcher, Request, answer, read_requests, take
 from healthd.util.logs import log_context
 
 log = logging.getLogger(__name__)
@@ -47,69 +50,30 @@ class Refused(Exception):
     """The request cannot run; the message says why (it goes in last-run)."""
 
 
-class RequestHost(Protocol):
-    """The agent as requests see it (healthd.agent.agent.Agent implements it)."""
-
-    def now(self) -> float: ...
-
-    @property
-    def verdict(self) -> Verdict:
-        """The node's verdict now."""
-        ...
-
-    async def next_node(self) -> dict[str, Any] | None:
-        """The node as seen at its next change (or one not yet consumed)."""
-        ...
-
-    async def take(self, request: Request) -> bool:
-        """Consume the request on the node (healthd.requests.take)."""
-        ...
-
-    def plan(self, key: str) -> Planned:
-        """The check `key` as configured; ValueError for a bad argument."""
-        ...
-
-    async def busy_pods(self) -> list[str]:
-        """Pods holding the node's GPUs; KubeError when the API cannot tell."""
-        ...
-
-    async def run_planned(self, planned: list[Planned],
-                          trigger: Trigger) -> dict[str, CheckResult | str]:
-        """Run checks as every entry point does; why each did not run, if so."""
-        ...
-
-    def start_clear(self) -> list[str]:
-        """Mark what holds the node bad for release; the check keys to re-run."""
-        ...
-
-    async def publish_answer(self, last_run: str, flush_s: float) -> None:
-        """Publish `last-run` with the state, waiting up to `flush_s` for the write."""
-        ...
-
-    async def node_event(self, type_: str, reason: str, message: str) -> None:
-        """Post an Event on the node."""
-        ...
-
-
 class RequestHandler:
     """Serves the agent's on-demand requests (see the module docstring)."""
 
-    def __init__(self, agent: RequestHost, keys: Keys) -> None:
-        self.agent = agent
+    def __init__(self, health: NodeHealth, runs: DeepRuns, *, watch: NodeWatch,
+                 publisher: NodePatcher, events: NodeEvents, plan: Callable[[str], Planned],
+                 keys: Keys) -> None:
+        """`publisher` takes requests off the node; `plan` gives a check key as
+        configured (ValueError for a bad argument)."""
+        self.health, self.runs, self.watch = health, runs, watch
+        self.publisher, self.events, self.plan = publisher, events, plan
         self.keys = keys
         self._taken: deque[tuple[str, str, str, str]] = deque(maxlen=_SEEN)
 
     async def serve(self) -> None:
         """Handle requests as node events show them; runs until cancelled."""
         while True:
-            node = await self.agent.next_node()
+            node = await self.watch.next()
             if node is None:
                 continue
             for request in read_requests(node, self.keys, checks.REGISTRY):
                 seen = (request.kind, request.id, request.text, resource_version_of(node) or "")
                 if seen in self._taken:
                     continue  # our copy of the node predates our own take
-                if not await self.agent.take(request):
+                if not await take(self.publisher, request, self.keys):
                     continue
                 self._taken.append(seen)
                 with log_context(request_id=request.id):
@@ -117,7 +81,7 @@ class RequestHandler:
 
     async def handle(self, request: Request) -> None:
         """Run or refuse one taken request, then answer it."""
-        start = self.agent.now()
+        start = self.health.clock()
         log.info("on-demand request %s: %s", request.kind, request.shown)
         try:
             if request.error:
@@ -134,16 +98,16 @@ class RequestHandler:
     async def _run(self, request: Request) -> Results:
         planned = self._plan([str(s) for s in request.selected])
         await self._refuse_if_busy(planned)
-        return await self.agent.run_planned(planned, Trigger.ON_DEMAND)
+        return await self.runs.run_planned(planned, Trigger.ON_DEMAND)
 
     async def _clear(self) -> Results:
-        planned = self._plan(self.agent.start_clear())
+        planned = self._plan(self.health.start_clear())
         await self._refuse_if_busy(planned)
-        return await self.agent.run_planned(planned, Trigger.CLEAR)
+        return await self.runs.run_planned(planned, Trigger.CLEAR)
 
     def _plan(self, keys: list[str]) -> list[Planned]:
         try:
-            return [self.agent.plan(key) for key in keys]
+            return [self.plan(key) for key in keys]
         except ValueError as exc:
             raise Refused(str(exc)) from None
 
@@ -154,7 +118,7 @@ class RequestHandler:
         if not exclusive:
             return
         try:
-            busy = await self.agent.busy_pods()
+            busy = await self.runs.busy_pods()
         except KubeError as exc:
             raise Refused(f"cannot tell whether the GPUs are free for {', '.join(exclusive)}: "
                           f"{exc}") from None
@@ -164,27 +128,24 @@ class RequestHandler:
 
     async def _answer(self, request: Request, start: float, *, error: str,
                       results: Results) -> None:
-        agent = self.agent
+        health = self.health
         statuses = _statuses(results)
         last_run = answer(request, accepted=not error, error=error, start=start,
-                          end=agent.now(), verdict=agent.verdict, checks=statuses,
+                          end=health.clock(), verdict=health.verdict, checks=statuses,
                           reasons=_unknown_reasons(results))
-        await agent.publish_answer(last_run, ANSWER_FLUSH_S)
+        await health.answer(last_run, ANSWER_FLUSH_S)
         if error:
             log.warning("request %s refused: %s", request.shown, error)
-            await self._event(WARNING, Reason.BAD_REQUEST,
-                              f"request {request.shown!r} ({request.id}) refused: {error}")
+            await self.events.post(WARNING, Reason.BAD_REQUEST,
+                                   f"request {request.shown!r} ({request.id}) refused: {error}")
         else:
             reasons = _unknown_reasons(results)
             summary = ", ".join(f"{k} {v}" + (f" ({reasons[k]})" if k in reasons else "")
                                 for k, v in statuses.items()) or "nothing to re-run"
             done = Reason.CLEARED if request.kind == "clear" else Reason.REQUEST_DONE
-            await self._event(NORMAL, done,
-                              f"request {request.shown!r} ({request.id}) done: {summary}; "
-                              f"verdict {agent.verdict.value}")
-
-    async def _event(self, type_: str, reason: str, message: str) -> None:
-        await self.agent.node_event(type_, reason, message)
+            await self.events.post(NORMAL, done,
+                                   f"request {request.shown!r} ({request.id}) done: {summary}; "
+                                   f"verdict {health.verdict.value}")
 
 
 def _statuses(results: Results) -> dict[str, str]:

@@ -41,9 +41,6 @@ ENV_OVERRIDES = {
     "POD_NAMESPACE": "namespace",
 }
 
-# The DCGM host engine from the pod: Kubernetes expands `$(HOST_IP):5555` in the
-# manifest, which a config file cannot (see deploy/daemonset/overlays/gpu-operator).
-DCGM_HOST_ENGINE_ENV = "DCGM_HOST_ENGINE"
 # The runtime class of the agent's own pod, for its diagnostic Jobs: the overlay that
 # sets one on the agent sets this beside it, so both change in one place.
 DIAGNOSTIC_RUNTIME_CLASS_ENV = "DIAGNOSTIC_RUNTIME_CLASS"
@@ -198,8 +195,9 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     for var, field_name in ENV_OVERRIDES.items():
         if env.get(var):
             raw[field_name] = env[var]
-    if env.get(DCGM_HOST_ENGINE_ENV):
-        _set_nested(raw, ("checks", "dcgm", "params", "host_engine"), env[DCGM_HOST_ENGINE_ENV])
+    for var, (name, param) in check_env().items():
+        if env.get(var):
+            _set_nested(raw, ("checks", name, "params", param), env[var])
     if env.get(DIAGNOSTIC_RUNTIME_CLASS_ENV):
         _set_nested(raw, ("agent", "deep_diagnostics", "runtime_class"),
                     env[DIAGNOSTIC_RUNTIME_CLASS_ENV])
@@ -225,6 +223,15 @@ def config_or_exit(path: str | None) -> Config:
         return load_config(path)
     except ConfigError as exc:
         raise ExitError(str(exc), EX_CONFIG) from exc
+
+
+def check_env() -> dict[str, tuple[str, str]]:
+    """The environment variables checks read a parameter from (their `ENV`), each
+    with its check and parameter: the DCGM host engine from the pod, which
+    Kubernetes expands from `$(HOST_IP):5555` where a config file cannot (see
+    deploy/daemonset/overlays/gpu-operator)."""
+    return {var: (name, param) for name, cls in checks.REGISTRY.items()
+            for var, param in cls.ENV.items()}
 
 
 def _set_nested(raw: dict[str, Any], path: tuple[str, ...], value: str) -> None:

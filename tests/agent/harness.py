@@ -14,7 +14,7 @@ import aiohttp
 import anyio
 from prometheus_client import CollectorRegistry
 
-from healthd.agent.agent import Agent
+from healthd.agent.agent import Agent, Parts
 from healthd.config import Config
 from healthd.kube.client import Kube
 from healthd.kube.conventions import CONDITION_TYPE, Keys
@@ -57,6 +57,12 @@ class Harness:
 
     def __init__(self, api: ApiEmulator, agent: Agent, sim: SimulatedNode) -> None:
         self.api, self.agent, self.sim = api, agent, sim
+
+    @property
+    def parts(self) -> Parts:
+        """The agent's connected parts (its health, its publisher, ...)."""
+        assert self.agent.parts is not None, "the agent has not connected yet"
+        return self.agent.parts
 
     # -- what the user sees on the Node ------------------------------------------------
 

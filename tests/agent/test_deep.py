@@ -159,7 +159,7 @@ async def test_a_configured_diagnostic_runs_on_its_schedule_not_at_start(
         await eventually(lambda: h.verdict() == "EVICT", 30, "the diagnostic's verdict")
         assert h.labels()[KEYS.dcgm_level(3)].startswith("ERR_")
         assert "TESTING" in verdicts_written(h)
-        held = {(x.code, x.entity) for x in h.agent.state.held}
+        held = {(x.code, x.entity) for x in h.parts.health.state.held}
         assert ("DCGM_MEMORY", "gpu2") in held
 
 

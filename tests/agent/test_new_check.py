@@ -1,7 +1,9 @@
-"""A check carries its own data: a new check with a metric needs its module and its
-registry line, nothing in the agent. A toy check class that declares a measure and an
-Autopilot gauge is added to the registry (and nowhere else); the real agent schedules
-it, and a scrape shows its gauge family and its `autopilot_health_checks` series."""
+"""A check carries its own data: a new check with a metric or an event source needs its
+module and its registry line, nothing in the agent. A toy check class that declares a
+measure and an Autopilot gauge is added to the registry (and nowhere else); the real
+agent schedules it, and a scrape shows its gauge family and its
+`autopilot_health_checks` series. Another toy check declares NVML's XID events as its
+event source: an XID runs it at once, long before its next periodic turn."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from checks.base import (
     CheckContext,
     CheckResult,
     Entity,
+    EventRun,
     Measure,
     ResultBuilder,
 )
@@ -58,3 +61,39 @@ async def test_a_new_check_needs_only_its_module_and_its_registry_line(
         status, text = await h.scrape()
         assert status == 200
         assert "# HELP healthd_node_widgets Widgets the node counts." in text
+
+
+class XidCounterCheck(BaseCheck):
+    """A check with an event source: its value is how often it has run."""
+
+    NAME: ClassVar[str] = "xidcounter"
+    DEFAULT_INTERVAL_S: ClassVar[float] = 3600.0  # one turn at start, the next in an hour
+    MEASURES: ClassVar[tuple[Measure, ...]] = (
+        Measure("healthd_node_xidcounter_runs", "Runs of the xidcounter check.", "runs",
+                "node"),
+    )
+    EVENTS: ClassVar[EventRun | None] = EventRun("nvml-xid")
+    runs = 0
+
+    async def run(self, ctx: CheckContext) -> CheckResult:
+        XidCounterCheck.runs += 1
+        builder = ResultBuilder(self.NAME, ctx.catalog)
+        builder.seen(Entity.node(ctx.node_name), runs=XidCounterCheck.runs)
+        return builder.build()
+
+
+async def test_a_new_check_with_an_event_source_needs_no_agent_edit(
+    api: ApiEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(checks.REGISTRY, XidCounterCheck.NAME, XidCounterCheck)
+    monkeypatch.setattr(XidCounterCheck, "runs", 0)
+
+    def runs() -> float | None:
+        return h.metric("healthd_node_xidcounter_runs", node=NODE)
+
+    async with running_agent(api, tmp_path) as h:
+        await eventually(lambda: runs() == 1, what="the turn at start")
+        h.sim.nvml.emit_xid(3, 79)
+        await eventually(lambda: (runs() or 0) > 1, what="a run the XID triggered")
+        assert h.metric("healthd_check_runs_total", node=NODE, check="xidcounter",
+                        result="PASS") == runs()

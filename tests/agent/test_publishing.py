@@ -48,7 +48,7 @@ async def test_healthy_node_shows_pass_then_costs_zero_writes(api: ApiEmulator,
         assert h.metric("healthd_check_status", node=NODE, check="remapped",
                         status="PASS") == 1
         assert await h.scrape("/readyz") == (200, "ok")
-        await eventually(lambda: h.agent.publisher.in_sync, what="publisher in sync")
+        await eventually(lambda: h.parts.publisher.in_sync, what="publisher in sync")
         api.clear_log()
         runs_before = h.metric("healthd_check_runs_total", node=NODE, check="remapped",
                                result="PASS") or 0
@@ -130,9 +130,9 @@ async def test_api_server_away_mid_run_then_back_converges(api: ApiEmulator,
         await eventually(lambda: h.verdict() == "PASS", what="PASS label")
         await api.go_away()
         h.sim.nvml.inject(GpuFault(gpu=1, remapped_rows=RemappedRowsFault(pending=True)))
-        await eventually(lambda: h.agent.state.verdict.value == "ERR", what="ERR judged")
+        await eventually(lambda: h.parts.health.state.verdict.value == "ERR", what="ERR judged")
         await anyio.sleep(4 * ROUND_S)  # checks keep running while the writes fail
-        assert h.agent.publisher.last_error
+        assert h.parts.publisher.last_error
         assert (await h.scrape("/healthz"))[0] == 200
         await api.come_back()
         await eventually(lambda: h.verdict() == "ERR", 10, "ERR written after the API is back")

@@ -59,7 +59,7 @@ BAD = [
 async def test_bad_requests_get_an_error_and_a_warning_and_change_nothing_else(
         api: ApiEmulator, tmp_path: Path) -> None:
     async with running_agent(api, tmp_path) as h:
-        await eventually(lambda: h.agent.publisher.in_sync, what="first state written")
+        await eventually(lambda: h.parts.publisher.in_sync, what="first state written")
         labels, health = h.labels(), h.annotations()[KEYS.health]
         for number, (text, error) in enumerate(BAD):
             run_id = f"bad-{number}"

@@ -1,0 +1,135 @@
+"""The node's health, owned in one place: its verdict state, the policy that moves it,
+and what the Node shows of it.
+
+Every change goes through `NodeHealth`: a check's result, a deep run starting or
+ending (TESTING), a clear. The pure verdict machine (healthd.agent.verdict) folds it
+into the state, the metrics see the new state, and the publisher
+(healthd.agent.node_status) gets the desired Node. Besides the state it keeps what
+else the Node shows: the DCGM level labels deep runs leave and the answer to the
+latest on-demand request (`last-run`).
+
+The parts that change the node's health (the runner's results, healthd.agent.deepruns,
+healthd.agent.ondemand, the event runs) are handed this object directly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from checks.base import CheckResult, Severity
+from healthd.agent.metrics import AgentMetrics
+from healthd.agent.node_status import NodePublisher, desired_from
+from healthd.agent.verdict import (
+    CheckState,
+    HealthState,
+    Policy,
+    Trigger,
+    apply,
+    end_testing,
+    initial,
+    request_clear,
+    start_testing,
+)
+from healthd.config import Config
+from healthd.kube.conventions import Keys, Verdict, dcgm_label_value
+
+log = logging.getLogger(__name__)
+
+LABEL_WAIT_S = 60.0  # fault-to-label: give up measuring after this long
+
+
+def policy_of(config: Config) -> Policy:
+    """The verdict policy the agent's settings and the finding catalog make."""
+    settings = config.agent
+    return Policy(recover_after=settings.recover_after, catalog=config.catalog(),
+                  max_doublings=settings.flap_max_doublings,
+                  flap_window=settings.flap_window, min_hold=settings.min_hold)
+
+
+class NodeHealth:
+    """The node's verdict state and policy, and its way to the Node (see the module
+    docstring)."""
+
+    def __init__(self, policy: Policy, publisher: NodePublisher, metrics: AgentMetrics, *,
+                 keys: Keys, node: str, clock: Callable[[], float]) -> None:
+        self.policy, self.publisher, self.metrics = policy, publisher, metrics
+        self.keys, self.node, self.clock = keys, node, clock
+        self.state: HealthState = initial(clock())
+        self.last_run: str | None = None  # the answer to the latest on-demand request
+        self.dcgm_levels: dict[int, str | None] = {}  # level -> its label value
+        self._deep: dict[str, int | None] = {}  # deep runs in TESTING -> their DCGM level
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.state.verdict
+
+    def record(self, key: str, result: CheckResult, trigger: Trigger) -> None:
+        """Fold the result of check `key` into the state. The result of a deep run
+        ends its TESTING in the same state (one write) and leaves its level's label."""
+        at = self.clock()
+        state = apply(self.state, key, result, trigger=trigger, at=at, policy=self.policy)
+        if key in self._deep:
+            self._label_level(self._deep[key], result, at)
+            state = end_testing(state, key, at=at)
+        self.metrics.observe_result(key, result)
+        _log_result(key, result, trigger, self.state.checks.get(key))
+        self.set_state(state)
+
+    def start_testing(self, key: str, level: int | None) -> None:
+        """A deep run of check `key` holds the GPUs: TESTING. `level`: the DCGM level
+        whose label its result leaves, if any."""
+        self._deep[key] = level
+        self.set_state(start_testing(self.state, key, at=self.clock()))
+
+    def end_testing(self, key: str) -> None:
+        """The deep run of check `key` let the GPUs go, whatever happened to it."""
+        self._deep.pop(key, None)
+        self.set_state(end_testing(self.state, key, at=self.clock()))
+
+    def start_clear(self) -> list[str]:
+        """Mark what holds the node for release; the check keys to re-run."""
+        state, keys = request_clear(self.state, at=self.clock())
+        self.set_state(state)
+        return sorted(keys)
+
+    async def answer(self, last_run: str, flush_s: float) -> None:
+        """Publish `last-run` with the state, waiting up to `flush_s` for the write."""
+        self.last_run = last_run
+        self.publish()
+        await self.publisher.flush(flush_s)
+
+    async def label_shown(self, detected_at: float) -> None:
+        """Measure the time from a fault detected at `detected_at` to the Node showing
+        it (once the node has a verdict; given up after LABEL_WAIT_S)."""
+        if self.state.judged and await self.publisher.flush(LABEL_WAIT_S):
+            self.metrics.observe_fault_to_label(self.clock() - detected_at)
+
+    def set_state(self, state: HealthState) -> None:
+        """Adopt a new state: metrics, and the desired Node to the publisher."""
+        if state.verdict is not self.state.verdict:
+            log.info("verdict %s -> %s", self.state.verdict.value, state.verdict.value,
+                     extra={"verdict": state.verdict.value})
+        self.state = state
+        self.metrics.observe_state(state)
+        self.publish()
+
+    def publish(self) -> None:
+        desired = desired_from(self.state, self.keys, node=self.node,
+                               dcgm_levels=self.dcgm_levels, last_run=self.last_run)
+        self.publisher.want(desired, self.state)
+
+    def _label_level(self, level: int | None, result: CheckResult, at: float) -> None:
+        """A deep run of a labelled level that could tell leaves pass or fail, and when."""
+        if level is not None and result.status.ordered:
+            passed = result.status.rank < Severity.ERR.rank
+            self.dcgm_levels[level] = dcgm_label_value(passed, at)
+
+
+def _log_result(key: str, result: CheckResult, trigger: Trigger,
+                before: CheckState | None) -> None:
+    """A check's result in the log: at INFO when its status changed, else DEBUG."""
+    changed = before is None or before.status is not result.status
+    log.log(logging.INFO if changed else logging.DEBUG, "%s: %s%s", key,
+            result.status.value, f" ({result.reason})" if result.reason else "",
+            extra={"trigger": trigger.value, "duration_s": round(result.duration_s, 3)})
