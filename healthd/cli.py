@@ -39,6 +39,7 @@ import anyio
 import checks
 from checks.base import CheckContext, CheckResult, Peer, Severity
 from checks.kernel_log import KernelLog
+from checks.probes import Probes
 from checks.snapshot import DRIVER_NOT_FOUND, NvmlGpuSource
 from healthd import __version__
 from healthd.config import Config, ConfigError, load_config
@@ -180,18 +181,12 @@ async def _run_check(args: argparse.Namespace) -> Report:
     try:
         selection = parse_selection(args.checks, checks.REGISTRY)
         peers = parse_peers(args.peer)
-        planned = plan(config, selection)
+        plan(config, selection)  # a bad argument is a usage error before anything opens
     except (SelectionError, ValueError) as exc:
         raise UsageError(str(exc)) from None
 
     with ExitStack() as stack:
-        ctx = CheckContext(
-            catalog=config.catalog(),
-            node_name=config.node_name,
-            expected_gpus=config.expected_gpus,
-            peers=peers,
-            namespace=config.namespace,
-        )
+        node, expected = config.node_name, config.expected_gpus
         if args.sim:
             from healthd.sim.node import SimulationError, simulate
 
@@ -199,14 +194,17 @@ async def _run_check(args: argparse.Namespace) -> Report:
                 sim = stack.enter_context(simulate(args.sim))
             except SimulationError as exc:
                 _fail(str(exc), EX_CONFIG)
-            planned = sim.prepare(ctx, planned)
+            planned = sim.prepare(plan(config, selection, sim.check_probes()))
+            node = node or sim.node
+            expected = sim.spec.gpus.count if expected is None else expected  # all of them
         else:
             log = KernelLog()  # everything since boot; no position kept
             stack.callback(log.close)
-            ctx.kernel_log = log
-        ctx.node_name = ctx.node_name or node_name(config)
+            planned = plan(config, selection, Probes(kernel_log=log))
         gpus = NvmlGpuSource()
-        ctx.gpus = gpus
+        ctx = CheckContext(catalog=config.catalog(), node_name=node or node_name(config),
+                           gpus=gpus, expected_gpus=expected, peers=peers,
+                           namespace=config.namespace)
         snapshot = await gpus.snapshot()
         results = await run_planned(planned, ctx)
         await gpus.aclose()

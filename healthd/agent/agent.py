@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,9 @@ import anyio.abc
 import anyio.to_thread
 from prometheus_client import CollectorRegistry
 
-from checks.base import Attachment, CheckContext, CheckResult, Probes, Severity
+from checks.base import Attachment, CheckResult, Severity
 from checks.kernel_log import KernelLog, LogUnavailable
+from checks.probes import Probes
 from checks.snapshot import NvmlGpuSource, XidEvent
 from healthd.agent.deepdiag import DeepDiagnostic
 from healthd.agent.deepruns import DeepRuns, deep_job_env
@@ -47,7 +49,7 @@ from healthd.agent.node_watch import NodeWatch
 from healthd.agent.ondemand import RequestHandler
 from healthd.agent.peers import PeerWatcher
 from healthd.agent.readiness import Readiness
-from healthd.agent.runner import Runner
+from healthd.agent.runner import RoundInputs, Runner
 from healthd.agent.schedule import Job, Schedule, plan_jobs
 from healthd.agent.verdict import (
     HealthState,
@@ -132,23 +134,23 @@ class Agent:
         self._work: anyio.CancelScope | None = None
         self._tasks: anyio.abc.TaskGroup | None = None
         self.metrics = AgentMetrics(self.registry, node=node, cpu_model=read_cpu_model())
-        self.ctx = CheckContext(catalog=self.config.catalog(), node_name=node,
-                                expected_gpus=self.config.expected_gpus,
-                                namespace=self.config.namespace)
-        (probes or Probes()).apply(self.ctx)
-        self.kernel_log = self._kernel_log()
-        self.runner = Runner(self.ctx, on_result=self._on_result)
+        self.inputs = RoundInputs(catalog=self.config.catalog(), node_name=node,
+                                  namespace=self.config.namespace,
+                                  expected_gpus=self.config.expected_gpus)
+        self.probes = probes or Probes()
+        self.kernel_log = self._kernel_log(self.probes)
+        if self.kernel_log is not None:
+            self.probes = replace(self.probes, kernel_log=self.kernel_log)
+        self.runner = Runner(self.inputs.context, on_result=self._on_result)
 
-    def _kernel_log(self) -> KernelLog | None:
+    def _kernel_log(self, probes: Probes) -> KernelLog | None:
         """The kernel log the xid and sxid checks read, from the config (unless the
         probes brought one), remembering its position in the state file."""
         settings = self.settings.kernel_log
-        if self.ctx.kernel_log is not None or not settings.enabled:
+        if probes.kernel_log is not None or not settings.enabled:
             return None
-        log = KernelLog(Path(settings.path), state_file=Path(settings.state_file),
-                        dedup_window_s=settings.dedup_window_s, uptime=self.ctx.uptime)
-        self.ctx.kernel_log = log
-        return log
+        return KernelLog(Path(settings.path), state_file=Path(settings.state_file),
+                         dedup_window_s=settings.dedup_window_s, uptime=probes.uptime)
 
     # -- probes ------------------------------------------------------------------------
 
@@ -183,13 +185,16 @@ class Agent:
 
     async def _run_with(self, kube: Kube, gpus: NvmlGpuSource) -> None:
         self.kube = kube
-        self.ctx.gpus = gpus
-        self.ctx.pvc_api = KubeProbeApi.factory(kube, self.keys)
+        self.inputs.gpus = gpus
+        # The pvc check's API needs the live client, which exists only from here: every
+        # check is planned below (the schedule, events, on-demand requests), so each is
+        # built with it, and no context or check changes after it is built.
+        self.probes = replace(self.probes, pvc_api=KubeProbeApi.factory(kube, self.keys))
         self.events = EventRecorder(kube, component=COMPONENT, host=self.node)
         self.publisher = NodePublisher(kube, self.node, self.keys, self.events,
                                        clock=self.clock)
         diag = DeepDiagnostic(kube, self.node, self.settings.deep_diagnostics, self.events,
-                              catalog=self.ctx.catalog, keys=self.keys,
+                              catalog=self.inputs.catalog, keys=self.keys,
                               job_env=deep_job_env(self.config))
         self.deep = DeepRuns(self, self.runner, diag)
         peers = PeerWatcher(kube, self.node, namespace=self.settings.peers.namespace,
@@ -233,14 +238,14 @@ class Agent:
     # -- plans -------------------------------------------------------------------------
 
     def _jobs(self) -> list[Job]:
-        jobs = plan_jobs(self.config)
+        jobs = plan_jobs(self.config, self.probes)
         self.metrics.set_intervals({p.key: job.interval_s for job in jobs
                                     if job.interval_s is not None for p in job.planned})
         return jobs
 
     def plan(self, key: str) -> Planned:
         """The check `key` as configured (ValueError for a bad argument)."""
-        return planned_check(self.config, key)
+        return planned_check(self.config, key, probes=self.probes)
 
     async def _fire(self, job: Job) -> None:
         try:
@@ -275,7 +280,7 @@ class Agent:
 
     def gpu_count(self) -> int:
         capacity = _node_gpus(self.node_watch.obj)
-        return capacity or self.ctx.expected_gpus or 1
+        return capacity or self.inputs.expected_gpus or 1
 
     def start_testing(self, key: str) -> None:
         self.set_state(testing_started(self.state, key, at=self.clock()))
@@ -339,7 +344,7 @@ class Agent:
         """A new copy of the Node from the watch: the publisher's view, the GPU count."""
         self.publisher.observe(node)
         if self.config.expected_gpus is None and (count := _node_gpus(node)):
-            self.ctx.expected_gpus = count
+            self.inputs.expected_gpus = count
 
     # -- what on-demand requests use (healthd.agent.ondemand.RequestHost) -------------
 
@@ -369,7 +374,7 @@ class Agent:
     async def _consume_xids(self, gpus: NvmlGpuSource) -> None:
         # The event is already queued for the run it triggers: listening on would only
         # delay the label (periodic runs keep their window).
-        xid = planned_check(with_xid_window(self.config, 0.0), "xid")
+        xid = planned_check(with_xid_window(self.config, 0.0), "xid", probes=self.probes)
         last: CheckResult | None = None
         async for event in gpus.watch_xids():
             log.info("XID %d on GPU %d", event.xid, event.gpu_index)
@@ -386,7 +391,7 @@ class Agent:
         """Run the sxid check as soon as the kernel log holds an SXID line (NVML has
         no event for them). XIDs are left to NVML's events and the periodic runs: a
         run for a line NVML already delivered would count as a clean run."""
-        sxid = planned_check(self.config, "sxid")
+        sxid = planned_check(self.config, "sxid", probes=self.probes)
         while True:
             try:
                 await kernel_log.wait(KERNEL_LOG_POLL_S)
@@ -410,10 +415,10 @@ class Agent:
             await anyio.sleep(PUBLISHER_REPORT_S)
 
     def _peers_changed(self, peers: list[Any]) -> None:
-        self.ctx.peers = peers
+        self.inputs.peers = peers  # the ping check's
 
     def _attachments_changed(self, attachments: tuple[Attachment, ...]) -> None:
-        self.ctx.attachments = attachments  # the nic check's interfaces
+        self.inputs.attachments = attachments  # the nic and rdma checks' interfaces
 
 
 def _reports(result: CheckResult, event: XidEvent) -> bool:

@@ -21,7 +21,7 @@ from typing import Protocol
 
 import anyio
 
-from checks.base import Probes
+from checks.probes import Probes
 from healthd.agent.agent import Agent
 from healthd.config import Config
 from healthd.exits import EX_CONFIG, EX_SOFTWARE, ExitError, config_or_exit

@@ -22,9 +22,12 @@ def run_on(machine: str) -> list[CheckResult]:
 
     async def main() -> list[CheckResult]:
         with simulate(machine) as sim:
-            ctx = CheckContext(catalog=config.catalog())
-            planned = sim.prepare(ctx, [planned_check(config, name) for name in CHECKS])
-            ctx.gpus = gpus = NvmlGpuSource()
+            probes = sim.check_probes()
+            planned = sim.prepare([planned_check(config, name, probes=probes)
+                                   for name in CHECKS])
+            gpus = NvmlGpuSource()
+            ctx = CheckContext(catalog=config.catalog(), node_name=sim.node, gpus=gpus,
+                               expected_gpus=sim.spec.gpus.count)
             try:
                 return await run_planned(planned, ctx)
             finally:

@@ -33,9 +33,10 @@ async def test_500_rounds_of_a_held_warn_with_a_moving_value_write_nothing_after
     state: HealthState = initial(0.0)
     messages: set[str] = set()
     with simulate(REPLAYS) as sim:
-        ctx = CheckContext(catalog=config.catalog())
-        planned = sim.prepare(ctx, [planned_check(config, "pcie")])
-        ctx.gpus = gpus = NvmlGpuSource()
+        planned = sim.prepare([planned_check(config, "pcie", probes=sim.check_probes())])
+        gpus = NvmlGpuSource()
+        ctx = CheckContext(catalog=config.catalog(), node_name=sim.node, gpus=gpus,
+                           expected_gpus=sim.spec.gpus.count)
         try:
             async with running(api) as h:
                 for n in range(ROUNDS):

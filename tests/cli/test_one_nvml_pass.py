@@ -20,9 +20,12 @@ def test_all_nvml_checks_share_one_pass() -> None:
 
     async def main() -> dict[str, int]:
         with simulate("healthy-8xh100") as sim:
-            ctx = CheckContext(catalog=config.catalog())
-            planned = sim.prepare(ctx, [planned_check(config, name) for name in NVML_CHECKS])
-            ctx.gpus = gpus = NvmlGpuSource()
+            probes = sim.check_probes()
+            planned = sim.prepare([planned_check(config, name, probes=probes)
+                                   for name in NVML_CHECKS])
+            gpus = NvmlGpuSource()
+            ctx = CheckContext(catalog=config.catalog(), node_name=sim.node, gpus=gpus,
+                               expected_gpus=sim.spec.gpus.count)
             results = await run_planned(planned, ctx)
             await gpus.aclose()
             assert [r.status.value for r in results] == ["PASS"] * len(NVML_CHECKS)
