@@ -8,6 +8,15 @@ a bug in the check, so its traceback is logged too: once per distinct fault (the
 check, the exception's type and the line that raised it), not on every run, so a
 check that fails every 30 s does not flood the log, and a new fault still shows.
 
+A check gets two things from outside. What it measures with besides NVML (netlink,
+ICMP, the CUDA probe, the kernel log, the pvc check's cluster API) comes when it is
+built: `BaseCheck(params, probes=...)`, the protocols and `Probes` in checks.probes,
+None being the real thing. What one run is about comes in a `CheckContext`: the node,
+the catalog, that round's GPUs, peers and interfaces. The context is frozen: whoever
+learns something new builds the next one, so a run never sees its inputs change. A
+check that needs a new stand-in edits checks.probes and its own module, never this
+one (an import contract keeps this module from knowing any check).
+
 Severities and their order live in checks.severity (the catalog needs them too,
 without the rest of the contract).
 """

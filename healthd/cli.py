@@ -186,7 +186,7 @@ async def _run_check(args: argparse.Namespace) -> Report:
         raise UsageError(str(exc)) from None
 
     with ExitStack() as stack:
-        node, expected = config.node_name, config.expected_gpus
+        gpus = NvmlGpuSource()
         if args.sim:
             from healthd.sim.node import SimulationError, simulate
 
@@ -195,16 +195,14 @@ async def _run_check(args: argparse.Namespace) -> Report:
             except SimulationError as exc:
                 _fail(str(exc), EX_CONFIG)
             planned = sim.prepare(plan(config, selection, sim.check_probes()))
-            node = node or sim.node
-            expected = sim.spec.gpus.count if expected is None else expected  # all of them
+            ctx = sim.check_context(config, gpus, peers)
         else:
             log = KernelLog()  # everything since boot; no position kept
             stack.callback(log.close)
             planned = plan(config, selection, Probes(kernel_log=log))
-        gpus = NvmlGpuSource()
-        ctx = CheckContext(catalog=config.catalog(), node_name=node or node_name(config),
-                           gpus=gpus, expected_gpus=expected, peers=peers,
-                           namespace=config.namespace)
+            ctx = CheckContext(catalog=config.catalog(), node_name=node_name(config),
+                               gpus=gpus, expected_gpus=config.expected_gpus, peers=peers,
+                               namespace=config.namespace)
         snapshot = await gpus.snapshot()
         results = await run_planned(planned, ctx)
         await gpus.aclose()

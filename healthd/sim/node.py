@@ -17,9 +17,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import checks as registry
+from checks.base import CheckContext, Peer
 from checks.dcgm import DcgmCheck
 from checks.kernel_log import KernelLog
-from checks.probes import KernelLogSource, Probes, RdmaReader
+from checks.probes import GpuSource, KernelLogSource, Probes, RdmaReader
 from checks.rdma import SysfsRdmaReader
 from healthd.config import Config
 from healthd.config.agent import KernelLogSettings
@@ -97,6 +98,15 @@ class SimulatedNode:
         """What a one-shot check measures with: the simulated probes and the machine's
         kernel log, read from the start (an agent opens its own, see `adapt`)."""
         return replace(self.probes(), kernel_log=self.kernel_log_source())
+
+    def check_context(self, config: Config, gpus: GpuSource,
+                      peers: Sequence[Peer] = ()) -> CheckContext:
+        """A one-shot run's context on this machine: the config's node name and GPU
+        count, else the machine's own (it should have all its GPUs)."""
+        expected = self.spec.gpus.count if config.expected_gpus is None else config.expected_gpus
+        return CheckContext(catalog=config.catalog(), node_name=config.node_name or self.node,
+                            gpus=gpus, expected_gpus=expected, peers=peers,
+                            namespace=config.namespace)
 
     def prepare(self, planned: Sequence[Planned]) -> list[Planned]:
         """The planned checks (built with `check_probes`) pointed at the simulated

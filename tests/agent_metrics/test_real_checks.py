@@ -6,7 +6,7 @@ from __future__ import annotations
 import anyio
 from prometheus_client import CollectorRegistry
 
-from checks.base import CheckContext, CheckResult
+from checks.base import CheckResult
 from checks.snapshot import NvmlGpuSource
 from healthd.agent.metrics import AgentMetrics
 from healthd.config import load_config
@@ -25,9 +25,7 @@ def run_on(machine: str) -> list[CheckResult]:
             probes = sim.check_probes()
             planned = sim.prepare([planned_check(config, name, probes=probes)
                                    for name in CHECKS])
-            gpus = NvmlGpuSource()
-            ctx = CheckContext(catalog=config.catalog(), node_name=sim.node, gpus=gpus,
-                               expected_gpus=sim.spec.gpus.count)
+            ctx = sim.check_context(config, gpus := NvmlGpuSource())
             try:
                 return await run_planned(planned, ctx)
             finally:

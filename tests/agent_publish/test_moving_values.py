@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from checks.base import CheckContext, CheckResult
+from checks.base import CheckResult
 from checks.snapshot import NvmlGpuSource
 from healthd.agent.verdict import HealthState, Policy, Trigger, apply, initial
 from healthd.config import load_config
@@ -34,9 +34,7 @@ async def test_500_rounds_of_a_held_warn_with_a_moving_value_write_nothing_after
     messages: set[str] = set()
     with simulate(REPLAYS) as sim:
         planned = sim.prepare([planned_check(config, "pcie", probes=sim.check_probes())])
-        gpus = NvmlGpuSource()
-        ctx = CheckContext(catalog=config.catalog(), node_name=sim.node, gpus=gpus,
-                           expected_gpus=sim.spec.gpus.count)
+        ctx = sim.check_context(config, gpus := NvmlGpuSource())
         try:
             async with running(api) as h:
                 for n in range(ROUNDS):

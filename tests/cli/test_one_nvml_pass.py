@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import anyio
 
-from checks.base import CheckContext
 from checks.snapshot import NvmlGpuSource
 from healthd.config import load_config
 from healthd.once import run_planned
@@ -23,9 +22,7 @@ def test_all_nvml_checks_share_one_pass() -> None:
             probes = sim.check_probes()
             planned = sim.prepare([planned_check(config, name, probes=probes)
                                    for name in NVML_CHECKS])
-            gpus = NvmlGpuSource()
-            ctx = CheckContext(catalog=config.catalog(), node_name=sim.node, gpus=gpus,
-                               expected_gpus=sim.spec.gpus.count)
+            ctx = sim.check_context(config, gpus := NvmlGpuSource())
             results = await run_planned(planned, ctx)
             await gpus.aclose()
             assert [r.status.value for r in results] == ["PASS"] * len(NVML_CHECKS)
