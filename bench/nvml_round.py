@@ -44,13 +44,14 @@ async def _ignore(key: str, result: CheckResult, trigger: Trigger) -> None:
     """The runner's consumer: the benchmark keeps only the last round's statuses."""
 
 
-async def time_rounds(ctx: CheckContext, planned: list[Planned],
+async def time_rounds(config: Config, expected_gpus: int, planned: list[Planned],
                       rounds: int) -> tuple[float, list[float], dict[str, str]]:
     """(first round ms, later rounds ms, last statuses by check)."""
-    runner = Runner(ctx, on_result=_ignore)
+    gpus = NvmlGpuSource()
+    ctx = CheckContext(catalog=config.catalog(), gpus=gpus, expected_gpus=expected_gpus)
+    runner = Runner(lambda: ctx, on_result=_ignore)
     samples: list[float] = []
     statuses: dict[str, str] = {}
-    ctx.gpus = gpus = NvmlGpuSource()
     try:
         for _ in range(rounds + 1):
             start = time.perf_counter()
@@ -68,11 +69,8 @@ def plan(config: Config) -> list[Planned]:
 
 def simulated(config: Config, rounds: int) -> dict[str, Any]:
     with simulate("healthy-8xh100") as sim:
-        ctx = CheckContext(catalog=config.catalog())
-        planned = plan(config)
-        sim.prepare(ctx, [])  # the context now points at the simulated machine
-        first, later, statuses = anyio.run(time_rounds, ctx, planned, rounds)
         gpus = sim.spec.gpus.count
+        first, later, statuses = anyio.run(time_rounds, config, gpus, plan(config), rounds)
     return {"gpus": gpus, "first_round_ms": round(first, 3), "round_ms": summary(later),
             "statuses": statuses}
 
@@ -92,8 +90,7 @@ def real(config: Config, rounds: int) -> dict[str, Any]:
         return {"skipped": f"no real GPU: {exc}"}
     if not gpus:
         return {"skipped": "no real GPU: NVML sees 0 devices"}
-    ctx = CheckContext(catalog=config.catalog(), expected_gpus=gpus)
-    first, later, statuses = anyio.run(time_rounds, ctx, plan(config), rounds)
+    first, later, statuses = anyio.run(time_rounds, config, gpus, plan(config), rounds)
     return {"gpus": gpus, "model": str(model), "first_round_ms": round(first, 3),
             "round_ms": summary(later), "statuses": statuses}
 

@@ -44,8 +44,9 @@ from agent_footprint import footprint
 from common import REPO, Goal, main, parser
 from nvml_round import GOAL_MS, real, round_config, simulated
 
-from checks.kernel_log import KernelLog, LoggedSxid, LoggedXid, LogUnavailable, pci_key
+from checks.kernel_log import KernelLog, LogUnavailable, pci_key
 from checks.nvml_reader import NvmlReader
+from checks.probes import LoggedSxid, LoggedXid
 from checks.snapshot import NodeSnapshot, Ok, Unsupported
 
 NAME = "real_gpu"

@@ -8,6 +8,15 @@ a bug in the check, so its traceback is logged too: once per distinct fault (the
 check, the exception's type and the line that raised it), not on every run, so a
 check that fails every 30 s does not flood the log, and a new fault still shows.
 
+A check gets two things from outside. What it measures with besides NVML (netlink,
+ICMP, the CUDA probe, the kernel log, the pvc check's cluster API) comes when it is
+built: `BaseCheck(params, probes=...)`, the protocols and `Probes` in checks.probes,
+None being the real thing. What one run is about comes in a `CheckContext`: the node,
+the catalog, that round's GPUs, peers and interfaces. The context is frozen: whoever
+learns something new builds the next one, so a run never sees its inputs change. A
+check that needs a new stand-in edits checks.probes and its own module, never this
+one (an import contract keeps this module from knowing any check).
+
 Severities and their order live in checks.severity (the catalog needs them too,
 without the rest of the contract).
 """
@@ -17,25 +26,17 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import anyio
 from pydantic import BaseModel, ConfigDict
 
 from checks.catalog import Catalog
+from checks.probes import GpuSource, Kind, Probes
 from checks.severity import Severity as Severity
 from checks.severity import worst as worst
-
-if TYPE_CHECKING:
-    from checks.kernel_log import KernelLogSource, Kind
-    from checks.nic import LinkReader
-    from checks.pciebw import BandwidthProbe
-    from checks.ping import Prober
-    from checks.pvc_api import ProbeApiFactory
-    from checks.rdma import RdmaReader
-    from checks.snapshot import GpuSource
 
 log = logging.getLogger(__name__)
 
@@ -329,47 +330,25 @@ class Attachment:
     addresses: tuple[str, ...] = ()
 
 
-@dataclass
+@dataclass(frozen=True)
 class CheckContext:
-    """What a check gets from outside: the finding catalog, the GPUs, the node's
-    identity and, for the checks that need them, peers and the pvc probe's API.
+    """What one run of a check gets from outside: that round's data, never a check's
+    own stand-ins (those come at construction, see checks.probes). Frozen: whoever
+    learns something new (a peer, the Node's GPU count) builds the next round's
+    context, so a run in progress never sees its inputs change under it.
 
-    `gpus` serves ONE NVML pass per round to every NVML check (see checks.snapshot)."""
+    `gpus` serves ONE NVML pass per round to every NVML check (see checks.snapshot);
+    `expected_gpus` is how many the node should have (None: as many as NVML sees);
+    `peers` are the nodes the ping check probes, `attachments` this pod's secondary
+    interfaces (the nic and rdma checks); `namespace` is where the pvc probe works."""
 
     catalog: Catalog
     node_name: str = ""
     gpus: GpuSource | None = None
     expected_gpus: int | None = None
     peers: Sequence[Peer] = ()
-    pvc_api: ProbeApiFactory | None = None  # the pvc check's door to the cluster
-    attachments: Sequence[Attachment] = ()  # this pod's secondary interfaces (nic)
-    link_reader: LinkReader | None = None  # None: netlink in this namespace
-    bandwidth_probe: BandwidthProbe | None = None  # None: the real CUDA probe
-    ping_prober: Prober | None = None  # None: ICMP through icmplib
-    uptime: Callable[[], float] | None = None  # None: seconds since boot (boot_uptime)
-    kernel_log: KernelLogSource | None = None  # None: no kernel-log history (NVML only)
-    rdma_reader: RdmaReader | None = None  # None: sysfs under the rdma check's sysfs_root
+    attachments: Sequence[Attachment] = ()
     namespace: str = "healthd-system"
-
-
-@dataclass(frozen=True)
-class Probes:
-    """What checks measure with besides NVML, when it is not the real thing: the
-    simulator's stand-ins (None: the CUDA bandwidth probe, netlink, ICMP)."""
-
-    bandwidth: BandwidthProbe | None = None
-    links: LinkReader | None = None
-    ping: Prober | None = None
-    uptime: Callable[[], float] | None = None
-    kernel_log: KernelLogSource | None = None
-    rdma: RdmaReader | None = None
-
-    def apply(self, ctx: CheckContext) -> None:
-        """Point `ctx` at these probes (a kernel log only where one is given)."""
-        ctx.bandwidth_probe, ctx.link_reader = self.bandwidth, self.links
-        ctx.ping_prober, ctx.uptime, ctx.rdma_reader = self.ping, self.uptime, self.rdma
-        if self.kernel_log is not None:
-            ctx.kernel_log = self.kernel_log
 
 
 def boot_uptime() -> float:
@@ -448,7 +427,11 @@ class BaseCheck:
     REACHABILITY: ClassVar[bool] = False
     ENV: ClassVar[Mapping[str, str]] = {}
 
-    def __init__(self, params: BaseModel | Mapping[str, Any] | None = None) -> None:
+    def __init__(self, params: BaseModel | Mapping[str, Any] | None = None, *,
+                 probes: Probes | None = None) -> None:
+        """`probes`: the stand-ins this check measures with (None: the real thing);
+        each check reads only its own field of them."""
+        self.probes = probes or Probes()
         if isinstance(params, BaseModel):
             self.params = self.Params.model_validate(params.model_dump())
         else:

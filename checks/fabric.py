@@ -53,7 +53,7 @@ class FabricCheck(GpuCheck[FabricParams]):
 
     async def examine(self, snapshot: NodeSnapshot, ctx: CheckContext,
                       builder: ResultBuilder) -> None:
-        self._uptime_s = (ctx.uptime or boot_uptime)()
+        self._uptime_s = (self.probes.uptime or boot_uptime)()
         await super().examine(snapshot, ctx, builder)
 
     def judge(self, gpu: GpuSnapshot, entity: Entity, builder: ResultBuilder) -> None:

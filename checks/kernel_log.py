@@ -37,17 +37,16 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal, Protocol
 
 import anyio
 
+from checks.probes import Kind, Logged, LoggedSxid, LoggedXid
 from checks.snapshot import GpuSnapshot, XidEvent
 
 log = logging.getLogger(__name__)
 
 KMSG = Path("/dev/kmsg")
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
-Kind = Literal["xid", "sxid"]
 MAX_KEPT = 10_000  # parsed records kept for consumers that have not taken them yet
 _READ_SIZE = 8192  # one /dev/kmsg record is at most ~1 KiB (PRINTK_MESSAGE_MAX)
 
@@ -75,35 +74,6 @@ class LogRecord:
     seq: int
     usec: int
     message: str
-
-
-@dataclass(frozen=True)
-class LoggedXid:
-    """An XID line: the GPU's PCI address as the driver prints it (domain:bus:device)."""
-
-    xid: int
-    pci: str
-    seq: int
-    usec: int
-    message: str
-
-
-@dataclass(frozen=True)
-class LoggedSxid:
-    """An SXID line: which NVSwitch (`nvidia-nvswitch3`), its PCI address, the code,
-    whether the driver called it fatal, and the NVLink port when it names one."""
-
-    sxid: int
-    switch: str
-    pci: str
-    fatal: bool
-    link: int | None
-    seq: int
-    usec: int
-    message: str
-
-
-Logged = LoggedXid | LoggedSxid
 
 
 def parse_record(raw: str) -> LogRecord | None:
@@ -150,20 +120,6 @@ def pci_key(address: str) -> str:
         return f"{int(domain, 16):04x}:{int(bus, 16):02x}:{int(device, 16):02x}"
     except ValueError:
         return address.strip().lower()
-
-
-class KernelLogSource(Protocol):
-    """What checks read the kernel log through (`CheckContext.kernel_log`)."""
-
-    def take(self, kind: Kind) -> list[Logged]:
-        """The XID or SXID records this consumer has not had yet (LogUnavailable when
-        the log cannot be read)."""
-        ...
-
-    def merge_xids(self, nvml: Sequence[XidEvent], logged: Sequence[LoggedXid],
-                   gpus: Sequence[GpuSnapshot]) -> list[XidEvent]:
-        """NVML's XIDs plus the logged ones NVML did not already report."""
-        ...
 
 
 class KernelLog:

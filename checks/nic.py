@@ -20,48 +20,24 @@ check reads the link through netlink in the pod's own network namespace (read-on
 
 Growth needs two rounds: the first run of the check only takes the baseline. The
 link reads go through a `LinkReader`; `NetlinkReader` is the real one (pyroute2),
-the simulation swaps in its own through `CheckContext.link_reader`.
+the simulation builds the check with its own (`Probes.links`, checks.probes).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from checks.base import Attachment, BaseCheck, CheckContext, CheckResult, Entity, ResultBuilder
+from checks.probes import LinkReader, LinkState, Probes
 
 SYSFS_NET = Path("/sys/class/net")
 COUNTERS = ("rx_errors", "tx_errors", "rx_dropped", "tx_dropped")
-
-
-@dataclass(frozen=True)
-class LinkState:
-    """What netlink (and sysfs) say about one interface."""
-
-    interface: str
-    admin_up: bool
-    operstate: str  # UP, DOWN, LOWERLAYERDOWN, UNKNOWN, ...
-    carrier: bool
-    carrier_changes: int
-    mtu: int
-    counters: Mapping[str, int] = field(default_factory=dict)  # COUNTERS, from stats64
-    speed_mbps: int | None = None  # None when the driver does not say
-
-    @property
-    def up(self) -> bool:
-        # Virtual links without operstate support report UNKNOWN while working.
-        return self.admin_up and self.carrier and self.operstate in ("UP", "UNKNOWN")
-
-
-class LinkReader(Protocol):
-    """Reads the named interfaces; an interface that does not exist is left out."""
-
-    async def read(self, interfaces: Sequence[str]) -> Mapping[str, LinkState]: ...
 
 
 IFF_UP = 0x1  # linux/if.h
@@ -168,9 +144,10 @@ class NicCheck(BaseCheck):
         self,
         params: BaseModel | Mapping[str, Any] | None = None,
         *,
+        probes: Probes | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(params)
+        super().__init__(params, probes=probes)
         self._clock = clock
         self._previous: dict[str, _Sample] = {}  # per interface, from the last round
 
@@ -180,7 +157,7 @@ class NicCheck(BaseCheck):
         attachments = [a for a in ctx.attachments if a.interface and self._wanted(a.network)]
         if not attachments:
             return CheckResult.skipped(self.NAME, "no secondary network interfaces to check")
-        reader: LinkReader = ctx.link_reader or NetlinkReader()
+        reader: LinkReader = self.probes.links or NetlinkReader()
         try:
             links = await reader.read([a.interface for a in attachments])
         except OSError as exc:

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from checks.base import Entity, Measure, ResultBuilder, measures
 from checks.gpucheck import GpuCheck, unwrap
 from checks.power import GPU_IDLE
+from checks.probes import Probes
 from checks.snapshot import GpuSnapshot, Ok, PcieLink
 
 
@@ -63,8 +64,9 @@ class PcieCheck(GpuCheck[PcieParams]):
     DEFAULT_TIMEOUT_S: ClassVar[float] = 10.0
 
 
-    def __init__(self, params: BaseModel | Mapping[str, Any] | None = None) -> None:
-        super().__init__(params)
+    def __init__(self, params: BaseModel | Mapping[str, Any] | None = None, *,
+                 probes: Probes | None = None) -> None:
+        super().__init__(params, probes=probes)
         self._replays: dict[str, int] = {}  # last counter per GPU UUID
 
     def judge(self, gpu: GpuSnapshot, entity: Entity, builder: ResultBuilder) -> None:

@@ -17,7 +17,8 @@ Theoretical unidirectional rate = GT/s per lane x lanes x encoding efficiency / 
     which `min_fraction` absorbs).
 
 The measurement sits behind `BandwidthProbe`: `CudaBandwidthProbe` drives the CUDA
-driver (checks.cuda); tests and the simulator hand another in `ctx.bandwidth_probe`.
+driver (checks.cuda); tests and the simulator build the check with another
+(`Probes.bandwidth`, checks.probes).
 A probe error is UNKNOWN for that GPU, a driver that cannot be used at all is
 UNKNOWN for the whole check: never a PASS.
 """
@@ -27,8 +28,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Callable, Mapping
 from contextlib import suppress
-from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
@@ -44,6 +44,7 @@ from checks.base import (
 )
 from checks.cuda import CUDA_LIBRARY, CudaDriver, CudaError, CudaUnavailable
 from checks.gpucheck import GpuCheck, gpu_entity, unwrap
+from checks.probes import Bandwidth, BandwidthProbe, Probes
 from checks.snapshot import GpuSnapshot, NodeSnapshot, PcieLink
 
 GB = 1e9  # PCIe rates are decimal gigabytes per second
@@ -71,14 +72,6 @@ def link_rate_gbps(gen: int, width: int) -> float:
     return gts * width * encoding / 8
 
 
-@dataclass(frozen=True)
-class Bandwidth:
-    """Measured copy bandwidth in GB/s, each direction."""
-
-    h2d_gbps: float
-    d2h_gbps: float
-
-
 class ProbeError(Exception):
     """This GPU could not be measured; `reason` says why."""
 
@@ -89,14 +82,6 @@ class ProbeError(Exception):
 
 class ProbeUnavailable(ProbeError):
     """No GPU on this node can be measured (no CUDA driver, cuInit failed)."""
-
-
-@runtime_checkable
-class BandwidthProbe(Protocol):
-    """Measures host<->device bandwidth of one GPU. Blocking: the check calls it in a
-    worker thread, one GPU at a time."""
-
-    def measure(self, pci_bus_id: str, size_bytes: int, iterations: int) -> Bandwidth: ...
 
 
 class CudaBandwidthProbe:
@@ -156,8 +141,9 @@ class PcieBwCheck(GpuCheck[PcieBwParams]):
     INPUTS: ClassVar[frozenset[str] | None] = frozenset({"nvml", "pciebw"})
     DEFAULT_TIMEOUT_S: ClassVar[float] = 120.0  # ~2 s per GPU; slack for a slow link
 
-    def __init__(self, params: BaseModel | Mapping[str, Any] | None = None) -> None:
-        super().__init__(params)
+    def __init__(self, params: BaseModel | Mapping[str, Any] | None = None, *,
+                 probes: Probes | None = None) -> None:
+        super().__init__(params, probes=probes)
         self._cuda_probe: CudaBandwidthProbe | None = None
 
     async def run(self, ctx: CheckContext) -> CheckResult:
@@ -169,7 +155,7 @@ class PcieBwCheck(GpuCheck[PcieBwParams]):
     async def examine(
         self, snapshot: NodeSnapshot, ctx: CheckContext, builder: ResultBuilder
     ) -> None:
-        probe = self._probe(ctx)
+        probe = self._probe()
         for gpu in snapshot.gpus:
             entity = gpu_entity(gpu)
             if gpu.lost:
@@ -180,8 +166,8 @@ class PcieBwCheck(GpuCheck[PcieBwParams]):
             else:
                 await self._examine_gpu(probe, gpu, entity, builder)
 
-    def _probe(self, ctx: CheckContext) -> BandwidthProbe:
-        given = ctx.bandwidth_probe
+    def _probe(self) -> BandwidthProbe:
+        given = self.probes.bandwidth
         if isinstance(given, BandwidthProbe):
             return given
         if given is not None:

@@ -29,7 +29,7 @@ import ipaddress
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal
 
 import anyio
 import icmplib
@@ -47,6 +47,7 @@ from checks.base import (
     ResultBuilder,
     measures,
 )
+from checks.probes import Echo, Prober, Probes
 
 
 class ProbeError(Exception):
@@ -69,35 +70,6 @@ def permission_reason(privileged: bool) -> str:
         "net.ipv4.ping_group_range (widen the sysctl, or grant CAP_NET_RAW and set "
         "privileged: true)"
     )
-
-
-@dataclass(frozen=True)
-class Echo:
-    """What probing one address gave: requests sent and round-trip times received."""
-
-    address: str
-    sent: int
-    rtts_ms: tuple[float, ...] = ()
-
-    @property
-    def reachable(self) -> bool:
-        return bool(self.rtts_ms)
-
-    @property
-    def loss(self) -> float:
-        """Fraction of requests unanswered; 1.0 when none could even be sent."""
-        if self.sent <= 0:
-            return 1.0
-        return max(0.0, 1.0 - len(self.rtts_ms) / self.sent)
-
-
-class Prober(Protocol):
-    """Sends ICMP echo requests to one address. Raises ProbeError (or its
-    ProbePermissionError) when it cannot probe; never for a silent peer."""
-
-    async def probe(
-        self, address: str, *, count: int, interval_s: float, timeout_s: float
-    ) -> Echo: ...
 
 
 @dataclass(frozen=True)
@@ -307,17 +279,15 @@ class PingCheck(BaseCheck):
         self,
         params: BaseModel | Mapping[str, Any] | None = None,
         *,
-        prober: Prober | None = None,
+        probes: Probes | None = None,
     ) -> None:
-        super().__init__(params)
-        self.prober = prober  # None: the context's (the simulation's), else real ICMP
+        super().__init__(params, probes=probes)
 
     async def run(self, ctx: CheckContext) -> CheckResult:
         plans = plan_networks(_merge_peers(ctx.peers, ctx.node_name), self.params)
         if not plans:
             return CheckResult.skipped(self.NAME, "no peers to ping")
-        prober: Prober = (self.prober or ctx.ping_prober
-                          or IcmpProber(privileged=self.params.privileged))
+        prober: Prober = self.probes.ping or IcmpProber(privileged=self.params.privileged)
         limiter = anyio.CapacityLimiter(self.params.concurrency)
         outcomes: dict[str, list[PeerOutcome] | ProbePermissionError] = {}
         async with anyio.create_task_group() as tg:

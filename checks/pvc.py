@@ -53,7 +53,7 @@ from checks.base import (
     ResultBuilder,
     Severity,
 )
-from checks.pvc_api import ApiProblem, ProbeApi, StorageClassInfo
+from checks.probes import ApiProblem, ProbeApi, StorageClassInfo
 
 log = logging.getLogger(__name__)
 
@@ -118,11 +118,11 @@ class PvcCheck(BaseCheck):
         classes = list(dict.fromkeys(self.params.storage_classes))
         if not classes:
             return CheckResult.skipped(self.NAME, "no storage class configured")
-        if ctx.pvc_api is None:
+        if self.probes.pvc_api is None:
             return CheckResult.unknown(self.NAME, "no Kubernetes client available")
         if not ctx.node_name:
             return CheckResult.unknown(self.NAME, "the node name is unknown")
-        api = ctx.pvc_api(self.params.namespace or ctx.namespace, ctx.node_name)
+        api = self.probes.pvc_api(self.params.namespace or ctx.namespace, ctx.node_name)
         try:
             swept = await api.sweep()
         except ApiProblem as exc:

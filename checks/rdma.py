@@ -25,9 +25,9 @@ sysfs under `sysfs_root` (tests and the simulation point it at a fake tree).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
@@ -41,6 +41,7 @@ from checks.base import (
     ResultBuilder,
     measures,
 )
+from checks.probes import Probes, RdmaPort
 
 SYSFS_INFINIBAND = Path("/sys/class/infiniband")
 ERROR_COUNTERS = ("link_downed", "symbol_error", "port_rcv_errors",
@@ -54,34 +55,6 @@ class RdmaUnavailable(Exception):
     def __init__(self, reason: str, *, not_recorded: bool = False) -> None:
         super().__init__(reason)
         self.not_recorded = not_recorded
-
-
-@dataclass(frozen=True)
-class RdmaPort:
-    """One port of one RDMA device, as sysfs shows it."""
-
-    device: str
-    port: int
-    state: str  # ACTIVE, DOWN, INIT, ARMED
-    phys_state: str  # LinkUp, Disabled, Polling, ...
-    link_layer: str  # InfiniBand, Ethernet
-    rate_gbps: float | None
-    counters: Mapping[str, int] = field(default_factory=dict)
-    netdevs: tuple[str, ...] = ()
-
-    @property
-    def name(self) -> str:
-        return f"{self.device}/{self.port}"
-
-    @property
-    def up(self) -> bool:
-        return self.state == "ACTIVE" and self.phys_state == "LinkUp"
-
-
-class RdmaReader(Protocol):
-    """Reads every RDMA port (RdmaUnavailable when it cannot)."""
-
-    def read(self) -> list[RdmaPort]: ...
 
 
 @dataclass(frozen=True)
@@ -173,12 +146,13 @@ class RdmaCheck(BaseCheck):
 
     params: RdmaParams
 
-    def __init__(self, params: BaseModel | Mapping[str, Any] | None = None) -> None:
-        super().__init__(params)
+    def __init__(self, params: BaseModel | Mapping[str, Any] | None = None, *,
+                 probes: Probes | None = None) -> None:
+        super().__init__(params, probes=probes)
         self._previous: dict[str, Mapping[str, int]] = {}  # per port, the last round's
 
     async def run(self, ctx: CheckContext) -> CheckResult:
-        reader = ctx.rdma_reader or SysfsRdmaReader(Path(self.params.sysfs_root))
+        reader = self.probes.rdma or SysfsRdmaReader(Path(self.params.sysfs_root))
         try:
             ports = await anyio.to_thread.run_sync(reader.read)
         except RdmaUnavailable as exc:

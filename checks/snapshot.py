@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -167,18 +167,6 @@ class XidEvent:
     uuid: str
     at: float  # time.time() when received (or, from the kernel log, when logged)
     pci_bus_id: str = ""  # set for XIDs from the kernel log
-
-
-class GpuSource(Protocol):
-    """What checks get in their context: one snapshot per round, and XID events."""
-
-    async def snapshot(self) -> NodeSnapshot:
-        """The snapshot of the current round (read once, then served from cache)."""
-        ...
-
-    async def xid_events(self, window_s: float) -> list[XidEvent]:
-        """XID events received during the next `window_s` seconds (or already queued)."""
-        ...
 
 
 # The longest single XID wait. The C call cannot be interrupted, so cancelling a

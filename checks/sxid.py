@@ -29,7 +29,8 @@ import anyio.to_thread
 from checks.base import CheckContext, Entity, EventRun, NoParams, ResultBuilder
 from checks.catalog import SXID_FATAL, is_fatal_sxid
 from checks.gpucheck import GpuCheck
-from checks.kernel_log import LoggedSxid, LogUnavailable, NoLog, NotRecorded
+from checks.kernel_log import LogUnavailable, NoLog, NotRecorded
+from checks.probes import LoggedSxid
 from checks.snapshot import NodeSnapshot, Ok
 
 
@@ -52,11 +53,12 @@ class SxidCheck(GpuCheck[NoParams]):
         if not any(isinstance(gpu.fabric, Ok) for gpu in snapshot.gpus):
             builder.skip(node, "no NVSwitch fabric: no GPU is in an NVLink fabric")
             return
-        if ctx.kernel_log is None:
+        log = self.probes.kernel_log
+        if log is None:
             builder.skip(node, "no kernel log to read")
             return
         try:
-            logged = await anyio.to_thread.run_sync(ctx.kernel_log.take, "sxid")
+            logged = await anyio.to_thread.run_sync(log.take, "sxid")
         except (NotRecorded, NoLog) as exc:
             builder.skip(node, str(exc))
             return

@@ -27,7 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from checks.base import CheckContext, Entity, EventRun, Finding, ResultBuilder
 from checks.gpucheck import GpuCheck, gpu_entity
-from checks.kernel_log import LoggedXid, LogUnavailable
+from checks.kernel_log import LogUnavailable
+from checks.probes import KernelLogSource, LoggedXid
 from checks.snapshot import GpuSnapshot, NodeSnapshot, XidEvent
 
 MAX_WINDOW_S = 10.0
@@ -63,23 +64,25 @@ class XidCheck(GpuCheck[XidParams]):
         except Exception as exc:  # the access layer should not raise; never crash if it does
             _all_unknown(snapshot.gpus, builder, f"cannot read XID events: {exc}")
             return
-        events = await _with_kernel_log(events, snapshot, ctx, builder)
+        events = await _with_kernel_log(events, snapshot, self.probes.kernel_log,
+                                        Entity.node(ctx.node_name), builder)
         findings_for_xids(events, snapshot.gpus, builder)
 
     def judge(self, gpu: GpuSnapshot, entity: Entity, builder: ResultBuilder) -> None:
         """A GPU passes unless an event names it (see `findings_for_xids`)."""
 
 
-async def _with_kernel_log(events: list[XidEvent], snapshot: NodeSnapshot, ctx: CheckContext,
+async def _with_kernel_log(events: list[XidEvent], snapshot: NodeSnapshot,
+                           log: KernelLogSource | None, node: Entity,
                            builder: ResultBuilder) -> list[XidEvent]:
-    """NVML's events plus the XIDs logged since the last run, each XID once."""
-    log = ctx.kernel_log
+    """NVML's events plus the XIDs logged since the last run, each XID once (NVML's
+    alone without a kernel log)."""
     if log is None:
         return events
     try:
         logged = await anyio.to_thread.run_sync(log.take, "xid")
     except LogUnavailable as exc:
-        builder.seen(Entity.node(ctx.node_name), kernel_log=str(exc))
+        builder.seen(node, kernel_log=str(exc))
         return events
     xids = [line for line in logged if isinstance(line, LoggedXid)]
     return log.merge_xids(events, xids, snapshot.gpus)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -38,8 +38,9 @@ import anyio
 import anyio.abc
 from prometheus_client import CollectorRegistry
 
-from checks.base import Attachment, CheckContext, CheckResult, Probes
+from checks.base import Attachment, CheckResult
 from checks.kernel_log import KernelLog
+from checks.probes import Probes
 from checks.snapshot import NvmlGpuSource
 from healthd.agent.deepdiag import DeepDiagnostic
 from healthd.agent.deepruns import DeepRuns, deep_job_env
@@ -52,7 +53,7 @@ from healthd.agent.node_watch import NodeWatch
 from healthd.agent.ondemand import RequestHandler
 from healthd.agent.peers import PeerWatcher
 from healthd.agent.readiness import Readiness
-from healthd.agent.runner import OnResult, Runner
+from healthd.agent.runner import OnResult, RoundInputs, Runner
 from healthd.agent.schedule import Job, Schedule, plan_jobs
 from healthd.agent.verdict import Trigger
 from healthd.capacity.health import gpu_count
@@ -111,22 +112,22 @@ class Agent:
         self._stopping = False
         self._work: anyio.CancelScope | None = None
         self.metrics = AgentMetrics(self.registry, node=node, cpu_model=read_cpu_model())
-        self.ctx = CheckContext(catalog=self.config.catalog(), node_name=node,
-                                expected_gpus=self.config.expected_gpus,
-                                namespace=self.config.namespace)
-        (probes or Probes()).apply(self.ctx)
-        self.kernel_log = self._kernel_log()
+        self.inputs = RoundInputs(catalog=self.config.catalog(), node_name=node,
+                                  namespace=self.config.namespace,
+                                  expected_gpus=self.config.expected_gpus)
+        self.probes = probes or Probes()
+        self.kernel_log = self._kernel_log(self.probes)
+        if self.kernel_log is not None:
+            self.probes = replace(self.probes, kernel_log=self.kernel_log)
 
-    def _kernel_log(self) -> KernelLog | None:
+    def _kernel_log(self, probes: Probes) -> KernelLog | None:
         """The kernel log the xid and sxid checks read, from the config (unless the
         probes brought one), remembering its position in the state file."""
         settings = self.settings.kernel_log
-        if self.ctx.kernel_log is not None or not settings.enabled:
+        if probes.kernel_log is not None or not settings.enabled:
             return None
-        log = KernelLog(Path(settings.path), state_file=Path(settings.state_file),
-                        dedup_window_s=settings.dedup_window_s, uptime=self.ctx.uptime)
-        self.ctx.kernel_log = log
-        return log
+        return KernelLog(Path(settings.path), state_file=Path(settings.state_file),
+                         dedup_window_s=settings.dedup_window_s, uptime=probes.uptime)
 
     # -- probes ------------------------------------------------------------------------
 
@@ -160,8 +161,11 @@ class Agent:
                     await kube.close()
 
     async def _run_with(self, kube: Kube, gpus: NvmlGpuSource) -> None:
-        self.ctx.gpus = gpus
-        self.ctx.pvc_api = KubeProbeApi.factory(kube, self.keys)
+        self.inputs.gpus = gpus
+        # The pvc check's API needs the live client, which exists only from here: every
+        # check is planned below (the schedule, events, on-demand requests), so each is
+        # built with it, and no context or check changes after it is built.
+        self.probes = replace(self.probes, pvc_api=KubeProbeApi.factory(kube, self.keys))
         self.parts = parts = self._build(kube)
         jobs = self._jobs()
         activities = self._activities(parts, gpus, jobs)
@@ -194,16 +198,16 @@ class Agent:
         unavailable = UnavailableChecks(events)
         health = NodeHealth(policy_of(self.config), publisher, self.metrics, keys=self.keys,
                             node=self.node, clock=self.clock)
-        runner = Runner(self.ctx, on_result=_results_to(health, unavailable))
+        runner = Runner(self.inputs.context, on_result=_results_to(health, unavailable))
         diag = DeepDiagnostic(kube, self.node, self.settings.deep_diagnostics, recorder,
-                              catalog=self.ctx.catalog, keys=self.keys,
+                              catalog=self.inputs.catalog, keys=self.keys,
                               job_env=deep_job_env(self.config))
         busy_pods = partial(gpu_pods, kube, self.node, self.keys)
         runs = DeepRuns(runner, diag, health, busy_pods=busy_pods,
                         gpu_count=partial(self._job_gpus, node_watch))
+        plan = partial(planned_check, self.config, probes=self.probes)
         requests = RequestHandler(health, runs, watch=node_watch, publisher=publisher,
-                                  events=events, plan=partial(planned_check, self.config),
-                                  keys=self.keys)
+                                  events=events, plan=plan, keys=self.keys)
         peers = PeerWatcher(kube, self.node, namespace=self.settings.peers.namespace,
                             label_selector=self.settings.peers.label_selector,
                             on_change=self._peers_changed,
@@ -217,12 +221,13 @@ class Agent:
                       label_shown=parts.health.label_shown)
         return [partial(parts.node_watch.run, parts.kube), parts.requests.serve,
                 parts.peers.run, parts.unavailable.run, partial(self._report_publisher, parts),
-                partial(self._start_schedule, parts, jobs), *event_loops(self.config, feeds)]
+                partial(self._start_schedule, parts, jobs),
+                *event_loops(self.config, feeds, self.probes)]
 
     # -- the schedule ------------------------------------------------------------------
 
     def _jobs(self) -> list[Job]:
-        jobs = plan_jobs(self.config)
+        jobs = plan_jobs(self.config, self.probes)
         self.metrics.set_intervals({p.key: job.interval_s for job in jobs
                                     if job.interval_s is not None for p in job.planned})
         return jobs
@@ -249,13 +254,13 @@ class Agent:
     def _job_gpus(self, node_watch: NodeWatch) -> int:
         """The GPUs a diagnostic Job reserves: all of the node's."""
         capacity = _node_gpus(node_watch.obj)
-        return capacity or self.ctx.expected_gpus or 1
+        return capacity or self.inputs.expected_gpus or 1
 
     def _observe_node(self, publisher: NodePublisher, node: dict[str, Any]) -> None:
         """A new copy of the Node from the watch: the publisher's view, the GPU count."""
         publisher.observe(node)
         if self.config.expected_gpus is None and (count := _node_gpus(node)):
-            self.ctx.expected_gpus = count
+            self.inputs.expected_gpus = count
 
     async def _report_publisher(self, parts: Parts) -> None:
         while True:
@@ -263,10 +268,10 @@ class Agent:
             await anyio.sleep(PUBLISHER_REPORT_S)
 
     def _peers_changed(self, peers: list[Any]) -> None:
-        self.ctx.peers = peers
+        self.inputs.peers = peers  # the ping check's
 
     def _attachments_changed(self, attachments: tuple[Attachment, ...]) -> None:
-        self.ctx.attachments = attachments  # the nic check's interfaces
+        self.inputs.attachments = attachments  # the nic and rdma checks' interfaces
 
 
 def _results_to(health: NodeHealth, unavailable: UnavailableChecks) -> OnResult:

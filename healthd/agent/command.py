@@ -21,7 +21,7 @@ from typing import Protocol
 
 import anyio
 
-from checks.base import Probes
+from checks.probes import Probes
 from healthd.agent.agent import Agent
 from healthd.config import Config, add_config_argument, config_or_exit
 from healthd.kube.arguments import add_kube_arguments

@@ -29,6 +29,7 @@ import anyio.to_thread
 import checks
 from checks.base import CheckResult, EventRun
 from checks.kernel_log import KernelLog, LogUnavailable
+from checks.probes import Probes
 from checks.snapshot import NvmlGpuSource, XidEvent
 from healthd.check.plans import Planned, planned_check
 from healthd.config import Config
@@ -69,13 +70,13 @@ def with_params(config: Config, name: str, params: dict[str, Any]) -> Config:
     return config.model_copy(update={"checks": {**config.checks, name: updated}})
 
 
-def event_loops(config: Config, feeds: Feeds) -> list[Activity]:
-    """One loop per enabled check that declares an event source."""
+def event_loops(config: Config, feeds: Feeds, probes: Probes) -> list[Activity]:
+    """One loop per enabled check that declares an event source, built with `probes`."""
     loops: list[Activity] = []
     for name, events in _declared():
         if not config.check_section(name).enabled:
             continue
-        planned = _event_planned(config, name, events)
+        planned = _event_planned(config, name, events, probes)
         loops.append(partial(SOURCES[events.source], planned, events, feeds))
     return loops
 
@@ -86,11 +87,11 @@ def _declared() -> list[tuple[str, EventRun]]:
             if cls.EVENTS is not None]
 
 
-def _event_planned(config: Config, name: str, events: EventRun) -> Planned:
+def _event_planned(config: Config, name: str, events: EventRun, probes: Probes) -> Planned:
     """Check `name` as an event runs it: not listening, the event is already queued."""
     if events.listen:
         config = with_params(config, name, {events.listen: 0.0})
-    return planned_check(config, name)
+    return planned_check(config, name, probes=probes)
 
 
 async def follow_xids(planned: Planned, events: EventRun, feeds: Feeds) -> None:

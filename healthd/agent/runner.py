@@ -15,6 +15,10 @@ Three rules hold whatever asked for a run:
 every NVML check of the round judges the same snapshot (one NVML pass per round).
 After every run the runner hands the result to `on_result` (the agent folds it into
 the verdict, the metrics and the published state).
+
+Each run gets a context of its own (`checks.base.CheckContext`, frozen), built when it
+starts from what the watches have learnt so far (`RoundInputs`): a peer that joins
+mid-run reaches the next run, never one in progress.
 """
 
 from __future__ import annotations
@@ -22,10 +26,13 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import anyio
 
-from checks.base import Check, CheckContext, CheckResult, run_check
+from checks.base import Attachment, Check, CheckContext, CheckResult, Peer, run_check
+from checks.catalog import Catalog
+from checks.probes import GpuSource
 from healthd.agent.verdict import Trigger
 from healthd.check.plans import Planned
 from healthd.util.logs import log_context
@@ -33,6 +40,27 @@ from healthd.util.logs import log_context
 log = logging.getLogger(__name__)
 
 OnResult = Callable[[str, CheckResult, Trigger], Awaitable[None]]
+
+
+@dataclass
+class RoundInputs:
+    """What the next run's context is built from: the node's identity, the GPU source
+    once open, and what the watches keep up to date (the peers the ping check probes,
+    this pod's secondary interfaces, the GPU count the Node shows)."""
+
+    catalog: Catalog
+    node_name: str
+    namespace: str
+    expected_gpus: int | None = None
+    gpus: GpuSource | None = None
+    peers: Sequence[Peer] = ()
+    attachments: Sequence[Attachment] = ()
+
+    def context(self) -> CheckContext:
+        """A frozen context with what is known now."""
+        return CheckContext(catalog=self.catalog, node_name=self.node_name, gpus=self.gpus,
+                            expected_gpus=self.expected_gpus, peers=tuple(self.peers),
+                            attachments=tuple(self.attachments), namespace=self.namespace)
 
 
 class ExclusiveGate:
@@ -102,8 +130,8 @@ class _Run:
 class Runner:
     """Runs checks for every trigger under the three rules in the module docstring."""
 
-    def __init__(self, ctx: CheckContext, *, on_result: OnResult) -> None:
-        self.ctx = ctx
+    def __init__(self, context: Callable[[], CheckContext], *, on_result: OnResult) -> None:
+        self.context = context  # each run's context, built when it starts
         self.on_result = on_result
         self.gate = ExclusiveGate()
         self._running: dict[str, _Run] = {}
@@ -128,7 +156,7 @@ class Runner:
         try:
             with log_context(check=key):
                 current.result = await (self._run_gated(check, timeout_s) if gated
-                                        else run_check(check, self.ctx, timeout_s))
+                                        else run_check(check, self.context(), timeout_s))
                 await self._deliver(key, current.result, trigger)
             return current.result
         finally:
@@ -162,7 +190,7 @@ class Runner:
     async def _run_gated(self, check: Check, timeout_s: float) -> CheckResult:
         gate = self.gate.exclusive() if check.exclusive else self.gate.shared()
         async with gate:
-            return await run_check(check, self.ctx, timeout_s)
+            return await run_check(check, self.context(), timeout_s)
 
     async def _deliver(self, key: str, result: CheckResult, trigger: Trigger) -> None:
         try:
@@ -172,6 +200,6 @@ class Runner:
 
     def _new_round(self) -> None:
         """Start a new NVML pass, unless another round is reading the current one."""
-        new_round = getattr(self.ctx.gpus, "new_round", None)
+        new_round = getattr(self.context().gpus, "new_round", None)
         if self._rounds == 0 and callable(new_round):
             new_round()

@@ -33,6 +33,7 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 import checks
+from checks.probes import Probes
 from healthd.check.plans import Planned, planned_check
 from healthd.config import Config
 
@@ -71,14 +72,15 @@ class Job:
         return IntervalTrigger(seconds=self.interval_s, jitter=jitter, timezone=dt.UTC)
 
 
-def plan_jobs(config: Config) -> list[Job]:
-    """Every periodic job the config asks for (see the module docstring)."""
+def plan_jobs(config: Config, probes: Probes | None = None) -> list[Job]:
+    """Every periodic job the config asks for (see the module docstring), its checks
+    measuring with `probes` (None: the real thing)."""
     by_schedule: dict[tuple[float | None, str | None], list[Planned]] = {}
     for name, cls in checks.REGISTRY.items():
         section = config.check_section(name)
         if not section.enabled:
             continue
-        planned = planned_check(config, name)
+        planned = planned_check(config, name, probes=probes)
         if planned.exclusive:
             continue  # deep diagnostics run only when listed in agent.diagnostics
         when = (None, section.cron) if section.cron else (
@@ -87,7 +89,7 @@ def plan_jobs(config: Config) -> list[Job]:
     jitter = config.agent.jitter
     jobs = [Job(tuple(p), interval, cron, jitter) for (interval, cron), p in by_schedule.items()]
     for entry in config.agent.diagnostics:
-        planned = planned_check(config, entry.check, entry.timeout)
+        planned = planned_check(config, entry.check, entry.timeout, probes=probes)
         jobs.append(Job((planned,), entry.interval, entry.cron, jitter))
     return jobs
 

@@ -19,12 +19,13 @@ import anyio
 import checks
 from checks.base import CheckContext, CheckResult, Peer, Severity
 from checks.kernel_log import KernelLog
+from checks.probes import GpuSource, Probes
 from checks.snapshot import DRIVER_NOT_FOUND, NvmlGpuSource
 from healthd.check.once import Report, node_name, plan, run_planned
 from healthd.check.plans import Planned
 from healthd.check.report import render_problems, render_results
 from healthd.check.termination import write_summary
-from healthd.config import add_config_argument, config_or_exit
+from healthd.config import Config, add_config_argument, config_or_exit
 from healthd.config.selection import SelectionError, parse_selection
 from healthd.util.exits import EX_CONFIG, ExitError, UsageError
 from healthd.util.output import WIDE, add_output_argument, dump, is_document
@@ -34,8 +35,17 @@ class SimulatedMachine(Protocol):
     """What `healthd check --sim` needs of a simulated machine
     (healthd.sim.node.SimulatedNode)."""
 
-    def prepare(self, ctx: CheckContext, planned: Sequence[Planned]) -> list[Planned]:
-        """Point `ctx` at the simulated hardware; the checks as the machine runs them."""
+    def check_probes(self) -> Probes:
+        """Its stand-ins for what checks measure with."""
+        ...
+
+    def prepare(self, planned: Sequence[Planned]) -> list[Planned]:
+        """The checks as the machine runs them (a replay runs what it recorded)."""
+        ...
+
+    def check_context(self, config: Config, gpus: GpuSource,
+                      peers: Sequence[Peer]) -> CheckContext:
+        """A round's context on this machine (its node name and GPU count by default)."""
         ...
 
 
@@ -89,31 +99,26 @@ async def _run_check(args: argparse.Namespace, simulate: Simulate | None) -> Rep
     try:
         selection = parse_selection(args.checks, checks.REGISTRY)
         peers = parse_peers(args.peer)
-        planned = plan(config, selection)
+        plan(config, selection)  # a bad argument is a usage error before anything opens
     except (SelectionError, ValueError) as exc:
         raise UsageError(str(exc)) from None
 
     with ExitStack() as stack:
-        ctx = CheckContext(
-            catalog=config.catalog(),
-            node_name=config.node_name,
-            expected_gpus=config.expected_gpus,
-            peers=peers,
-            namespace=config.namespace,
-        )
+        gpus = NvmlGpuSource()
         if simulate is not None:
             try:
                 sim = stack.enter_context(simulate(args.sim))
             except ValueError as exc:  # a machine spec that cannot be used
                 raise ExitError(str(exc), EX_CONFIG) from None
-            planned = sim.prepare(ctx, planned)
+            planned = sim.prepare(plan(config, selection, sim.check_probes()))
+            ctx = sim.check_context(config, gpus, peers)
         else:
             log = KernelLog()  # everything since boot; no position kept
             stack.callback(log.close)
-            ctx.kernel_log = log
-        ctx.node_name = ctx.node_name or node_name(config)
-        gpus = NvmlGpuSource()
-        ctx.gpus = gpus
+            planned = plan(config, selection, Probes(kernel_log=log))
+            ctx = CheckContext(catalog=config.catalog(), node_name=node_name(config),
+                               gpus=gpus, expected_gpus=config.expected_gpus, peers=peers,
+                               namespace=config.namespace)
         snapshot = await gpus.snapshot()
         results = await run_planned(planned, ctx)
         await gpus.aclose()

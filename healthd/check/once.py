@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 
 from checks.base import CheckContext, CheckResult, Severity, run_check, worst
+from checks.probes import Probes
 from healthd.check.plans import Planned, planned_check
 from healthd.config import Config
 from healthd.config.selection import Selected
@@ -48,9 +49,11 @@ class Report:
         }
 
 
-def plan(config: Config, selection: Sequence[Selected]) -> list[Planned]:
-    """Instantiate the selected checks with configured params and timeouts."""
-    return [planned_check(config, str(selected)) for selected in selection]
+def plan(config: Config, selection: Sequence[Selected],
+         probes: Probes | None = None) -> list[Planned]:
+    """Instantiate the selected checks with configured params and timeouts, measuring
+    with `probes` (None: the real thing)."""
+    return [planned_check(config, str(selected), probes=probes) for selected in selection]
 
 
 async def run_planned(planned: Sequence[Planned], ctx: CheckContext) -> list[CheckResult]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import checks
 from checks.base import Check
+from checks.probes import Probes
 from healthd.config import Config
 from healthd.config.selection import parse_selection
 
@@ -28,10 +29,12 @@ class Planned:
         return self.check.exclusive
 
 
-def planned_check(config: Config, key: str, timeout_s: float | None = None) -> Planned:
+def planned_check(config: Config, key: str, timeout_s: float | None = None, *,
+                  probes: Probes | None = None) -> Planned:
     """The check `key` (`remapped`, `dcgm:3`) with its configured params and deadline
-    (`timeout_s` when given). ValueError for an unknown check or a bad argument."""
+    (`timeout_s` when given), measuring with `probes` (None: the real thing).
+    ValueError for an unknown check or a bad argument."""
     (selected,) = parse_selection(key, checks.REGISTRY)
-    check = config.build_check(selected.name, selected.arg)
+    check = config.build_check(selected.name, selected.arg, probes=probes)
     timeout = timeout_s or config.check_section(selected.name).timeout or check.timeout_s
     return Planned(str(selected), check, timeout)

@@ -26,6 +26,7 @@ from pydantic import (
 import checks
 from checks.base import Check, Severity
 from checks.catalog import Catalog, Override, RaiseRule, is_known_code
+from checks.probes import Probes
 from healthd.config.agent import AgentSettings, cron_expression
 from healthd.config.controller import ControllerSettings
 from healthd.config.selection import parse_selection
@@ -162,9 +163,11 @@ class Config(Frozen):
     def check_section(self, name: str) -> CheckConfig:
         return self.checks.get(name, CheckConfig())
 
-    def build_check(self, name: str, arg: str | None = None) -> Check:
+    def build_check(self, name: str, arg: str | None = None, *,
+                    probes: Probes | None = None) -> Check:
         """An instance of check `name` with the configured params, plus the command-line
-        argument (`dcgm:3` sets the check's ARG parameter)."""
+        argument (`dcgm:3` sets the check's ARG parameter), measuring with `probes`
+        (None: the real thing)."""
         cls = checks.REGISTRY[name]
         params = dict(self.check_section(name).params)
         if arg is not None:
@@ -172,7 +175,7 @@ class Config(Frozen):
                 raise ValueError(f"check {name} takes no argument (got {name}:{arg})")
             params[cls.ARG] = arg
         try:
-            return cls(cls.Params.model_validate(params))
+            return cls(cls.Params.model_validate(params), probes=probes)
         except ValidationError as exc:
             raise ValueError(f"check {name}: {explain(exc)}") from None
 

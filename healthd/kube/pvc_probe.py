@@ -1,7 +1,7 @@
-"""The `pvc` check's door to the cluster: `checks.pvc_api.ProbeApi` over `Kube`.
+"""The `pvc` check's door to the cluster: `checks.probes.ProbeApi` over `Kube`.
 
 `checks` never imports healthd, so the check gets a factory of these through
-`CheckContext.pvc_api`. Every test object is labelled as this node's probe
+`Probes.pvc_api`. Every test object is labelled as this node's probe
 (`<own prefix>probe=pvc`, `...node=<node>`, `...storage-class=<class>`, the full node
 name in an annotation), so a later run finds and deletes what an agent killed
 mid-probe left behind. Every `KubeError` leaves as one `ApiProblem`:
@@ -20,7 +20,7 @@ from typing import Any
 
 import anyio
 
-from checks.pvc_api import ApiProblem, ProbeApi, ProbeApiFactory, StorageClassInfo
+from checks.probes import ApiProblem, ProbeApi, ProbeApiFactory, StorageClassInfo
 from healthd.kube.client import Kube
 from healthd.kube.conventions import Keys
 from healthd.kube.errors import Gone, KubeError, NotFound
@@ -76,7 +76,7 @@ class KubeProbeApi(ProbeApi):
 
     @classmethod
     def factory(cls, kube: Kube, keys: Keys) -> ProbeApiFactory:
-        """What `CheckContext.pvc_api` holds: (namespace, node) -> a probe API."""
+        """What `Probes.pvc_api` holds: (namespace, node) -> a probe API."""
         return lambda namespace, node: cls(kube, keys, namespace, node)
 
     @property

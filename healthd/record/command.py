@@ -15,7 +15,7 @@ import datetime as dt
 import os
 import sys
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -24,9 +24,10 @@ import yaml
 
 from checks.base import boot_uptime
 from checks.dcgm import DcgmCheck, DcgmParams
-from checks.kernel_log import KernelLog, KernelLogSource
-from checks.pciebw import MIB, BandwidthProbe, CudaBandwidthProbe, PcieBwCheck
-from checks.rdma import RdmaParams, RdmaReader, SysfsRdmaReader
+from checks.kernel_log import KernelLog
+from checks.pciebw import MIB, CudaBandwidthProbe, PcieBwCheck
+from checks.probes import Probes
+from checks.rdma import RdmaParams, SysfsRdmaReader
 from healthd import __version__
 from healthd.check.once import node_name
 from healthd.config import Config, add_config_argument, config_or_exit
@@ -114,13 +115,11 @@ def writable_output(text: str) -> Path:
 async def _record(args: argparse.Namespace, includes: Includes, config: Config) -> str:
     bandwidth = cast(PcieBwCheck, config.build_check("pciebw")).settings
     dcgm_params = cast(DcgmParams, cast(DcgmCheck, config.build_check("dcgm", "1")).params)
-    probe: BandwidthProbe | None = CudaBandwidthProbe() if includes.pciebw else None
     dcgm_command: list[str] = list(dcgm_params.command)
     node, expected = config.node_name or "", config.expected_gpus
-    uptime = boot_uptime
-    kernel_log: KernelLogSource = KernelLog()
-    rdma: RdmaReader | None = SysfsRdmaReader(Path(
-        cast(RdmaParams, config.build_check("rdma").params).sysfs_root))
+    probes = Probes(bandwidth=CudaBandwidthProbe(), uptime=boot_uptime, kernel_log=KernelLog(),
+                    rdma=SysfsRdmaReader(Path(
+                        cast(RdmaParams, config.build_check("rdma").params).sysfs_root)))
     with ExitStack() as stack:
         if args.sim:
             from healthd.sim.dcgm import fake_dcgmi_command
@@ -130,20 +129,18 @@ async def _record(args: argparse.Namespace, includes: Includes, config: Config) 
                 sim = stack.enter_context(simulate(args.sim))
             except SimulationError as exc:
                 raise ExitError(str(exc), EX_CONFIG) from exc
-            probe = sim.bandwidth if includes.pciebw else None
+            probes = sim.check_probes()  # what `healthd check --sim` measures with
             dcgm_command = fake_dcgmi_command(sim.spec.dcgm)
             node = node or sim.spec.node
             expected = sim.spec.gpus.count if expected is None else expected
-            uptime = sim.uptime
-            kernel_log = sim.kernel_log_source()
-            rdma = sim.rdma_reader()
+        if not includes.pciebw:
+            probes = replace(probes, bandwidth=None)
         recording = await read_machine(
             node or node_name(config), xid_window_s=includes.xid_window_s,
-            expected_gpus=expected, bandwidth_probe=probe,
+            expected_gpus=expected, probes=probes,
             bandwidth_size_bytes=bandwidth.size_mib * MIB,
             bandwidth_iterations=bandwidth.iterations,
-            dcgm_command=dcgm_command if includes.dcgm else None, uptime=uptime,
-            kernel_log=kernel_log, rdma=rdma)
+            dcgm_command=dcgm_command if includes.dcgm else None)
     spec = machine_spec(recording, redact=args.redact)
     _validate(spec)
     return _header() + yaml.dump(spec, Dumper=_SpecDumper, sort_keys=False, width=100)

@@ -28,19 +28,20 @@ original always by the same placeholder.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio.to_thread
 
 from checks.base import boot_uptime
-from checks.kernel_log import KernelLogSource, LogUnavailable
+from checks.kernel_log import LogUnavailable
 from checks.nvml_reader import ECC_DISABLED
-from checks.pciebw import Bandwidth, BandwidthProbe, ProbeError
+from checks.pciebw import ProbeError
 from checks.power import CLOCK_EVENT_BITS, GPU_IDLE
+from checks.probes import Bandwidth, BandwidthProbe, KernelLogSource, Probes, RdmaPort, RdmaReader
 from checks.processes import ProgramNotFound, ProgramNotRunnable, run_process
-from checks.rdma import RdmaPort, RdmaReader, RdmaUnavailable
+from checks.rdma import RdmaUnavailable
 from checks.snapshot import (
     Failed,
     GpuSnapshot,
@@ -90,15 +91,15 @@ async def read_machine(
     *,
     xid_window_s: float,
     expected_gpus: int | None = None,
-    bandwidth_probe: BandwidthProbe | None = None,
+    probes: Probes | None = None,
     bandwidth_size_bytes: int = 256 * 2**20,
     bandwidth_iterations: int = 5,
     dcgm_command: Sequence[str] | None = None,
-    uptime: Callable[[], float] = boot_uptime,
-    kernel_log: KernelLogSource | None = None,
-    rdma: RdmaReader | None = None,
 ) -> Recording:
-    """One NVML pass, the XIDs of the window, and what was asked for besides."""
+    """One NVML pass, the XIDs of the window, and what was asked for besides: what
+    the checks' `probes` read (the bandwidth only with a probe; the kernel log and
+    the RDMA ports only with a source for them)."""
+    probes = probes or Probes()
     gpus = NvmlGpuSource()
     try:
         snapshot = await gpus.snapshot()
@@ -108,10 +109,11 @@ async def read_machine(
     finally:
         await gpus.aclose()
     recording = Recording(node, snapshot, xids, expected_gpus=expected_gpus,
-                          uptime_s=uptime(), kernel_log=_logged_lines(kernel_log),
-                          rdma=_rdma_ports(rdma))
-    if bandwidth_probe is not None:
-        recording.bandwidth = await _measure_all(snapshot, bandwidth_probe,
+                          uptime_s=(probes.uptime or boot_uptime)(),
+                          kernel_log=_logged_lines(probes.kernel_log),
+                          rdma=_rdma_ports(probes.rdma))
+    if probes.bandwidth is not None:
+        recording.bandwidth = await _measure_all(snapshot, probes.bandwidth,
                                                  bandwidth_size_bytes, bandwidth_iterations)
     if dcgm_command is not None:
         recording.dcgm = await read_dcgm(dcgm_command)

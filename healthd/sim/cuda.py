@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from checks.cuda import CUDA_NOT_FOUND, CudaError, parse_bus_id
-from checks.pciebw import Bandwidth, ProbeError, ProbeUnavailable, link_rate_gbps
+from checks.pciebw import ProbeError, ProbeUnavailable, link_rate_gbps
+from checks.probes import Bandwidth
 from healthd.sim.fakenvml import Clock, monotonic_clock
 from healthd.sim.gpustate import GpuState, gpu_state, is_active
 from healthd.sim.machine import GpuFault, MachineSpec

@@ -14,7 +14,8 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from checks.kernel_log import Kind, Logged, LoggedXid, NotRecorded
+from checks.kernel_log import NotRecorded
+from checks.probes import Kind, Logged, LoggedXid
 from checks.snapshot import GpuSnapshot, XidEvent
 
 KERN_WARNING = 4  # printk level the NVIDIA drivers log XIDs and SXIDs at

@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checks.base import POD_NETWORK
-from checks.nic import LinkState
-from checks.ping import Echo
+from checks.probes import Echo, LinkState
 from healthd.kube.conventions import NETWORK_STATUS_ANNOTATIONS
 
 SECONDARY = "net1"

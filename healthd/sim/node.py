@@ -1,10 +1,11 @@
 """A simulated GPU node: the fake NVML library under the real pynvml, the simulated
 bandwidth probe, the fake dcgmi and a kernel-log file, all from one machine spec.
 
-`healthd check --sim SPEC` prepares its planned checks with it (`prepare`: a
-recording's checks whose inputs it does not hold are SKIPPED, healthd.sim.recorded); an agent
-on the simulated machine is built from the adapted config (`adapt`) and handed the
-simulated probes (`probes`), so the product never knows it is simulated.
+`healthd check --sim SPEC` builds its checks with the machine's stand-ins
+(`check_probes`) and prepares them (`prepare`: a recording's checks whose inputs it
+does not hold are SKIPPED, healthd.sim.recorded); an agent on the simulated machine
+is built from the adapted config (`adapt`) and handed the simulated probes
+(`probes`), so the product never knows it is simulated.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import checks as registry
-from checks.base import CheckContext, Probes
+from checks.base import CheckContext, Peer
 from checks.dcgm import DcgmCheck
-from checks.kernel_log import KernelLog, KernelLogSource
-from checks.rdma import RdmaReader, SysfsRdmaReader
+from checks.kernel_log import KernelLog
+from checks.probes import GpuSource, KernelLogSource, Probes, RdmaReader
+from checks.rdma import SysfsRdmaReader
 from healthd.check.plans import Planned
 from healthd.config import Config
 from healthd.config.agent import KernelLogSettings
@@ -92,13 +94,23 @@ class SimulatedNode:
         """Seconds since the simulated node booted (the spec's `uptime_s` at start)."""
         return self.spec.uptime_s + self.nvml.now()
 
-    def prepare(self, ctx: CheckContext, planned: Sequence[Planned]) -> list[Planned]:
-        """Point the context and the planned checks at the simulated hardware."""
-        self.probes().apply(ctx)
-        ctx.kernel_log = self.kernel_log_source()
-        ctx.node_name = ctx.node_name or self.spec.node
-        if ctx.expected_gpus is None:
-            ctx.expected_gpus = self.spec.gpus.count  # the machine should have them all
+    def check_probes(self) -> Probes:
+        """What a one-shot check measures with: the simulated probes and the machine's
+        kernel log, read from the start (an agent opens its own, see `adapt`)."""
+        return replace(self.probes(), kernel_log=self.kernel_log_source())
+
+    def check_context(self, config: Config, gpus: GpuSource,
+                      peers: Sequence[Peer] = ()) -> CheckContext:
+        """A one-shot run's context on this machine: the config's node name and GPU
+        count, else the machine's own (it should have all its GPUs)."""
+        expected = self.spec.gpus.count if config.expected_gpus is None else config.expected_gpus
+        return CheckContext(catalog=config.catalog(), node_name=config.node_name or self.node,
+                            gpus=gpus, expected_gpus=expected, peers=peers,
+                            namespace=config.namespace)
+
+    def prepare(self, planned: Sequence[Planned]) -> list[Planned]:
+        """The planned checks (built with `check_probes`) pointed at the simulated
+        DCGM, and replayable: what the recording holds no input for is SKIPPED."""
         return [replayable(self.spec, self._simulated(item)) for item in planned]
 
     def adapt(self, config: Config) -> Config:
@@ -140,7 +152,7 @@ class SimulatedNode:
     def _simulated(self, item: Planned) -> Planned:
         if isinstance(item.check, DcgmCheck):
             params = {**item.check.params.model_dump(), "command": self._dcgmi()}
-            return replace(item, check=DcgmCheck(params))
+            return replace(item, check=DcgmCheck(params, probes=item.check.probes))
         return item
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from checks.rdma import RdmaPort, RdmaUnavailable
+from checks.probes import RdmaPort
+from checks.rdma import RdmaUnavailable
 from healthd.sim.machine import RdmaPortSpec, RdmaSpec
 
 NOT_RECORDED = "not recorded"

@@ -127,7 +127,7 @@ async def test_ping_gets_its_peers_from_the_other_agent_pods(api: ApiEmulator,
             "status": {"phase": "Running", "podIP": "127.0.0.1",
                        "podIPs": [{"ip": "127.0.0.1"}]},
         })
-        await eventually(lambda: h.agent.ctx.peers, what="peer seen by watch")
+        await eventually(lambda: h.agent.inputs.peers, what="peer seen by watch")
         h.request("ping", run_id="with-peer")
         answer = await answered(h, "with-peer")
         assert answer["checks"]["ping"] != "SKIPPED"  # it probed gpu-node-2

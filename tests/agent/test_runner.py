@@ -1,6 +1,7 @@
 """The runner: a check never overlaps itself (a second caller joins the running one),
 exclusive checks run alone, every run has its deadline, every result reaches the
-consumer once, and one round reads NVML once."""
+consumer once, one round reads NVML once, and each run sees the inputs known when it
+started."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from typing import ClassVar
 import anyio
 import pytest
 
-from checks.base import BaseCheck, CheckContext, CheckResult, Severity
+from checks.base import BaseCheck, CheckContext, CheckResult, Peer, Severity
 from checks.catalog import Catalog
-from healthd.agent.runner import Runner
+from healthd.agent.runner import RoundInputs, Runner
 from healthd.agent.verdict import Trigger
 from healthd.check.plans import Planned
 
@@ -63,7 +64,8 @@ class Recorder:
 
 
 def runner_with(recorder: Recorder, gpus: object = None) -> Runner:
-    return Runner(CheckContext(catalog=Catalog(), gpus=gpus), on_result=recorder)  # type: ignore[arg-type]
+    inputs = RoundInputs(Catalog(), "n1", "ns", gpus=gpus)  # type: ignore[arg-type]
+    return Runner(inputs.context, on_result=recorder)
 
 
 async def test_a_second_caller_joins_the_run_in_progress() -> None:
@@ -117,7 +119,7 @@ async def test_a_failing_consumer_does_not_stop_the_runner() -> None:
     async def explode(key: str, result: CheckResult, trigger: Trigger) -> None:
         raise ValueError("consumer bug")
 
-    runner = Runner(CheckContext(catalog=Catalog()), on_result=explode)
+    runner = Runner(lambda: CheckContext(catalog=Catalog()), on_result=explode)
     result = await runner.run("probe", Probe(delay=0), Trigger.PERIODIC, 5)
     assert result.status is Severity.PASS
     assert runner.running() == frozenset()
@@ -151,3 +153,34 @@ async def test_cancelling_a_run_releases_the_key_and_the_gate() -> None:
     with anyio.fail_after(2):
         result = await runner.run("probe", Probe(delay=0), Trigger.PERIODIC, 5)
     assert result.status is Severity.PASS
+
+
+class SeesPeers(BaseCheck):
+    """Records the peers its context held at the start and at the end of its run."""
+
+    NAME: ClassVar[str] = "sees"
+
+    def __init__(self, release: anyio.Event) -> None:
+        super().__init__()
+        self.release = release
+        self.seen: list[tuple[str, ...]] = []
+
+    async def run(self, ctx: CheckContext) -> CheckResult:
+        self.seen.append(tuple(p.name for p in ctx.peers))
+        await self.release.wait()
+        self.seen.append(tuple(p.name for p in ctx.peers))
+        return CheckResult(self.NAME, Severity.PASS)
+
+
+async def test_a_run_keeps_the_inputs_it_started_with_and_the_next_sees_new_ones() -> None:
+    inputs = RoundInputs(Catalog(), "n1", "ns", peers=[Peer("n2", ["10.0.0.2"])])
+    runner = Runner(inputs.context, on_result=Recorder())
+    release = anyio.Event()
+    check = SeesPeers(release)
+    async with anyio.create_task_group() as group:
+        group.start_soon(runner.run, "sees", check, Trigger.PERIODIC, 5)
+        await anyio.wait_all_tasks_blocked()
+        inputs.peers = [Peer("n3", ["10.0.0.3"])]  # the peer watch learnt of a change
+        release.set()
+    await runner.run("sees", check, Trigger.PERIODIC, 5)
+    assert check.seen == [("n2",), ("n2",), ("n3",), ("n3",)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import anyio
 from prometheus_client import CollectorRegistry
 
-from checks.base import CheckContext, CheckResult
+from checks.base import CheckResult
 from checks.snapshot import NvmlGpuSource
 from healthd.agent.metrics import AgentMetrics
 from healthd.check.once import run_planned
@@ -22,9 +22,10 @@ def run_on(machine: str) -> list[CheckResult]:
 
     async def main() -> list[CheckResult]:
         with simulate(machine) as sim:
-            ctx = CheckContext(catalog=config.catalog())
-            planned = sim.prepare(ctx, [planned_check(config, name) for name in CHECKS])
-            ctx.gpus = gpus = NvmlGpuSource()
+            probes = sim.check_probes()
+            planned = sim.prepare([planned_check(config, name, probes=probes)
+                                   for name in CHECKS])
+            ctx = sim.check_context(config, gpus := NvmlGpuSource())
             try:
                 return await run_planned(planned, ctx)
             finally:

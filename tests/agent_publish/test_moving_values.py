@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from checks.base import CheckContext, CheckResult
+from checks.base import CheckResult
 from checks.snapshot import NvmlGpuSource
 from healthd.agent.verdict import HealthState, Policy, Trigger, apply, initial
 from healthd.check.once import run_planned
@@ -33,9 +33,8 @@ async def test_500_rounds_of_a_held_warn_with_a_moving_value_write_nothing_after
     state: HealthState = initial(0.0)
     messages: set[str] = set()
     with simulate(REPLAYS) as sim:
-        ctx = CheckContext(catalog=config.catalog())
-        planned = sim.prepare(ctx, [planned_check(config, "pcie")])
-        ctx.gpus = gpus = NvmlGpuSource()
+        planned = sim.prepare([planned_check(config, "pcie", probes=sim.check_probes())])
+        ctx = sim.check_context(config, gpus := NvmlGpuSource())
         try:
             async with running(api) as h:
                 for n in range(ROUNDS):

@@ -11,11 +11,17 @@ import pytest
 
 from checks.base import Severity
 from checks.fabric import FabricCheck
+from checks.probes import Probes
 from checks.snapshot import Fabric, Ok, Unsupported
 
 from .gpufakes import codes_by_gpu, context, entity_status, findings_on, healthy_gpu, node, run
 
 pytestmark = pytest.mark.anyio
+
+
+def booted_since(uptime_s: float, params: dict[str, object] | None = None) -> FabricCheck:
+    """The check on a node that booted `uptime_s` ago."""
+    return FabricCheck(params, probes=Probes(uptime=lambda: uptime_s))
 
 
 def registered(state: str = "completed", status: str = "SUCCESS") -> Ok[Fabric]:
@@ -25,7 +31,7 @@ def registered(state: str = "completed", status: str = "SUCCESS") -> Ok[Fabric]:
 async def test_failed_registration_is_err_on_that_gpu() -> None:
     snap = node(healthy_gpu(0, fabric=registered()),
                 healthy_gpu(3, fabric=registered(status="INSUFFICIENT_RESOURCES")))
-    result = await run(FabricCheck(), context(snap, uptime=lambda: 10.0))
+    result = await run(booted_since(10.0), context(snap))
     assert codes_by_gpu(result) == {3: ["FABRIC_REGISTRATION_FAILED"]}
     assert findings_on(result, 3)[0].severity is Severity.ERR
     assert "INSUFFICIENT_RESOURCES" in findings_on(result, 3)[0].message
@@ -36,9 +42,8 @@ async def test_failed_registration_is_err_on_that_gpu() -> None:
                                              ("in_progress", "FABRIC_IN_PROGRESS")])
 async def test_unregistered_gpu_is_err_only_after_the_grace(state: str, code: str) -> None:
     snap = node(healthy_gpu(0, fabric=registered(state)))
-    check = FabricCheck({"grace_s": 120})
-    early = await run(check, context(snap, uptime=lambda: 119.0))
-    late = await run(check, context(snap, uptime=lambda: 121.0))
+    early = await run(booted_since(119.0, {"grace_s": 120}), context(snap))
+    late = await run(booted_since(121.0, {"grace_s": 120}), context(snap))
     assert early.findings == () and early.status is Severity.PASS
     assert entity_status(early, 0).values["fabric_state"] == state
     assert codes_by_gpu(late) == {0: [code]}
@@ -47,6 +52,6 @@ async def test_unregistered_gpu_is_err_only_after_the_grace(state: str, code: st
 
 async def test_gpu_without_fabric_is_skipped() -> None:
     snap = node(healthy_gpu(0, fabric=Unsupported("no NVLink fabric")))
-    result = await run(FabricCheck(), context(snap, uptime=lambda: 9999.0))
+    result = await run(booted_since(9999.0), context(snap))
     assert result.status is Severity.SKIPPED
     assert result.findings == ()

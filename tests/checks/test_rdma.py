@@ -10,6 +10,7 @@ import pytest
 
 from checks.base import Attachment, CheckContext, Severity
 from checks.catalog import Catalog
+from checks.probes import Probes
 from checks.rdma import RdmaCheck, SysfsRdmaReader, parse_rate
 from healthd.sim.machine import RdmaSpec
 from healthd.sim.rdma import NotRecordedRdma, SimRdma
@@ -23,9 +24,13 @@ def tree(tmp_path: Path, devices: int = 4) -> SimRdma:
     return SimRdma(tmp_path / "infiniband", RdmaSpec(devices=devices, rate_gbps=400))
 
 
-def context(sim: SimRdma, **fields: object) -> CheckContext:
-    return CheckContext(catalog=Catalog(), rdma_reader=SysfsRdmaReader(sim.root),
-                        **fields)  # type: ignore[arg-type]
+def on(sim: SimRdma, params: dict[str, object] | None = None) -> RdmaCheck:
+    """The check reading the fake sysfs tree."""
+    return RdmaCheck(params, probes=Probes(rdma=SysfsRdmaReader(sim.root)))
+
+
+def context(**fields: object) -> CheckContext:
+    return CheckContext(catalog=Catalog(), **fields)  # type: ignore[arg-type]
 
 
 def codes(result: object) -> dict[str, list[str]]:
@@ -44,7 +49,7 @@ async def test_a_down_port_is_err_and_named_with_its_netdev_and_network(tmp_path
     sim = tree(tmp_path)
     sim.set_port("mlx5_2", state="DOWN", phys_state="Disabled")
     attachments = [Attachment("roce-a", "net3")]
-    result = await run(RdmaCheck(), context(sim, attachments=attachments))
+    result = await run(on(sim), context(attachments=attachments))
     assert codes(result) == {"mlx5_2/1": ["RDMA_PORT_DOWN"]}
     (down,) = result.findings
     assert down.severity is Severity.ERR and down.entity.network == "roce-a"
@@ -54,28 +59,27 @@ async def test_a_down_port_is_err_and_named_with_its_netdev_and_network(tmp_path
 async def test_a_port_slower_than_its_siblings_is_degraded(tmp_path: Path) -> None:
     sim = tree(tmp_path)
     sim.set_port("mlx5_1", rate_gbps=200)
-    result = await run(RdmaCheck(), context(sim))
+    result = await run(on(sim), context())
     assert codes(result) == {"mlx5_1/1": ["RDMA_RATE_LOW"]}
-    configured = await run(RdmaCheck({"expected_rate_gbps": 800}), context(sim))
+    configured = await run(on(sim, {"expected_rate_gbps": 800}), context())
     assert set(codes(configured)) == {"mlx5_0/1", "mlx5_1/1", "mlx5_2/1", "mlx5_3/1"}
 
 
 async def test_error_counters_that_grow_after_the_baseline(tmp_path: Path) -> None:
     sim = tree(tmp_path)
     sim.set_port("mlx5_0", counters={"symbol_error": 10, "link_downed": 1})
-    check = RdmaCheck()
-    assert (await run(check, context(sim))).findings == ()  # baseline, old errors
+    check = on(sim)
+    assert (await run(check, context())).findings == ()  # baseline, old errors
     sim.set_port("mlx5_0", counters={"symbol_error": 25, "link_downed": 2})
-    grown = await run(check, context(sim))
+    grown = await run(check, context())
     assert codes(grown) == {"mlx5_0/1": ["RDMA_ERRORS"]}
     assert "link_downed +1, symbol_error +15" in grown.findings[0].message
-    assert (await run(check, context(sim))).findings == ()  # steady again
+    assert (await run(check, context())).findings == ()  # steady again
 
 
 async def test_no_devices_skipped_not_recorded_skipped(tmp_path: Path) -> None:
     empty = await run(RdmaCheck({"sysfs_root": str(tmp_path / "none")}),
                       CheckContext(catalog=Catalog()))
     assert (empty.status, empty.reason) == (Severity.SKIPPED, "no RDMA devices")
-    replay = await run(RdmaCheck(), CheckContext(catalog=Catalog(),
-                                                 rdma_reader=NotRecordedRdma()))
+    replay = await run(RdmaCheck(probes=Probes(rdma=NotRecordedRdma())), context())
     assert (replay.status, replay.reason) == (Severity.SKIPPED, "not recorded")

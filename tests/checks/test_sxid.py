@@ -11,6 +11,7 @@ import pytest
 from checks.base import CheckContext, Severity
 from checks.catalog import Catalog
 from checks.kernel_log import KernelLog
+from checks.probes import KernelLogSource, Probes
 from checks.snapshot import Fabric, Ok
 from checks.sxid import SxidCheck
 from healthd.sim.kernellog import NotRecordedLog, SimKernelLog
@@ -27,22 +28,26 @@ def line(switch: int, sxid: int, word: str, text: str = "Link 3 some error") -> 
 HGX = node(*(healthy_gpu(i, fabric=Ok(Fabric("completed"))) for i in range(8)))
 
 
-def on(snapshot: object = HGX, **fields: object) -> CheckContext:
-    return CheckContext(catalog=Catalog(), gpus=FakeGpus([snapshot]),  # type: ignore[list-item]
-                        **fields)  # type: ignore[arg-type]
+def on(snapshot: object = HGX) -> CheckContext:
+    return CheckContext(catalog=Catalog(), gpus=FakeGpus([snapshot]))  # type: ignore[list-item]
 
 
-def context_with(tmp_path: Path, *messages: str) -> CheckContext:
+def reading(log: KernelLogSource | None) -> SxidCheck:
+    """The check reading `log`."""
+    return SxidCheck(probes=Probes(kernel_log=log))
+
+
+def log_with(tmp_path: Path, *messages: str) -> KernelLog:
     sim = SimKernelLog(tmp_path / "kmsg", lambda: 50.0)
     sim.write_history(messages)
-    return on(kernel_log=KernelLog(sim.path))
+    return KernelLog(sim.path)
 
 
 async def test_fatal_sxid_is_a_sticky_evict_on_its_nvswitch(tmp_path: Path) -> None:
-    ctx = context_with(tmp_path, line(1, 12020, "Fatal", "Link 46 egress sequence ID error"),
-                       line(1, 12020, "Fatal", "Link 46 egress sequence ID error"),
-                       line(2, 11012, "Non-fatal", "Link 2 single bit ECC error"))
-    result = await run(SxidCheck(), ctx)
+    log = log_with(tmp_path, line(1, 12020, "Fatal", "Link 46 egress sequence ID error"),
+                   line(1, 12020, "Fatal", "Link 46 egress sequence ID error"),
+                   line(2, 11012, "Non-fatal", "Link 2 single bit ECC error"))
+    result = await run(reading(log), on())
     assert result.status is Severity.EVICT
     by_code = {f.code: f for f in result.findings}
     fatal = by_code["SXID_12020"]
@@ -53,35 +58,33 @@ async def test_fatal_sxid_is_a_sticky_evict_on_its_nvswitch(tmp_path: Path) -> N
 
 
 async def test_an_unlisted_sxid_the_driver_calls_fatal_is_still_fatal(tmp_path: Path) -> None:
-    result = await run(SxidCheck(), context_with(tmp_path, line(0, 29999, "Fatal")))
+    result = await run(reading(log_with(tmp_path, line(0, 29999, "Fatal"))), on())
     assert [(f.code, f.severity) for f in result.findings] == [("SXID_FATAL", Severity.EVICT)]
 
 
 async def test_each_line_is_reported_once(tmp_path: Path) -> None:
-    ctx = context_with(tmp_path, line(0, 12020, "Fatal"))
-    check = SxidCheck()
-    assert (await run(check, ctx)).status is Severity.EVICT
-    again = await run(check, ctx)
+    check = reading(log_with(tmp_path, line(0, 12020, "Fatal")))
+    assert (await run(check, on())).status is Severity.EVICT
+    again = await run(check, on())
     assert again.status is Severity.PASS and again.findings == ()
 
 
 async def test_without_a_log_skipped_unreadable_unknown(tmp_path: Path) -> None:
     assert (await run(SxidCheck(), on())).status is Severity.SKIPPED
-    replay = await run(SxidCheck(), on(kernel_log=NotRecordedLog()))
+    replay = await run(reading(NotRecordedLog()), on())
     assert replay.status is Severity.SKIPPED
     assert replay.entities[0].reason == "not recorded"
-    absent = on(kernel_log=KernelLog(tmp_path / "absent"))
-    assert (await run(SxidCheck(), absent)).status is Severity.SKIPPED
+    absent = reading(KernelLog(tmp_path / "absent"))
+    assert (await run(absent, on())).status is Severity.SKIPPED
     unreadable = tmp_path / "kmsg"
     unreadable.mkdir()  # opens, but every read fails
-    broken = await run(SxidCheck(), on(kernel_log=KernelLog(unreadable)))
+    broken = await run(reading(KernelLog(unreadable)), on())
     assert broken.status is Severity.UNKNOWN
 
 
 async def test_no_fabric_or_no_driver_is_never_a_pass(tmp_path: Path) -> None:
-    log = context_with(tmp_path).kernel_log
-    pcie = await run(SxidCheck(), on(node(healthy_gpu(0)), kernel_log=log))
+    check = reading(log_with(tmp_path))
+    pcie = await run(check, on(node(healthy_gpu(0))))
     assert pcie.status is Severity.SKIPPED
-    driverless = await run(SxidCheck(), on(node(driver_error="NVIDIA driver not found"),
-                                           kernel_log=log))
+    driverless = await run(check, on(node(driver_error="NVIDIA driver not found")))
     assert driverless.status is Severity.UNKNOWN

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import anyio
 
-from checks.base import CheckContext
 from checks.snapshot import NvmlGpuSource
 from healthd.check.once import run_planned
 from healthd.check.plans import planned_check
@@ -20,9 +19,10 @@ def test_all_nvml_checks_share_one_pass() -> None:
 
     async def main() -> dict[str, int]:
         with simulate("healthy-8xh100") as sim:
-            ctx = CheckContext(catalog=config.catalog())
-            planned = sim.prepare(ctx, [planned_check(config, name) for name in NVML_CHECKS])
-            ctx.gpus = gpus = NvmlGpuSource()
+            probes = sim.check_probes()
+            planned = sim.prepare([planned_check(config, name, probes=probes)
+                                   for name in NVML_CHECKS])
+            ctx = sim.check_context(config, gpus := NvmlGpuSource())
             results = await run_planned(planned, ctx)
             await gpus.aclose()
             assert [r.status.value for r in results] == ["PASS"] * len(NVML_CHECKS)

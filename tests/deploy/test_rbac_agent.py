@@ -20,6 +20,7 @@ import pytest
 
 from checks.base import CheckContext, Severity, run_check
 from checks.catalog import Catalog
+from checks.probes import Probes
 from checks.pvc import PvcCheck
 from healthd.config import Config
 from healthd.kube.client import Kube
@@ -150,11 +151,11 @@ async def test_the_pvc_probe_needs_its_rules_and_no_more(api: ApiEmulator) -> No
                            "labels": {"healthd.io/probe": "pvc", "healthd.io/node": NODE}},
               "spec": {"storageClassName": "fast"}})
     modes: dict[str, provisioner.Mode] = {"fast": "bind", "local": "bind", "broken": "fail"}
-    check = PvcCheck({"storage_classes": ["fast", "local", "broken"], "bind_timeout_s": 5})
+    params = {"storage_classes": ["fast", "local", "broken"], "bind_timeout_s": 5}
     async with provisioner.running(api, NAMESPACE, modes, wait_for_consumer=frozenset({"local"})), \
             Kube(api.async_client(user=AGENT)) as kube:
-        ctx = CheckContext(catalog=Catalog(), node_name=NODE, namespace=NAMESPACE,
-                           pvc_api=KubeProbeApi.factory(kube, Keys()))
+        check = PvcCheck(params, probes=Probes(pvc_api=KubeProbeApi.factory(kube, Keys())))
+        ctx = CheckContext(catalog=Catalog(), node_name=NODE, namespace=NAMESPACE)
         result = await run_check(check, ctx, timeout_s=20)
     assert [str(r) for r in authz.denied] == []
     assert result.status is not Severity.UNKNOWN, result.reason

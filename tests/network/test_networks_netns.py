@@ -31,6 +31,7 @@ import pytest
 from checks.base import Attachment, CheckContext, CheckResult, run_check
 from checks.catalog import Catalog
 from checks.nic import NetlinkReader, NicCheck
+from checks.probes import Probes
 from checks.rdma import RdmaCheck, SysfsRdmaReader
 from healthd.blame.networks import Assessment, assess_networks, ping_rows
 from healthd.kube.conventions import Keys
@@ -82,9 +83,9 @@ async def fleet_round(fabric: Fabric) -> tuple[dict[str, dict[str, Any]], dict[s
 
 async def nic_of(host: FabricHost, **params: Any) -> CheckResult:
     ctx = CheckContext(catalog=Catalog(), node_name=host.name,
-                       attachments=[Attachment("net1", INTERFACES["net1"])],
-                       link_reader=NetlinkReader(netns=host.netns))
-    return await run_check(NicCheck(params), ctx, timeout_s=10)
+                       attachments=[Attachment("net1", INTERFACES["net1"])])
+    check = NicCheck(params, probes=Probes(links=NetlinkReader(netns=host.netns)))
+    return await run_check(check, ctx, timeout_s=10)
 
 
 async def rdma_of(host: FabricHost, root: Path) -> CheckResult:
@@ -97,9 +98,9 @@ async def rdma_of(host: FabricHost, root: Path) -> CheckResult:
                         phys_state="LinkUp" if link.up else "Disabled")
     tree = SimRdma(root / host.name, RdmaSpec(ports=[port]))
     ctx = CheckContext(catalog=Catalog(), node_name=host.name,
-                       attachments=[Attachment("net1", INTERFACES["net1"])],
-                       rdma_reader=SysfsRdmaReader(tree.root))
-    return await run_check(RdmaCheck(), ctx, timeout_s=10)
+                       attachments=[Attachment("net1", INTERFACES["net1"])])
+    check = RdmaCheck(probes=Probes(rdma=SysfsRdmaReader(tree.root)))
+    return await run_check(check, ctx, timeout_s=10)
 
 
 def findings(result: CheckResult) -> list[tuple[str, str]]:
@@ -165,10 +166,10 @@ async def test_carrier_lost_and_back_between_rounds_is_flapping(fabric: Fabric) 
     # Packets sent while the carrier was gone are dropped (the flap's own drops, a
     # high rate over the milliseconds between these two rounds): the drop rate is
     # not what this test is about.
-    check = NicCheck({"max_drops_per_s": 1e9})
-    reader = NetlinkReader(netns=host.netns)
+    check = NicCheck({"max_drops_per_s": 1e9},
+                     probes=Probes(links=NetlinkReader(netns=host.netns)))
     ctx = CheckContext(catalog=Catalog(), node_name=host.name,
-                       attachments=[Attachment("net1", INTERFACES["net1"])], link_reader=reader)
+                       attachments=[Attachment("net1", INTERFACES["net1"])])
     assert (await run_check(check, ctx, timeout_s=10)).findings == ()  # baseline
     await fabric.unplug("h0", "net1")
     await fabric.replug("h0", "net1")

@@ -27,7 +27,8 @@ from checks.base import (
     run_check,
 )
 from checks.catalog import Catalog
-from checks.ping import Echo, IcmpProber, PingCheck, ProbeError, ProbePermissionError
+from checks.ping import IcmpProber, PingCheck, ProbeError, ProbePermissionError
+from checks.probes import Echo, Probes
 
 pytestmark = pytest.mark.anyio
 
@@ -65,7 +66,7 @@ async def _run(
     peers: list[Peer], prober: FakeProber, node: str = "n0", **params: object
 ) -> CheckResult:
     ctx = CheckContext(catalog=Catalog(), node_name=node, peers=peers)
-    return await run_check(PingCheck(params, prober=prober), ctx)
+    return await run_check(PingCheck(params, probes=Probes(ping=prober)), ctx)
 
 
 def _codes(result: CheckResult) -> list[tuple[str, str]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 import pytest
 
@@ -98,7 +99,7 @@ async def test_every_peer_down_is_network_isolated(netlab: NetLab) -> None:
 
 async def test_garbage_address_is_unknown_for_that_peer_only(netlab: NetLab) -> None:
     ctx = await _lab(netlab, ("p0", "p1"))
-    ctx.peers = [*ctx.peers, Peer("junk", ["10.0.0.300", "eth0"])]
+    ctx = replace(ctx, peers=[*ctx.peers, Peer("junk", ["10.0.0.300", "eth0"])])
     result = await _ping(ctx)
     assert _status(result, "peer/junk") is Severity.UNKNOWN
     assert _status(result, "peer/p0") is _status(result, "peer/p1") is Severity.PASS

@@ -16,7 +16,8 @@ import pytest
 
 from checks.base import CheckContext, CheckResult, Peer, Severity, run_check
 from checks.catalog import Catalog
-from checks.ping import Echo, PingCheck
+from checks.ping import PingCheck
+from checks.probes import Echo, Probes
 from tests.network.test_ping_judging import UP, FakeProber
 
 pytestmark = pytest.mark.anyio
@@ -27,7 +28,7 @@ ALL_UP = {a: UP for p in PEERS for a in (*p.addresses, *p.networks["net1"])}
 
 async def run(prober: FakeProber, peers: list[Peer] = PEERS, **params: object) -> CheckResult:
     ctx = CheckContext(catalog=Catalog(), node_name="n0", peers=peers)
-    return await run_check(PingCheck(params, prober=prober), ctx)
+    return await run_check(PingCheck(params, probes=Probes(ping=prober)), ctx)
 
 
 def codes(result: CheckResult) -> list[tuple[str, str]]:

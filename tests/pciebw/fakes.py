@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from checks.pciebw import Bandwidth
+from checks.probes import Bandwidth
 
 HEALTHY = Bandwidth(52.0, 53.0)  # a Gen5 x16 GPU on a good day
 

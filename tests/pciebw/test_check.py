@@ -10,7 +10,8 @@ import pytest
 
 from checks.base import CheckContext, CheckResult, Severity, run_check
 from checks.catalog import Catalog
-from checks.pciebw import Bandwidth, PcieBwCheck, ProbeError, ProbeUnavailable
+from checks.pciebw import PcieBwCheck, ProbeError, ProbeUnavailable
+from checks.probes import Bandwidth, Probes
 from checks.snapshot import DRIVER_NOT_FOUND, Failed, NodeSnapshot, Ok, PcieLink, Unsupported
 from tests.checks.gpufakes import codes_by_gpu, context, entity_status, healthy_gpu, node, run
 
@@ -27,8 +28,8 @@ def bus(index: int) -> str:
 async def judge(
     probe: object, snapshot: NodeSnapshot | None = None, **params: object
 ) -> CheckResult:
-    ctx = context(snapshot or node(count=8), bandwidth_probe=probe)
-    return await run(PcieBwCheck(params), ctx)
+    check = PcieBwCheck(params, probes=Probes(bandwidth=probe))  # type: ignore[arg-type]
+    return await run(check, context(snapshot or node(count=8)))
 
 
 async def test_healthy_node_passes_with_measured_and_link_rates() -> None:
@@ -150,7 +151,8 @@ async def test_lost_and_mig_gpus_are_not_measured() -> None:
 
 async def test_no_driver_is_unknown_without_measuring() -> None:
     probe = FakeProbe()
-    no_source = await run(PcieBwCheck(), CheckContext(catalog=Catalog(), bandwidth_probe=probe))
+    no_source = await run(PcieBwCheck(probes=Probes(bandwidth=probe)),
+                          CheckContext(catalog=Catalog()))
     driver_error = await judge(probe, replace(node(count=2), driver_error=DRIVER_NOT_FOUND))
     for result in (no_source, driver_error):
         assert (result.status, result.reason) == (Severity.UNKNOWN, DRIVER_NOT_FOUND)
@@ -165,8 +167,8 @@ async def test_a_probe_without_measure_is_unknown() -> None:
 async def test_hung_measurement_ends_at_the_deadline_as_unknown() -> None:
     probe = BlockingProbe()
     try:
-        ctx = context(node(count=1), bandwidth_probe=probe)
-        result = await run_check(PcieBwCheck(), ctx, timeout_s=0.2)
+        check = PcieBwCheck(probes=Probes(bandwidth=probe))
+        result = await run_check(check, context(node(count=1)), timeout_s=0.2)
     finally:
         probe.release.set()
     assert result.status is Severity.UNKNOWN and "timed out" in result.reason

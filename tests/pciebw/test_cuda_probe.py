@@ -12,6 +12,7 @@ import pytest
 from checks.base import Severity
 from checks.cuda import CUDA_NOT_FOUND, cu_result_name, parse_bus_id
 from checks.pciebw import CudaBandwidthProbe, PcieBwCheck, ProbeError, ProbeUnavailable
+from checks.probes import Probes
 from tests.checks.gpufakes import context, node, run
 
 from .fakes import FakeCuda
@@ -47,7 +48,7 @@ def test_missing_library_is_driver_not_found() -> None:
 @pytest.mark.anyio
 async def test_cuinit_failure_is_unknown_for_the_whole_check_with_its_name() -> None:
     probe = fake_probe(FakeCuda(["0000:18:00.0"], init_result=100))
-    result = await run(PcieBwCheck(), context(node(count=2), bandwidth_probe=probe))
+    result = await run(PcieBwCheck(probes=Probes(bandwidth=probe)), context(node(count=2)))
     assert (result.status, result.reason) == (
         Severity.UNKNOWN,
         "cuInit failed: CUDA_ERROR_NO_DEVICE",

@@ -11,6 +11,7 @@ import pytest
 from checks.base import CheckResult, Severity
 from checks.nvml_reader import NvmlReader
 from checks.pciebw import PcieBwCheck, ProbeError, ProbeUnavailable
+from checks.probes import Probes
 from checks.snapshot import NodeSnapshot
 from healthd.sim.cuda import SimBandwidthProbe
 from healthd.sim.fakenvml import install
@@ -49,7 +50,8 @@ def read_snapshot(machine: MachineSpec, t: float = 0.0) -> NodeSnapshot:
 
 async def judge_machine(machine: MachineSpec, t: float = 0.0) -> CheckResult:
     probe = SimBandwidthProbe(machine, clock=lambda: t)
-    return await run(PcieBwCheck(), context(read_snapshot(machine, t), bandwidth_probe=probe))
+    check = PcieBwCheck(probes=Probes(bandwidth=probe))
+    return await run(check, context(read_snapshot(machine, t)))
 
 
 def test_healthy_gpu_measures_85_percent_of_its_link() -> None:

@@ -5,12 +5,14 @@ to run the check the way the agent does."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from checks.base import CheckContext, CheckResult, run_check
 from checks.catalog import Catalog
+from checks.probes import Probes
 from checks.pvc import PvcCheck
 from healthd.kube.client import Kube
 from healthd.kube.conventions import Keys
@@ -46,13 +48,21 @@ async def kube(api: ApiEmulator) -> AsyncIterator[Kube]:  # noqa: F811
         yield client
 
 
+@dataclass(frozen=True)
+class PvcSetup:
+    """What the agent gives the check: the API at construction, a round's context."""
+
+    probes: Probes
+    ctx: CheckContext
+
+
 @pytest.fixture
-def context(kube: Kube) -> CheckContext:
-    return CheckContext(catalog=Catalog(), node_name=NODE, namespace=NAMESPACE,
-                        pvc_api=KubeProbeApi.factory(kube, Keys()))
+def context(kube: Kube) -> PvcSetup:
+    return PvcSetup(Probes(pvc_api=KubeProbeApi.factory(kube, Keys())),
+                    CheckContext(catalog=Catalog(), node_name=NODE, namespace=NAMESPACE))
 
 
-async def run_pvc(ctx: CheckContext, **params: Any) -> CheckResult:
+async def run_pvc(setup: PvcSetup, **params: Any) -> CheckResult:
     """One run of the check with short test timeouts, as the agent's runner runs it."""
     params.setdefault("bind_timeout_s", 0.5)
-    return await run_check(PvcCheck(params), ctx, timeout_s=10)
+    return await run_check(PvcCheck(params, probes=setup.probes), setup.ctx, timeout_s=10)

@@ -17,11 +17,12 @@ import anyio
 import pytest
 
 from checks.base import CheckContext, Entity, Severity
+from checks.probes import Probes
 from checks.pvc import PvcCheck
 from healthd.kube.conventions import Keys
 from healthd.kube.pvc_probe import label_value
 from healthd.sim.apiserver import ApiEmulator
-from tests.pvc.conftest import NAMESPACE, NODE, run_pvc
+from tests.pvc.conftest import NAMESPACE, NODE, PvcSetup, run_pvc
 from tests.pvc.provisioner import FAILURE_MESSAGE, running
 
 pytestmark = pytest.mark.anyio
@@ -48,13 +49,13 @@ def nothing_left_behind(api: ApiEmulator) -> Iterator[None]:
     assert probe_objects(api) == [], "the check left probe objects behind"
 
 
-async def test_no_storage_class_configured_is_skipped(context: CheckContext) -> None:
+async def test_no_storage_class_configured_is_skipped(context: PvcSetup) -> None:
     result = await run_pvc(context)
     assert result.status is Severity.SKIPPED
     assert result.reason == "no storage class configured"
 
 
-async def test_bound_pvc_passes_with_bind_time(api: ApiEmulator, context: CheckContext) -> None:
+async def test_bound_pvc_passes_with_bind_time(api: ApiEmulator, context: PvcSetup) -> None:
     async with running(api, NAMESPACE, {"fast": "bind"}):
         result = await run_pvc(context, storage_classes=["fast"], bind_timeout_s=5)
     assert result.status is Severity.PASS, result.reason
@@ -68,7 +69,7 @@ async def test_bound_pvc_passes_with_bind_time(api: ApiEmulator, context: CheckC
     assert len(api.writes("DELETE", rf"{PVC_PATH}/healthd-pvc-{NODE}-fast-\w+")) == 1
 
 
-async def test_waiting_watches_instead_of_polling(api: ApiEmulator, context: CheckContext) -> None:
+async def test_waiting_watches_instead_of_polling(api: ApiEmulator, context: PvcSetup) -> None:
     async with running(api, NAMESPACE, {}):
         result = await run_pvc(context, storage_classes=["fast"], bind_timeout_s=1)
     assert result.findings[0].code == "PVC_NOT_BOUND"
@@ -79,7 +80,7 @@ async def test_waiting_watches_instead_of_polling(api: ApiEmulator, context: Che
     assert reads == []
 
 
-async def test_a_watch_the_server_ends_is_resumed(api: ApiEmulator, context: CheckContext) -> None:
+async def test_a_watch_the_server_ends_is_resumed(api: ApiEmulator, context: PvcSetup) -> None:
     async with running(api, NAMESPACE, {"fast": "bind"}):
         # The check's own watch (by name) fails: history expired. It must re-read, re-watch.
         api.fail("GET", PVC_PATH, 410, query={"watch": "true", "fieldSelector": "metadata.name=.*"})
@@ -90,7 +91,7 @@ async def test_a_watch_the_server_ends_is_resumed(api: ApiEmulator, context: Che
     assert len(api.requests_to("GET", rf"{PVC_PATH}/.+")) >= 1
 
 
-async def test_never_bound_reports_pvc_not_bound(api: ApiEmulator, context: CheckContext) -> None:
+async def test_never_bound_reports_pvc_not_bound(api: ApiEmulator, context: PvcSetup) -> None:
     started = anyio.current_time()
     async with running(api, NAMESPACE, {"fast": "never"}):
         result = await run_pvc(context, storage_classes=["fast"], bind_timeout_s=0.5)
@@ -103,7 +104,7 @@ async def test_never_bound_reports_pvc_not_bound(api: ApiEmulator, context: Chec
 
 
 async def test_provisioning_error_reports_the_provisioner_message(
-    api: ApiEmulator, context: CheckContext
+    api: ApiEmulator, context: PvcSetup
 ) -> None:
     async with running(api, NAMESPACE, {"fast": "fail"}):
         result = await run_pvc(context, storage_classes=["fast"])
@@ -114,7 +115,7 @@ async def test_provisioning_error_reports_the_provisioner_message(
     assert FAILURE_MESSAGE in finding.message
 
 
-async def test_each_class_is_judged_on_its_own(api: ApiEmulator, context: CheckContext) -> None:
+async def test_each_class_is_judged_on_its_own(api: ApiEmulator, context: PvcSetup) -> None:
     async with running(api, NAMESPACE, {"fast": "bind", "slow": "never"}):
         result = await run_pvc(context, storage_classes=["fast", "slow"], bind_timeout_s=1)
     statuses = {row.entity.name: row.status for row in result.entities}
@@ -123,7 +124,7 @@ async def test_each_class_is_judged_on_its_own(api: ApiEmulator, context: CheckC
 
 
 async def test_first_consumer_class_binds_through_a_pod_on_this_node(
-    api: ApiEmulator, context: CheckContext
+    api: ApiEmulator, context: PvcSetup
 ) -> None:
     waiting = frozenset({"local"})
     async with running(api, NAMESPACE, {"local": "bind"}, wait_for_consumer=waiting) as fake:
@@ -136,7 +137,7 @@ async def test_first_consumer_class_binds_through_a_pod_on_this_node(
 
 
 async def test_first_consumer_class_without_pods_is_skipped(
-    api: ApiEmulator, context: CheckContext
+    api: ApiEmulator, context: PvcSetup
 ) -> None:
     result = await run_pvc(context, storage_classes=["local"], allow_pods=False)
     assert result.status is Severity.SKIPPED
@@ -144,7 +145,7 @@ async def test_first_consumer_class_without_pods_is_skipped(
     assert api.writes("POST", PVC_PATH) == []
 
 
-async def test_missing_storage_class_is_unknown(api: ApiEmulator, context: CheckContext) -> None:
+async def test_missing_storage_class_is_unknown(api: ApiEmulator, context: PvcSetup) -> None:
     result = await run_pvc(context, storage_classes=["nosuch"])
     assert result.status is Severity.UNKNOWN
     assert result.reason == "storage class nosuch not found"
@@ -152,7 +153,7 @@ async def test_missing_storage_class_is_unknown(api: ApiEmulator, context: Check
 
 
 async def test_retain_class_is_skipped_so_no_volume_leaks(
-    api: ApiEmulator, context: CheckContext
+    api: ApiEmulator, context: PvcSetup
 ) -> None:
     result = await run_pvc(context, storage_classes=["archive"])
     assert result.status is Severity.SKIPPED
@@ -168,7 +169,7 @@ def _leftover(kind: str, name: str, node: str) -> dict:
 
 
 async def test_leftovers_of_a_crashed_run_are_deleted(
-    api: ApiEmulator, context: CheckContext
+    api: ApiEmulator, context: PvcSetup
 ) -> None:
     api.seed(
         _leftover("PersistentVolumeClaim", "healthd-pvc-old", NODE),
@@ -185,19 +186,20 @@ async def test_leftovers_of_a_crashed_run_are_deleted(
 
 @pytest.mark.parametrize("binding", ["fast", "local"])
 async def test_cancellation_mid_wait_still_cleans_up(
-    api: ApiEmulator, context: CheckContext, binding: str
+    api: ApiEmulator, context: PvcSetup, binding: str
 ) -> None:
-    check = PvcCheck({"storage_classes": [binding], "bind_timeout_s": 30})
+    check = PvcCheck({"storage_classes": [binding], "bind_timeout_s": 30},
+                     probes=context.probes)
     async with running(api, NAMESPACE, {}, wait_for_consumer=frozenset({"local"})):
         with anyio.move_on_after(0.5) as scope:
-            await check.run(context)
+            await check.run(context.ctx)
     assert scope.cancelled_caught
     assert len(api.writes("POST", PVC_PATH)) == 1
     assert len(api.writes("DELETE", rf"{PVC_PATH}/.+")) == 1
     assert len(api.writes("POST", POD_PATH)) == (1 if binding == "local" else 0)
 
 
-async def test_server_error_on_create_is_unknown(api: ApiEmulator, context: CheckContext) -> None:
+async def test_server_error_on_create_is_unknown(api: ApiEmulator, context: PvcSetup) -> None:
     api.fail("POST", PVC_PATH, 500, body={"kind": "Status", "message": "etcd is sad"})
     result = await run_pvc(context, storage_classes=["fast"])
     assert result.status is Severity.UNKNOWN
@@ -206,7 +208,7 @@ async def test_server_error_on_create_is_unknown(api: ApiEmulator, context: Chec
     assert "etcd is sad" in result.reason
 
 
-async def test_forbidden_is_unknown_with_reason(api: ApiEmulator, context: CheckContext) -> None:
+async def test_forbidden_is_unknown_with_reason(api: ApiEmulator, context: PvcSetup) -> None:
     api.authorizer = lambda user, verb, group, resource, *rest: resource != "pods"
     result = await run_pvc(context, storage_classes=["fast"])
     assert result.status is Severity.UNKNOWN
@@ -214,7 +216,7 @@ async def test_forbidden_is_unknown_with_reason(api: ApiEmulator, context: Check
     assert api.writes("POST", PVC_PATH) == []
 
 
-async def test_unreachable_api_is_unknown(api: ApiEmulator, context: CheckContext) -> None:
+async def test_unreachable_api_is_unknown(api: ApiEmulator, context: PvcSetup) -> None:
     await api.go_away()
     try:
         result = await run_pvc(context, storage_classes=["fast"])
@@ -225,8 +227,8 @@ async def test_unreachable_api_is_unknown(api: ApiEmulator, context: CheckContex
     assert "\n" not in result.reason
 
 
-async def test_without_a_client_or_node_name_is_unknown(context: CheckContext) -> None:
-    no_client = CheckContext(catalog=context.catalog, node_name=NODE)
-    no_node = CheckContext(catalog=context.catalog, pvc_api=context.pvc_api)
+async def test_without_a_client_or_node_name_is_unknown(context: PvcSetup) -> None:
+    no_client = PvcSetup(Probes(), context.ctx)
+    no_node = PvcSetup(context.probes, CheckContext(catalog=context.ctx.catalog))
     assert (await run_pvc(no_client, storage_classes=["fast"])).status is Severity.UNKNOWN
     assert (await run_pvc(no_node, storage_classes=["fast"])).status is Severity.UNKNOWN
