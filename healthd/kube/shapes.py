@@ -16,257 +16,288 @@ never an exception. The accessors in healthd.kube.objects are built on these.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypedDict, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast
 
 T = TypeVar("T", bound=Mapping[str, Any])
 
 
-# -- every object (meta/v1) ------------------------------------------------------------
+# The views exist for the type checker: at run time an object is the dict the API sent,
+# and building some thirty TypedDict classes would cost every agent about 160 KB.
+if TYPE_CHECKING:
+    # -- every object (meta/v1) ------------------------------------------------------------
 
+    class ObjectMeta(TypedDict, total=False):
+        """`metadata` (meta/v1 ObjectMeta): the fields healthd reads of any object."""
 
-class ObjectMeta(TypedDict, total=False):
-    """`metadata` (meta/v1 ObjectMeta): the fields healthd reads of any object."""
+        name: str
+        namespace: str
+        uid: str
+        resourceVersion: str
+        generation: int
+        creationTimestamp: str
+        deletionTimestamp: str  # set while the object is being deleted
+        labels: dict[str, str]
+        annotations: dict[str, str]
 
-    name: str
-    namespace: str
-    uid: str
-    resourceVersion: str
-    generation: int
-    creationTimestamp: str
-    deletionTimestamp: str  # set while the object is being deleted
-    labels: dict[str, str]
-    annotations: dict[str, str]
 
+    class KubeObject(TypedDict, total=False):
+        """Any object: what every view below has in common."""
 
-class KubeObject(TypedDict, total=False):
-    """Any object: what every view below has in common."""
+        apiVersion: str
+        kind: str
+        metadata: ObjectMeta
 
-    apiVersion: str
-    kind: str
-    metadata: ObjectMeta
 
+    class Condition(TypedDict, total=False):
+        """One entry of `status.conditions` (the meta/v1 Condition shape; a Node's and a
+        Pod's conditions have the same fields healthd reads)."""
 
-class Condition(TypedDict, total=False):
-    """One entry of `status.conditions` (the meta/v1 Condition shape; a Node's and a
-    Pod's conditions have the same fields healthd reads)."""
+        type: str
+        status: str  # "True", "False", "Unknown"
+        reason: str
+        message: str
+        lastTransitionTime: str
+        lastHeartbeatTime: str  # Node conditions only
+        observedGeneration: int
 
-    type: str
-    status: str  # "True", "False", "Unknown"
-    reason: str
-    message: str
-    lastTransitionTime: str
-    lastHeartbeatTime: str  # Node conditions only
-    observedGeneration: int
 
+    # -- Node (core/v1) --------------------------------------------------------------------
 
-# -- Node (core/v1) --------------------------------------------------------------------
+    class Taint(TypedDict, total=False):
+        key: str
+        value: str
+        effect: str
 
 
-class Taint(TypedDict, total=False):
-    key: str
-    value: str
-    effect: str
+    class NodeSpec(TypedDict, total=False):
+        unschedulable: bool  # cordoned
+        taints: list[Taint]
 
 
-class NodeSpec(TypedDict, total=False):
-    unschedulable: bool  # cordoned
-    taints: list[Taint]
+    class NodeStatus(TypedDict, total=False):
+        capacity: dict[str, str]  # resource -> quantity, e.g. {"nvidia.com/gpu": "8"}
+        allocatable: dict[str, str]
+        conditions: list[Condition]
 
 
-class NodeStatus(TypedDict, total=False):
-    capacity: dict[str, str]  # resource -> quantity, e.g. {"nvidia.com/gpu": "8"}
-    allocatable: dict[str, str]
-    conditions: list[Condition]
+    class Node(KubeObject, total=False):
+        """A core/v1 Node."""
 
+        spec: NodeSpec
+        status: NodeStatus
 
-class Node(KubeObject, total=False):
-    """A core/v1 Node."""
 
-    spec: NodeSpec
-    status: NodeStatus
+    # -- Pod (core/v1) ---------------------------------------------------------------------
 
+    class ResourceRequirements(TypedDict, total=False):
+        requests: dict[str, str]  # resource -> quantity ("1", "500m")
+        limits: dict[str, str]
 
-# -- Pod (core/v1) ---------------------------------------------------------------------
 
+    class Container(TypedDict, total=False):
+        name: str
+        resources: ResourceRequirements
 
-class ResourceRequirements(TypedDict, total=False):
-    requests: dict[str, str]  # resource -> quantity ("1", "500m")
-    limits: dict[str, str]
 
+    class PodSpec(TypedDict, total=False):
+        nodeName: str  # set once the pod is bound to a node
+        containers: list[Container]
+        initContainers: list[Container]
 
-class Container(TypedDict, total=False):
-    name: str
-    resources: ResourceRequirements
 
+    class ContainerStateTerminated(TypedDict, total=False):
+        reason: str
+        message: str
+        exitCode: int
+        finishedAt: str
 
-class PodSpec(TypedDict, total=False):
-    nodeName: str  # set once the pod is bound to a node
-    containers: list[Container]
-    initContainers: list[Container]
 
+    class ContainerState(TypedDict, total=False):
+        terminated: ContainerStateTerminated
 
-class ContainerStateTerminated(TypedDict, total=False):
-    reason: str
-    message: str
-    exitCode: int
-    finishedAt: str
 
+    class ContainerStatus(TypedDict, total=False):
+        name: str
+        restartCount: int
+        state: ContainerState
+        lastState: ContainerState  # the previous run, after a restart
 
-class ContainerState(TypedDict, total=False):
-    terminated: ContainerStateTerminated
 
+    class PodIP(TypedDict, total=False):
+        ip: str
 
-class ContainerStatus(TypedDict, total=False):
-    name: str
-    restartCount: int
-    state: ContainerState
-    lastState: ContainerState  # the previous run, after a restart
 
+    class PodStatus(TypedDict, total=False):
+        phase: str  # Pending, Running, Succeeded, Failed, Unknown
+        reason: str
+        message: str
+        conditions: list[Condition]
+        containerStatuses: list[ContainerStatus]
+        podIP: str
+        podIPs: list[PodIP]
 
-class PodIP(TypedDict, total=False):
-    ip: str
 
+    class Pod(KubeObject, total=False):
+        """A core/v1 Pod."""
 
-class PodStatus(TypedDict, total=False):
-    phase: str  # Pending, Running, Succeeded, Failed, Unknown
-    reason: str
-    message: str
-    conditions: list[Condition]
-    containerStatuses: list[ContainerStatus]
-    podIP: str
-    podIPs: list[PodIP]
+        spec: PodSpec
+        status: PodStatus
 
 
-class Pod(KubeObject, total=False):
-    """A core/v1 Pod."""
+    # -- AppWrapper (workload.codeflare.dev/v1beta2) ---------------------------------------
 
-    spec: PodSpec
-    status: PodStatus
+    class AppWrapperSpec(TypedDict, total=False):
+        managedBy: str  # absent, or the controller that manages it (MultiKueue, ...)
 
 
-# -- AppWrapper (workload.codeflare.dev/v1beta2) ---------------------------------------
+    class AppWrapperStatus(TypedDict, total=False):
+        phase: str  # Running, Resetting, ...
+        conditions: list[Condition]
 
 
-class AppWrapperSpec(TypedDict, total=False):
-    managedBy: str  # absent, or the controller that manages it (MultiKueue, ...)
+    class AppWrapper(KubeObject, total=False):
+        """A workload.codeflare.dev/v1beta2 AppWrapper. Its pods carry the label
+        `workload.codeflare.dev/appwrapper` (its name), which is how healthd finds them."""
 
+        spec: AppWrapperSpec
+        status: AppWrapperStatus
 
-class AppWrapperStatus(TypedDict, total=False):
-    phase: str  # Running, Resetting, ...
-    conditions: list[Condition]
 
+    # -- Kueue (kueue.x-k8s.io/v1beta2, same fields in v1beta1) ------------------------------
 
-class AppWrapper(KubeObject, total=False):
-    """A workload.codeflare.dev/v1beta2 AppWrapper. Its pods carry the label
-    `workload.codeflare.dev/appwrapper` (its name), which is how healthd finds them."""
+    class ResourceQuota(TypedDict, total=False):
+        name: str  # the resource, e.g. nvidia.com/gpu
+        nominalQuota: str
+        lendingLimit: str
 
-    spec: AppWrapperSpec
-    status: AppWrapperStatus
 
+    class FlavorQuotas(TypedDict, total=False):
+        name: str  # a ResourceFlavor's name
+        resources: list[ResourceQuota]
 
-# -- Kueue (kueue.x-k8s.io/v1beta2, same fields in v1beta1) ------------------------------
 
+    class ResourceGroup(TypedDict, total=False):
+        flavors: list[FlavorQuotas]
 
-class ResourceQuota(TypedDict, total=False):
-    name: str  # the resource, e.g. nvidia.com/gpu
-    nominalQuota: str
-    lendingLimit: str
 
+    class ClusterQueueSpec(TypedDict, total=False):
+        cohortName: str  # v1beta2
+        cohort: str  # v1beta1
+        resourceGroups: list[ResourceGroup]
 
-class FlavorQuotas(TypedDict, total=False):
-    name: str  # a ResourceFlavor's name
-    resources: list[ResourceQuota]
 
+    class ClusterQueue(KubeObject, total=False):
+        """A kueue.x-k8s.io ClusterQueue (v1beta2 or v1beta1)."""
 
-class ResourceGroup(TypedDict, total=False):
-    flavors: list[FlavorQuotas]
+        spec: ClusterQueueSpec
 
 
-class ClusterQueueSpec(TypedDict, total=False):
-    cohortName: str  # v1beta2
-    cohort: str  # v1beta1
-    resourceGroups: list[ResourceGroup]
+    class ResourceFlavorSpec(TypedDict, total=False):
+        nodeLabels: dict[str, str]  # the nodes this flavor stands for
 
 
-class ClusterQueue(KubeObject, total=False):
-    """A kueue.x-k8s.io ClusterQueue (v1beta2 or v1beta1)."""
+    class ResourceFlavor(KubeObject, total=False):
+        """A kueue.x-k8s.io ResourceFlavor (v1beta2 or v1beta1)."""
 
-    spec: ClusterQueueSpec
+        spec: ResourceFlavorSpec
 
 
-class ResourceFlavorSpec(TypedDict, total=False):
-    nodeLabels: dict[str, str]  # the nodes this flavor stands for
+    class GroupVersion(TypedDict, total=False):
+        groupVersion: str
+        version: str
 
 
-class ResourceFlavor(KubeObject, total=False):
-    """A kueue.x-k8s.io ResourceFlavor (v1beta2 or v1beta1)."""
+    class APIGroup(TypedDict, total=False):
+        """The meta/v1 APIGroup document at `/apis/<group>` (which versions are served)."""
 
-    spec: ResourceFlavorSpec
+        name: str
+        versions: list[GroupVersion]
 
 
-class GroupVersion(TypedDict, total=False):
-    groupVersion: str
-    version: str
+    # -- PersistentVolumeClaim (core/v1) -----------------------------------------------------
 
+    class PersistentVolumeClaimStatus(TypedDict, total=False):
+        phase: str  # Pending, Bound, Lost
 
-class APIGroup(TypedDict, total=False):
-    """The meta/v1 APIGroup document at `/apis/<group>` (which versions are served)."""
 
-    name: str
-    versions: list[GroupVersion]
+    class PersistentVolumeClaim(KubeObject, total=False):
+        """A core/v1 PersistentVolumeClaim (the pvc check's test claim)."""
 
+        status: PersistentVolumeClaimStatus
 
-# -- PersistentVolumeClaim (core/v1) -----------------------------------------------------
 
+    # -- Lease (coordination.k8s.io/v1) and Event (core/v1) --------------------------------
 
-class PersistentVolumeClaimStatus(TypedDict, total=False):
-    phase: str  # Pending, Bound, Lost
+    class LeaseSpec(TypedDict, total=False):
+        holderIdentity: str
+        acquireTime: str
+        renewTime: str
+        leaseDurationSeconds: int
+        leaseTransitions: int
 
 
-class PersistentVolumeClaim(KubeObject, total=False):
-    """A core/v1 PersistentVolumeClaim (the pvc check's test claim)."""
+    class Lease(KubeObject, total=False):
+        """A coordination.k8s.io/v1 Lease."""
 
-    status: PersistentVolumeClaimStatus
+        spec: LeaseSpec
 
 
-# -- Lease (coordination.k8s.io/v1) and Event (core/v1) --------------------------------
+    class ObjectReference(TypedDict, total=False):
+        apiVersion: str
+        kind: str
+        name: str
+        namespace: str
+        uid: str
 
 
-class LeaseSpec(TypedDict, total=False):
-    holderIdentity: str
-    acquireTime: str
-    renewTime: str
-    leaseDurationSeconds: int
-    leaseTransitions: int
+    class Event(KubeObject, total=False):
+        """A core/v1 Event."""
 
+        type: str
+        reason: str
+        message: str
+        involvedObject: ObjectReference
+        firstTimestamp: str
+        lastTimestamp: str
+        eventTime: str
 
-class Lease(KubeObject, total=False):
-    """A coordination.k8s.io/v1 Lease."""
 
-    spec: LeaseSpec
-
-
-class ObjectReference(TypedDict, total=False):
-    apiVersion: str
-    kind: str
-    name: str
-    namespace: str
-    uid: str
-
-
-class Event(KubeObject, total=False):
-    """A core/v1 Event."""
-
-    type: str
-    reason: str
-    message: str
-    involvedObject: ObjectReference
-    firstTimestamp: str
-    lastTimestamp: str
-    eventTime: str
-
-
-# -- the door and the way down ---------------------------------------------------------
+    # -- the door and the way down ---------------------------------------------------------
+else:  # every view is a plain dict at run time
+    ObjectMeta = dict
+    KubeObject = dict
+    Condition = dict
+    Taint = dict
+    NodeSpec = dict
+    NodeStatus = dict
+    Node = dict
+    ResourceRequirements = dict
+    Container = dict
+    PodSpec = dict
+    ContainerStateTerminated = dict
+    ContainerState = dict
+    ContainerStatus = dict
+    PodIP = dict
+    PodStatus = dict
+    Pod = dict
+    AppWrapperSpec = dict
+    AppWrapperStatus = dict
+    AppWrapper = dict
+    ResourceQuota = dict
+    FlavorQuotas = dict
+    ResourceGroup = dict
+    ClusterQueueSpec = dict
+    ClusterQueue = dict
+    ResourceFlavorSpec = dict
+    ResourceFlavor = dict
+    GroupVersion = dict
+    APIGroup = dict
+    PersistentVolumeClaimStatus = dict
+    PersistentVolumeClaim = dict
+    LeaseSpec = dict
+    Lease = dict
+    ObjectReference = dict
+    Event = dict
 
 
 def view(shape: type[T], obj: object) -> T:
