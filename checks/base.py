@@ -273,6 +273,18 @@ def measures(family: str, help: str, label: str, values: Mapping[str, str], *,
 
 
 @dataclass(frozen=True)
+class Counted:
+    """Findings that stand for events (an XID, an SXID), which the agent counts into the
+    counter `family`: per entity of `kind` (a GPU, an NVSwitch) and per the finding's
+    `value` (the event's code number), by the finding's `count` value (else 1)."""
+
+    family: str
+    help: str
+    value: str
+    kind: EntityKind = "gpu"
+
+
+@dataclass(frozen=True)
 class AutopilotGauge:
     """How a check shows in Autopilot's `autopilot_health_checks` gauge, for the
     dashboards written for Autopilot: its `health` label, and what a sample is. `per`
@@ -393,6 +405,7 @@ class BaseCheck:
     - EXCLUSIVE: needs all GPUs to itself (deep diagnostics)
     - MEASURES: the values its results carry that the agent exports as gauges
     - AUTOPILOT: its place in Autopilot's compatibility gauge, if Autopilot has it
+    - COUNTS: the events its findings stand for, which the agent counts (`Counted`)
     - CODES: the finding codes it reports (see checks.catalog); a family of codes
       is written with a `*` (`XID_*`)
     - EVENTS: what runs it at once besides its schedule (`EventRun`), if anything
@@ -421,6 +434,7 @@ class BaseCheck:
     DESCRIPTION: ClassVar[str] = ""
     MEASURES: ClassVar[tuple[Measure, ...]] = ()
     AUTOPILOT: ClassVar[AutopilotGauge | None] = None
+    COUNTS: ClassVar[tuple[Counted, ...]] = ()
     CODES: ClassVar[tuple[str, ...]] = ()
     INPUTS: ClassVar[frozenset[str] | None] = None
     EVENTS: ClassVar[EventRun | None] = None

@@ -26,7 +26,7 @@ from typing import ClassVar
 
 import anyio.to_thread
 
-from checks.base import CheckContext, Entity, EventRun, NoParams, ResultBuilder
+from checks.base import CheckContext, Counted, Entity, EventRun, NoParams, ResultBuilder
 from checks.catalog import SXID_FATAL, is_fatal_sxid
 from checks.gpucheck import GpuCheck
 from checks.kernel_log import LogUnavailable, NoLog, NotRecorded
@@ -43,6 +43,9 @@ class SxidCheck(GpuCheck[NoParams]):
     DEFAULT_TIMEOUT_S: ClassVar[float] = 10.0
     # NVML has no event for SXIDs: the agent runs the check when the log has one.
     EVENTS: ClassVar[EventRun | None] = EventRun("kernel-log", lines="sxid")
+    COUNTS: ClassVar[tuple[Counted, ...]] = (
+        Counted("healthd_nvswitch_sxid_events_total", "NVSwitch SXID errors logged, by code.",
+                "sxid", kind="nvswitch"),)
 
     async def examine(self, snapshot: NodeSnapshot, ctx: CheckContext,
                       builder: ResultBuilder) -> None:

@@ -25,7 +25,7 @@ from typing import ClassVar
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
 
-from checks.base import CheckContext, Entity, EventRun, Finding, ResultBuilder
+from checks.base import CheckContext, Counted, Entity, EventRun, Finding, ResultBuilder
 from checks.gpucheck import GpuCheck, gpu_entity
 from checks.kernel_log import LogUnavailable
 from checks.probes import KernelLogSource, LoggedXid
@@ -50,6 +50,8 @@ class XidCheck(GpuCheck[XidParams]):
     DEFAULT_INTERVAL_S: ClassVar[float] = 30.0
     INPUTS: ClassVar[frozenset[str] | None] = frozenset({"nvml", "xid"})
     EVENTS: ClassVar[EventRun | None] = EventRun("nvml-xid", listen="window_s")
+    COUNTS: ClassVar[tuple[Counted, ...]] = (
+        Counted("healthd_gpu_xid_events_total", "XID events received, by code.", "xid"),)
     # Must exceed the longest window plus one NVML pass.
     DEFAULT_TIMEOUT_S: ClassVar[float] = MAX_WINDOW_S + 10.0
 

@@ -192,7 +192,7 @@ class SnapshotCollector:
         peer_elsewhere = entity.kind == "peer" and bool(entity.network) != m.secondary
         if entity.kind != m.kind or value is None or peer_elsewhere:
             return
-        labels = {"node": self._node, **_entity_labels(entity), **dict(m.extra)}
+        labels = {"node": self._node, **entity_labels(entity), **dict(m.extra)}
         if m.secondary:
             labels["network"] = entity.network
         out.add(m.family, m.help, labels, value * m.scale)
@@ -239,7 +239,8 @@ def check_name(key: str) -> str:
     return key.partition(":")[0]
 
 
-def _entity_labels(entity: Entity) -> dict[str, str]:
+def entity_labels(entity: Entity) -> dict[str, str]:
+    """An entity's labels, named as ENTITY_LABELS names them for its kind."""
     if entity.kind == "gpu":
         return gpu_labels(entity)
     if entity.kind == "nic":

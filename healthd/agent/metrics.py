@@ -75,13 +75,13 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 import checks
-from checks.base import BaseCheck, CheckResult, Finding
+from checks.base import BaseCheck, CheckResult, Counted, Finding
 from healthd.agent.metric_families import (
-    GPU_LABELS,
+    ENTITY_LABELS,
     Latest,
     Snapshot,
     SnapshotCollector,
-    gpu_labels,
+    entity_labels,
     number,
 )
 
@@ -142,14 +142,9 @@ class AgentMetrics:
             "healthd_check_duration_seconds", "Check run durations.",
             ["node", "check"], buckets=DURATION_BUCKETS, registry=registry,
         )
-        self._xids = Counter(
-            "healthd_gpu_xid_events_total", "XID events received, by code.",
-            ["node", *GPU_LABELS, "xid"], registry=registry,
-        )
-        self._sxids = Counter(
-            "healthd_nvswitch_sxid_events_total", "NVSwitch SXID errors logged, by code.",
-            ["node", "nvswitch", "sxid"], registry=registry,
-        )
+        known = checks.REGISTRY if known is None else known
+        self._counters = {name: [(c, _counter(c, registry)) for c in cls.COUNTS]
+                          for name, cls in known.items() if cls.COUNTS}
         self._fault_to_label = Histogram(
             "healthd_agent_fault_to_label_seconds",
             "Seconds from a fault's detection to the node label carrying it.",
@@ -168,7 +163,7 @@ class AgentMetrics:
             ["node", "check"], registry=registry,
         )
         collector = SnapshotCollector(
-            self.snapshot, checks=checks.REGISTRY if known is None else known, node=node,
+            self.snapshot, checks=known, node=node,
             cpu_model=cpu_model, gpu_model=gpu_model, peer_detail=peer_detail,
         )
         registry.register(collector)
@@ -179,8 +174,9 @@ class AgentMetrics:
         ended = result.started_at + result.duration_s if result.started_at else self._clock()
         self._runs.labels(self.node, key, result.status.value).inc()
         self._durations.labels(self.node, key).observe(max(0.0, result.duration_s))
-        for finding in result.findings:
-            self._count_event(finding)
+        for counted, counter in self._counters.get(result.check, ()):
+            for finding in result.findings:
+                _count(counter, counted, self.node, finding)
         with self._lock:
             self._seq += 1
             self._latest[key] = Latest(self._seq, result, ended)
@@ -208,14 +204,16 @@ class AgentMetrics:
         with self._lock:
             return Snapshot(dict(self._latest), self._state)
 
-    def _count_event(self, finding: Finding) -> None:
-        """XID findings count per GPU and code, SXID findings per NVSwitch and code."""
-        count = number(finding.values.get("count", 1)) or 0.0
-        xid, sxid = finding.values.get("xid"), finding.values.get("sxid")
-        if count <= 0:
-            return
-        if finding.entity.kind == "gpu" and finding.code.startswith("XID_") and xid is not None:
-            labels = gpu_labels(finding.entity).values()
-            self._xids.labels(self.node, *labels, str(xid)).inc(count)
-        elif finding.entity.kind == "nvswitch" and sxid is not None:
-            self._sxids.labels(self.node, finding.entity.name, str(sxid)).inc(count)
+
+def _counter(counted: Counted, registry: CollectorRegistry) -> Counter:
+    """The counter of a check's declared events, labelled by entity and code."""
+    return Counter(counted.family, counted.help,
+                   ["node", *ENTITY_LABELS[counted.kind], counted.value], registry=registry)
+
+
+def _count(counter: Counter, counted: Counted, node: str, finding: Finding) -> None:
+    """Count the events `finding` stands for, if it is one of `counted`'s."""
+    code, events = finding.values.get(counted.value), number(finding.values.get("count", 1))
+    if finding.entity.kind != counted.kind or code is None or not events or events <= 0:
+        return
+    counter.labels(node, *entity_labels(finding.entity).values(), str(code)).inc(events)

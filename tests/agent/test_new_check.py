@@ -3,7 +3,8 @@ module and its registry line, nothing in the agent. A toy check class that decla
 measure and an Autopilot gauge is added to the registry (and nowhere else); the real
 agent schedules it, and a scrape shows its gauge family and its
 `autopilot_health_checks` series. Another toy check declares NVML's XID events as its
-event source: an XID runs it at once, long before its next periodic turn."""
+event source: an XID runs it at once, long before its next periodic turn. A third
+declares that its findings stand for events: the agent counts them."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from checks.base import (
     BaseCheck,
     CheckContext,
     CheckResult,
+    Counted,
     Entity,
     EventRun,
     Measure,
@@ -97,3 +99,33 @@ async def test_a_new_check_with_an_event_source_needs_no_agent_edit(
         await eventually(lambda: (runs() or 0) > 1, what="a run the XID triggered")
         assert h.metric("healthd_check_runs_total", node=NODE, check="xidcounter",
                         result="PASS") == runs()
+
+
+class BlipCheck(BaseCheck):
+    """A check whose findings stand for events: each run reports 2 blips of code 7."""
+
+    NAME: ClassVar[str] = "blips"
+    DEFAULT_INTERVAL_S: ClassVar[float] = 0.2
+    COUNTS: ClassVar[tuple[Counted, ...]] = (
+        Counted("healthd_node_blip_events_total", "Blips seen, by code.", "blip", "node"),)
+    CODES: ClassVar[tuple[str, ...]] = ("PEER_UNREACHABLE",)
+
+    async def run(self, ctx: CheckContext) -> CheckResult:
+        builder = ResultBuilder(self.NAME, ctx.catalog)
+        builder.finding("PEER_UNREACHABLE", Entity.node(ctx.node_name), "two blips",
+                        blip=7, count=2)
+        return builder.build()
+
+
+async def test_a_new_check_with_counted_events_needs_no_agent_edit(
+    api: ApiEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(checks.REGISTRY, BlipCheck.NAME, BlipCheck)
+
+    def blips() -> float:
+        return h.metric("healthd_node_blip_events_total", node=NODE, blip="7") or 0.0
+
+    async with running_agent(api, tmp_path) as h:
+        await eventually(lambda: blips() >= 4, what="two runs' blips counted")
+        runs = h.metric("healthd_check_runs_total", node=NODE, check="blips", result="WARN")
+        assert runs is not None and blips() in (2 * runs, 2 * runs + 2)  # a run may land between
