@@ -245,6 +245,21 @@ class Healthd:
                                      self.root / f"{pod['metadata']['name']}.kubeconfig",
                                      server)
 
+    def wait_for_node_policy(self, agent: k8s.CoreV1Api, foreign_node: str) -> None:
+        """Wait until the API server enforces the node policy on `agent`'s writes: a
+        new ValidatingAdmissionPolicy is in force a moment after it is created. The
+        probe, a write to another node's verdict, is a dry run: admission judges it,
+        nothing is stored either way."""
+        probe = {"metadata": {"labels": {"autopilot.ibm.com/gpuhealth": "EVICT"}}}
+
+        def refused() -> bool:
+            try:
+                agent.patch_node(foreign_node, probe, dry_run="All")
+            except k8s.ApiException as exc:
+                return exc.status == 403
+            return False
+        eventually(refused, 30, "the node policy in force")
+
     def client_for(self, token: str) -> k8s.ApiClient:
         """An API client with `token` (another identity than the admin's)."""
         return api_client(self.token_kubeconfig(

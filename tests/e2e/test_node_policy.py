@@ -106,6 +106,10 @@ def test_every_case_of_the_policy_table_on_the_real_api_server(healthd: Healthd,
     healthd.applier.apply(_registered(case, names[case.description], "old") for case in CASES)
     healthd.nodes += list(names.values())  # removed at the end like any test's nodes
     outcomes: dict[str, str] = {}
+    first = healthd.agent_pod(names[CASES[0].description])
+    healthd.wait_for_node_policy(
+        k8s.CoreV1Api(healthd.client_for(healthd.token_for(first, "healthd-agent"))),
+        names[CASES[1].description])
     for case in CASES:
         name = names[case.description]
         pod = healthd.agent_pod(name)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from tests.e2e.healthd import NAMESPACE, Healthd, eventually
+from tests.e2e.healthd import NAMESPACE, Healthd
 
 VERDICT = "autopilot.ibm.com/gpuhealth"
 
@@ -55,11 +55,7 @@ def test_the_agent_writes_only_healthds_keys_on_its_own_node(
         assert _status(call) == 200, what
     assert healthd.label(own) == "WARN"
 
-    # The API server enforces a new policy a moment after it is created.
-    eventually(lambda: _status(lambda: agent.patch_node(
-        other, _labels(**{VERDICT: "EVICT"}))) == 403, 30, "the policy in force")
-    core_admin = healthd.core
-    core_admin.patch_node(other, {"metadata": {"labels": {VERDICT: None}}})
+    healthd.wait_for_node_policy(agent, other)
     refused = {
         "another node's verdict": lambda: agent.patch_node(other, _labels(**{VERDICT: "EVICT"})),
         "a label that is not healthd's": lambda: agent.patch_node(
