@@ -37,6 +37,7 @@ from healthd.kube.objects import (
     name_of,
     node_name_of,
     resource_version_of,
+    slim,
 )
 from healthd.kube.shapes import (
     APIGroup,
@@ -85,7 +86,7 @@ class Store(Generic[T]):
 
     def apply(self, event: WatchEvent) -> tuple[T | None, T | None]:
         """Apply one event; returns (old, new), new None when the object is gone."""
-        obj = view(self.shape, event.object)
+        obj = slim(view(self.shape, event.object))
         key = key_of(obj)
         if event.type == DELETED or (self._accept and not self._accept(obj)):
             return self._objects.pop(key, None), None

@@ -126,6 +126,14 @@ def meta(obj: Mapping[str, Any]) -> ObjectMeta:
     return view(ObjectMeta, obj.get("metadata")) if isinstance(obj, Mapping) else {}
 
 
+def slim(obj: T) -> T:
+    """`obj` without `metadata.managedFields`, server-side apply's bookkeeping, which
+    healthd never reads and which is a third of a Node's JSON on a real API server
+    (client-go informers drop it the same way): what a cache keeps."""
+    meta(obj).pop("managedFields", None)
+    return obj
+
+
 def name_of(obj: Mapping[str, Any]) -> str:
     return str(meta(obj).get("name") or "")
 

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         deletionTimestamp: str  # set while the object is being deleted
         labels: dict[str, str]
         annotations: dict[str, str]
+        managedFields: list[dict[str, Any]]  # never read: the caches drop it (slim)
 
 
     class KubeObject(TypedDict, total=False):

@@ -140,3 +140,20 @@ def test_choose_kueue() -> None:
     assert choose_kueue(group("v1alpha1")) is None
     assert choose_kueue({"versions": "garbage"}) is None
     assert KUEUE_V1BETA1.cohort_field == "cohort" and KUEUE_V1BETA2.cohort_field == "cohortName"
+
+
+async def test_the_caches_keep_no_managed_fields(api: ApiEmulator, kube: Kube) -> None:
+    managed = [{"manager": "kubelet", "operation": "Update", "apiVersion": "v1",
+                "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:conditions": {}}}}]
+    seeded = node("n1", verdict="PASS")
+    seeded["metadata"]["managedFields"] = managed
+    bound = pod("p1", "n1")
+    bound["metadata"]["managedFields"] = managed
+    api.seed(seeded, bound)
+    async with running(kube) as (caches, _):
+        cached = caches.nodes.get("n1")
+        assert cached is not None and "managedFields" not in cached["metadata"]
+        assert cached["metadata"]["labels"]["autopilot.ibm.com/gpuhealth"] == "PASS"
+        assert all("managedFields" not in p["metadata"] for p in caches.pods_on_node("n1"))
+    server_copy = api.get("Node", "n1")
+    assert server_copy is not None and server_copy["metadata"]["managedFields"] == managed
