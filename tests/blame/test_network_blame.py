@@ -23,15 +23,7 @@ import pytest
 from healthd.blame.announce import NetworkBlame
 from healthd.blame.networks import Assessment
 from healthd.sim.apiserver import ApiEmulator
-from tests.controller.conftest import (
-    KubeFactory,
-    Replica,
-    controllers,
-    eventually,
-    settings,
-    settled,
-)
-from tests.controller_blame.conftest import (
+from tests.blame.conftest import (
     BLAMED,
     PARTITIONED,
     agent_node,
@@ -40,6 +32,14 @@ from tests.controller_blame.conftest import (
     product_writes,
     publish,
     silent_node,
+)
+from tests.controller.conftest import (
+    KubeFactory,
+    Replica,
+    controllers,
+    eventually,
+    settings,
+    settled,
 )
 
 pytestmark = pytest.mark.anyio

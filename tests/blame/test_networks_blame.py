@@ -21,14 +21,14 @@ import pytest
 
 from healthd.blame.networks import assess_networks, ping_rows, rows_by_network
 from healthd.sim.apiserver import ApiEmulator
-from tests.controller.conftest import KEYS, KubeFactory, controllers, eventually, settings
-from tests.controller_blame.conftest import (
+from tests.blame.conftest import (
     BLAMED,
     PARTITIONED,
     agent_node,
     blame_events,
     node_writes,
 )
+from tests.controller.conftest import KEYS, KubeFactory, controllers, eventually, settings
 
 pytestmark = pytest.mark.anyio
 

@@ -15,7 +15,7 @@ import pytest
 from healthd.cli import build_parser
 from healthd.fleet.command import status_command
 from healthd.sim.apiserver import ApiEmulator
-from tests.controller_blame.conftest import agent_node, silent_node
+from tests.blame.conftest import agent_node, silent_node
 
 pytestmark = pytest.mark.anyio
 
