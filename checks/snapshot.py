@@ -201,20 +201,25 @@ class NvmlGpuSource:
         self._wait_limiter: anyio.CapacityLimiter | None = None  # XID waits, one at a time
         self._round_lock: anyio.Lock | None = None
         self._cached: NodeSnapshot | None = None
+        self._round = 0  # bumped by new_round(): a read begun in an older round is stale
+        self._cached_round = -1
         self._backlog: deque[XidEvent] = deque(maxlen=backlog)
         self._collectors: list[list[XidEvent]] = []
         self._watchers: list[deque[XidEvent]] = []
 
     def new_round(self) -> None:
-        """Forget the cached snapshot: the next `snapshot()` reads NVML again."""
-        self._cached = None
+        """Start a new round: the next `snapshot()` reads NVML again, even when a read
+        of the old round is still in flight (its result must not serve the new one)."""
+        self._round += 1
 
     async def snapshot(self) -> NodeSnapshot:
         if self._round_lock is None:
             self._round_lock = anyio.Lock()
         async with self._round_lock:  # concurrent checks share one read
-            if self._cached is None:
+            if self._cached is None or self._cached_round != self._round:
+                round_ = self._round
                 self._cached = await self._in_thread(self.reader.read)
+                self._cached_round = round_
             return self._cached
 
     async def xid_events(self, window_s: float) -> list[XidEvent]:

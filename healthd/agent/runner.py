@@ -3,8 +3,11 @@
 Three rules hold whatever asked for a run:
 
 - a check never overlaps itself: one run per check key at a time; a caller that finds
-  its key running joins that run and gets its result (a run that is already
-  measuring is as fresh as one started now);
+  its key running joins that run and gets its result. A request (on-demand or clear)
+  joins only a run that started after it was made: the admin who asks after a repair
+  must get a measurement of the repaired GPU, so it waits for an older run to end and
+  then runs its own. An exclusive run (a deep diagnostic) is joined by every caller:
+  it holds the GPUs alone for minutes, and a second one would hold them twice as long;
 - exclusive checks run alone: an exclusive run waits for every shared run to end and
   blocks new ones until it is done (`ExclusiveGate`, a readers/writer lock that lets
   a waiting exclusive run in first, so a busy schedule cannot starve it);
@@ -13,6 +16,7 @@ Three rules hold whatever asked for a run:
 
 `run_round` runs several checks as one round: it starts a new NVML round first, so
 every NVML check of the round judges the same snapshot (one NVML pass per round).
+Periodic rounds that overlap share a pass; a request's round always reads NVML anew.
 After every run the runner hands the result to `on_result` (the agent folds it into
 the verdict, the metrics and the published state).
 
@@ -40,6 +44,9 @@ from healthd.util.logs import log_context
 log = logging.getLogger(__name__)
 
 OnResult = Callable[[str, CheckResult, Trigger], Awaitable[None]]
+
+# Requests are answered by measurements started after they were made (module docstring).
+FRESH_TRIGGERS = frozenset({Trigger.ON_DEMAND, Trigger.CLEAR})
 
 
 @dataclass
@@ -122,7 +129,8 @@ class ExclusiveGate:
 class _Run:
     """A run in progress, which later callers of the same key join."""
 
-    def __init__(self) -> None:
+    def __init__(self, number: int) -> None:
+        self.number = number  # the runner's count of runs started, this one included
         self.done = anyio.Event()
         self.result: CheckResult | None = None
 
@@ -135,7 +143,8 @@ class Runner:
         self.on_result = on_result
         self.gate = ExclusiveGate()
         self._running: dict[str, _Run] = {}
-        self._rounds = 0  # rounds in flight: a new one reuses their NVML pass
+        self._started = 0  # runs started so far: numbers them
+        self._rounds = 0  # rounds in flight: a new periodic one reuses their NVML pass
 
     def running(self) -> frozenset[str]:
         """Keys of the runs in progress."""
@@ -147,12 +156,18 @@ class Runner:
         result; `on_result` has seen it before this returns. `gated=False` skips the
         exclusive gate: only for checks that merely listen (the xid check on an
         event), which must not wait an hour behind a deep diagnostic."""
-        current = self._running.get(key)
-        if current is not None:
-            log.debug("joining the run of %s in progress", key)
+        asked = self._started
+        while (current := self._running.get(key)) is not None:
+            joins = (trigger not in FRESH_TRIGGERS or check.exclusive
+                     or current.number > asked)
+            log.debug("%s the run of %s in progress", "joining" if joins else "waiting for",
+                      key)
             await current.done.wait()
-            return current.result or CheckResult.unknown(check.NAME, "the run was cancelled")
-        current = self._running[key] = _Run()
+            if joins:
+                return current.result or CheckResult.unknown(check.NAME,
+                                                             "the run was cancelled")
+        self._started += 1
+        current = self._running[key] = _Run(self._started)
         try:
             with log_context(check=key):
                 current.result = await (self._run_gated(check, timeout_s) if gated
@@ -174,7 +189,7 @@ class Runner:
 
         shared = [p for p in planned if not p.exclusive]
         if shared:
-            self._new_round()
+            self._new_round(fresh=trigger in FRESH_TRIGGERS)
             self._rounds += 1
             try:
                 async with anyio.create_task_group() as group:
@@ -198,8 +213,9 @@ class Runner:
         except Exception:  # the consumer's bug must not stop the checks
             log.exception("handling the result of %s failed", key)
 
-    def _new_round(self) -> None:
-        """Start a new NVML pass, unless another round is reading the current one."""
+    def _new_round(self, *, fresh: bool) -> None:
+        """Start a new NVML pass, unless another round is reading the current one and
+        this round may share it (`fresh`: it may not)."""
         new_round = getattr(self.context().gpus, "new_round", None)
-        if self._rounds == 0 and callable(new_round):
+        if (fresh or self._rounds == 0) and callable(new_round):
             new_round()

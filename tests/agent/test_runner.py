@@ -1,7 +1,7 @@
 """The runner: a check never overlaps itself (a second caller joins the running one),
-exclusive checks run alone, every run has its deadline, every result reaches the
-consumer once, one round reads NVML once, and each run sees the inputs known when it
-started."""
+a request (on-demand, clear) is answered by a measurement started after it, exclusive
+checks run alone, every run has its deadline, every result reaches the consumer once,
+one round reads NVML once, and each run sees the inputs known when it started."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ import pytest
 
 from checks.base import BaseCheck, CheckContext, CheckResult, Peer, Severity
 from checks.catalog import Catalog
+from checks.remapped import RemappedCheck
+from checks.snapshot import NvmlGpuSource
 from healthd.agent.runner import RoundInputs, Runner
 from healthd.agent.verdict import Trigger
 from healthd.check.plans import Planned
+from tests.sim.conftest import Machine
 
 pytestmark = pytest.mark.anyio
 
@@ -80,10 +83,37 @@ async def test_a_second_caller_joins_the_run_in_progress() -> None:
     async with anyio.create_task_group() as group:
         group.start_soon(call, Trigger.PERIODIC)
         await anyio.sleep(0.02)
-        group.start_soon(call, Trigger.ON_DEMAND)
+        group.start_soon(call, Trigger.EVENT)
     assert check.runs == 1
     assert [r.status for r in results] == [Severity.PASS, Severity.PASS]
     assert recorder.seen == [("probe", Severity.PASS, Trigger.PERIODIC)]
+
+
+@pytest.mark.parametrize("trigger", [Trigger.ON_DEMAND, Trigger.CLEAR])
+async def test_a_request_waits_for_an_older_run_and_measures_anew(trigger: Trigger) -> None:
+    recorder = Recorder()
+    runner = runner_with(recorder)
+    check = Probe(delay=0.1)
+    async with anyio.create_task_group() as group:
+        group.start_soon(runner.run, "probe", check, Trigger.PERIODIC, 5)
+        await anyio.sleep(0.02)
+        group.start_soon(runner.run, "probe", check, trigger, 5)
+        await anyio.sleep(0.02)
+        group.start_soon(runner.run, "probe", check, Trigger.PERIODIC, 5)  # joins either
+    assert check.runs == 2
+    assert [overlapped for _, overlapped in Probe.log] == ["", ""]  # never overlapping
+    assert recorder.seen == [("probe", Severity.PASS, Trigger.PERIODIC),
+                             ("probe", Severity.PASS, trigger)]
+
+
+async def test_a_request_joins_a_deep_diagnostic_in_progress() -> None:
+    runner = runner_with(Recorder())
+    deep = Probe("deep", delay=0.1, exclusive=True)
+    async with anyio.create_task_group() as group:
+        group.start_soon(runner.run, "deep", deep, Trigger.PERIODIC, 5)
+        await anyio.sleep(0.02)
+        group.start_soon(runner.run, "deep", deep, Trigger.ON_DEMAND, 5)
+    assert deep.runs == 1
 
 
 async def test_exclusive_checks_run_alone() -> None:
@@ -142,6 +172,56 @@ async def test_a_round_starts_one_nvml_pass_and_returns_results_by_key() -> None
     assert gpus.rounds == 1
     assert list(results) == ["c0", "c1", "c2", "c3", "deep"]
     assert dict(Probe.log)["deep"] == ""
+
+
+async def test_overlapping_periodic_rounds_share_a_pass_and_a_request_reads_anew() -> None:
+    gpus = CountingSource()
+    runner = runner_with(Recorder(), gpus)
+    async with anyio.create_task_group() as group:
+        group.start_soon(runner.run_round, [Planned("slow", Probe("slow", delay=0.1), 5)],
+                         Trigger.PERIODIC)
+        await anyio.sleep(0.02)
+        await runner.run_round([Planned("a", Probe("a", delay=0), 5)], Trigger.PERIODIC)
+        assert gpus.rounds == 1  # the open round's pass serves the second one
+        await runner.run_round([Planned("b", Probe("b", delay=0), 5)], Trigger.CLEAR)
+        assert gpus.rounds == 2
+
+
+async def test_a_clear_after_a_repair_sees_the_repair_while_an_old_round_is_open(
+        machine: Machine) -> None:
+    fake = machine(gpus={"count": 2}, faults=[{"gpu": 1, "remapped_rows": {"failure": True}}])
+    gpus = NvmlGpuSource()
+    runner = runner_with(Recorder(), gpus)
+    remapped = RemappedCheck()
+    release = anyio.Event()
+    try:
+        async with anyio.create_task_group() as group:
+            # A periodic round whose other check is still measuring (a long pciebw).
+            group.start_soon(runner.run_round, [Planned("remapped", remapped, 5),
+                                                Planned("slow", Waits(release), 5)],
+                             Trigger.PERIODIC)
+            await anyio.wait_all_tasks_blocked()
+            fake.clear_faults()  # the GPU is repaired (reset), then the admin clears
+            cleared = await runner.run_round([Planned("remapped", remapped, 5)],
+                                             Trigger.CLEAR)
+            release.set()
+        assert cleared["remapped"].status is Severity.PASS
+    finally:
+        await gpus.aclose()
+
+
+class Waits(BaseCheck):
+    """A check that measures until released."""
+
+    NAME: ClassVar[str] = "waits"
+
+    def __init__(self, release: anyio.Event) -> None:
+        super().__init__()
+        self.release = release
+
+    async def run(self, ctx: CheckContext) -> CheckResult:
+        await self.release.wait()
+        return CheckResult(self.NAME, Severity.PASS)
 
 
 async def test_cancelling_a_run_releases_the_key_and_the_gate() -> None:

@@ -1,6 +1,7 @@
 """NvmlGpuSource, the async GpuSource, over the fake NVML library:
 
-- one read per round, shared by concurrent callers; `new_round()` reads again;
+- one read per round, shared by concurrent callers; `new_round()` reads again, even
+  when a read of the old round is still in flight;
 - XIDs: a scheduled XID arrives within the window with the right GPU index and
   UUID; XIDs queued between windows are not lost; `watch_xids()` streams them and
   every XID reaches both kinds of consumer;
@@ -12,12 +13,13 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import anyio
 import pytest
 
-from checks.snapshot import NvmlGpuSource, RemappedRows, XidEvent
+from checks.snapshot import NodeSnapshot, NvmlGpuSource, RemappedRows, XidEvent
 from healthd.sim.fakenvml import install
 from healthd.sim.machine import GpuFault, load_machine_spec
 from tests.sim.conftest import Machine
@@ -150,3 +152,35 @@ async def test_a_window_collects_from_a_running_watch(machine: Machine) -> None:
     assert [(e.xid, e.gpu_index) for e in collected] == [(48, 1)]
     assert [(e.xid, e.gpu_index) for e in watched] == [(48, 1)]
     await source.aclose()
+
+
+class GatedReader:
+    """A reader whose first read waits for the test's word; each read is numbered."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.first_may_end = threading.Event()
+
+    def read(self) -> NodeSnapshot:
+        self.reads += 1
+        number = self.reads
+        if number == 1:
+            self.first_may_end.wait(5)
+        return NodeSnapshot(driver_version=str(number))
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_read_begun_before_new_round_does_not_serve_the_new_round() -> None:
+    reader = GatedReader()
+    source = NvmlGpuSource(reader)  # type: ignore[arg-type]
+    old: list[object] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_append, source, old)
+        await anyio.sleep(0.05)  # the old round's read is in flight
+        source.new_round()
+        reader.first_may_end.set()
+        new = await source.snapshot()
+    assert [s.driver_version for s in old] == ["1"]  # type: ignore[attr-defined]
+    assert new.driver_version == "2"
