@@ -129,8 +129,7 @@ class ExclusiveGate:
 class _Run:
     """A run in progress, which later callers of the same key join."""
 
-    def __init__(self, number: int) -> None:
-        self.number = number  # the runner's count of runs started, this one included
+    def __init__(self) -> None:
         self.done = anyio.Event()
         self.result: CheckResult | None = None
 
@@ -143,7 +142,6 @@ class Runner:
         self.on_result = on_result
         self.gate = ExclusiveGate()
         self._running: dict[str, _Run] = {}
-        self._started = 0  # runs started so far: numbers them
         self._rounds = 0  # rounds in flight: a new periodic one reuses their NVML pass
 
     def running(self) -> frozenset[str]:
@@ -156,18 +154,16 @@ class Runner:
         result; `on_result` has seen it before this returns. `gated=False` skips the
         exclusive gate: only for checks that merely listen (the xid check on an
         event), which must not wait an hour behind a deep diagnostic."""
-        asked = self._started
+        fresh = trigger in FRESH_TRIGGERS and not check.exclusive
         while (current := self._running.get(key)) is not None:
-            joins = (trigger not in FRESH_TRIGGERS or check.exclusive
-                     or current.number > asked)
-            log.debug("%s the run of %s in progress", "joining" if joins else "waiting for",
+            log.debug("%s the run of %s in progress", "waiting for" if fresh else "joining",
                       key)
             await current.done.wait()
-            if joins:
+            if not fresh:
                 return current.result or CheckResult.unknown(check.NAME,
                                                              "the run was cancelled")
-        self._started += 1
-        current = self._running[key] = _Run(self._started)
+            fresh = False  # a run found from here on started after the request
+        current = self._running[key] = _Run()
         try:
             with log_context(check=key):
                 current.result = await (self._run_gated(check, timeout_s) if gated

@@ -191,7 +191,8 @@ async def test_a_clear_after_a_repair_sees_the_repair_while_an_old_round_is_open
         machine: Machine) -> None:
     fake = machine(gpus={"count": 2}, faults=[{"gpu": 1, "remapped_rows": {"failure": True}}])
     gpus = NvmlGpuSource()
-    runner = runner_with(Recorder(), gpus)
+    recorder = Recorder()
+    runner = runner_with(recorder, gpus)
     remapped = RemappedCheck()
     release = anyio.Event()
     try:
@@ -200,7 +201,10 @@ async def test_a_clear_after_a_repair_sees_the_repair_while_an_old_round_is_open
             group.start_soon(runner.run_round, [Planned("remapped", remapped, 5),
                                                 Planned("slow", Waits(release), 5)],
                              Trigger.PERIODIC)
-            await anyio.wait_all_tasks_blocked()
+            with anyio.fail_after(5):
+                while not recorder.seen:
+                    await anyio.sleep(0.01)
+            assert recorder.seen[0][:2] == ("remapped", Severity.EVICT)  # it saw the fault
             fake.clear_faults()  # the GPU is repaired (reset), then the admin clears
             cleared = await runner.run_round([Planned("remapped", remapped, 5)],
                                              Trigger.CLEAR)
