@@ -9,7 +9,8 @@ Parts (each handed what it uses at construction):
   (healthd.agent.deepruns: exclusive checks as Jobs, only when no pod holds the
   node's GPUs);
 - the publisher (healthd.agent.node_status), the one writer of the Node;
-- the node watch (healthd.agent.node_watch), on-demand requests
+- the node watch (healthd.agent.node_watch): its first copy of the Node is what the
+  node's health resumes (healthd.agent.resume), before anything is written; on-demand requests
   (healthd.agent.ondemand), the peer watch (ping's peers), Events about the node
   (healthd.agent.node_events).
 
@@ -17,8 +18,10 @@ Activities (tasks of one task group, all children of `Agent.run`): the schedule
 (healthd.agent.schedule): periodic rounds through the runner; the node watch; the
 request handler; the peer watch; an event run per check that declares an event
 source (healthd.agent.event_runs); the Warnings about unusable checks; a small loop
-that reports the publisher's health to the metrics; and the publisher's own loop.
-/readyz comes from the schedule's progress (healthd.agent.readiness).
+that reports the publisher's health to the metrics; one that tells the node's health
+when the first round has ended (the verdict is shown only from then on); and the
+publisher's own loop. /readyz comes from the schedule's progress
+(healthd.agent.readiness).
 
 `stop()` is the graceful end (SIGTERM): cancel the checks (their subprocesses die
 with them), give the publisher `shutdown_flush_s` to write the last state, return.
@@ -38,6 +41,7 @@ import anyio
 import anyio.abc
 from prometheus_client import CollectorRegistry
 
+import checks
 from checks.base import Attachment, CheckResult
 from checks.kernel_log import KernelLog
 from checks.probes import Probes
@@ -59,6 +63,7 @@ from healthd.agent.verdict import Trigger
 from healthd.capacity.health import gpu_count
 from healthd.check.plans import Planned, planned_check
 from healthd.config import Config
+from healthd.config.selection import SelectionError, parse_selection
 from healthd.kube.client import Kube
 from healthd.kube.conventions import COMPONENT, GPU_RESOURCE, Keys
 from healthd.kube.events import EventRecorder
@@ -193,11 +198,11 @@ class Agent:
         """Every part that talks to the API, each given what it uses."""
         recorder = EventRecorder(kube, component=COMPONENT, host=self.node)
         publisher = NodePublisher(kube, self.node, self.keys, recorder, clock=self.clock)
-        node_watch = NodeWatch(self.node, partial(self._observe_node, publisher))
-        events = NodeEvents(recorder, node_watch)
-        unavailable = UnavailableChecks(events)
         health = NodeHealth(policy_of(self.config), publisher, self.metrics, keys=self.keys,
                             node=self.node, clock=self.clock)
+        node_watch = NodeWatch(self.node, partial(self._observe_node, publisher, health))
+        events = NodeEvents(recorder, node_watch)
+        unavailable = UnavailableChecks(events)
         runner = Runner(self.inputs.context, on_result=_results_to(health, unavailable))
         diag = DeepDiagnostic(kube, self.node, self.settings.deep_diagnostics, recorder,
                               catalog=self.inputs.catalog, keys=self.keys,
@@ -221,7 +226,7 @@ class Agent:
                       label_shown=parts.health.label_shown)
         return [partial(parts.node_watch.run, parts.kube), parts.requests.serve,
                 parts.peers.run, parts.unavailable.run, partial(self._report_publisher, parts),
-                partial(self._start_schedule, parts, jobs),
+                partial(self._start_schedule, parts, jobs), partial(self._first_round, parts),
                 *event_loops(self.config, feeds, self.probes)]
 
     # -- the schedule ------------------------------------------------------------------
@@ -238,6 +243,10 @@ class Agent:
             await parts.node_watch.seen.wait()
         self.readiness.start(jobs, self.clock())
         await Schedule(jobs).run(partial(self._fire, parts))
+
+    async def _first_round(self, parts: Parts) -> None:
+        await self.readiness.first_round.wait()
+        parts.health.first_round_done()
 
     async def _fire(self, parts: Parts, job: Job) -> None:
         try:
@@ -256,9 +265,12 @@ class Agent:
         capacity = _node_gpus(node_watch.obj)
         return capacity or self.inputs.expected_gpus or 1
 
-    def _observe_node(self, publisher: NodePublisher, node: dict[str, Any]) -> None:
-        """A new copy of the Node from the watch: the publisher's view, the GPU count."""
+    def _observe_node(self, publisher: NodePublisher, health: NodeHealth,
+                      node: dict[str, Any]) -> None:
+        """A new copy of the Node from the watch: the publisher's view, the GPU count;
+        the first one is what the node's health resumes."""
         publisher.observe(node)
+        health.resume(node, known=_known_check)
         if self.config.expected_gpus is None and (count := _node_gpus(node)):
             self.inputs.expected_gpus = count
 
@@ -286,6 +298,14 @@ async def _run_on_event(runner: Runner, planned: Planned) -> CheckResult:
     """An event run: ungated, since it merely listens (healthd.agent.runner)."""
     return await runner.run(planned.key, planned.check, Trigger.EVENT, planned.timeout_s,
                             gated=False)
+
+
+def _known_check(key: str) -> bool:
+    """Whether `key` names a check of this agent's registry (`remapped`, `dcgm:3`)."""
+    try:
+        return len(parse_selection(key, checks.REGISTRY)) == 1
+    except SelectionError:
+        return False
 
 
 def _node_gpus(node: dict[str, Any] | None) -> int:

@@ -10,16 +10,24 @@ latest on-demand request (`last-run`).
 
 The parts that change the node's health (the runner's results, healthd.agent.deepruns,
 healthd.agent.ondemand, the event runs) are handed this object directly.
+
+A restart changes nothing on the Node. The verdict is shown only once the node is
+judged: the agent has resumed what its Node showed (`resume`, at the first copy of the
+Node) and every check due at start has ended its first turn (`first_round_done`), or
+a holding that only a clear ends is held (no later result of the round can lower
+it). Until then only the answer to an on-demand request is written.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from checks.base import CheckResult, Severity
 from healthd.agent.metrics import AgentMetrics
-from healthd.agent.node_status import NodePublisher, desired_from
+from healthd.agent.node_status import DesiredNode, NodePublisher, desired_from
+from healthd.agent.resume import resumed_from
 from healthd.agent.verdict import (
     CheckState,
     HealthState,
@@ -29,6 +37,7 @@ from healthd.agent.verdict import (
     end_testing,
     initial,
     request_clear,
+    resume,
     start_testing,
 )
 from healthd.config import Config
@@ -59,10 +68,39 @@ class NodeHealth:
         self.last_run: str | None = None  # the answer to the latest on-demand request
         self.dcgm_levels: dict[int, str | None] = {}  # level -> its label value
         self._deep: dict[str, int | None] = {}  # deep runs in TESTING -> their DCGM level
+        self.resumed = False  # what the Node showed has been taken back
+        self._round_done = False  # every check due at start has ended its first turn
 
     @property
     def verdict(self) -> Verdict:
         return self.state.verdict
+
+    @property
+    def showing(self) -> bool:
+        """Whether the verdict may be shown: the node is judged (module docstring)."""
+        return self.resumed and (self._round_done or any(h.needs_clear for h in self.state.held))
+
+    def resume(self, node: Mapping[str, Any], known: Callable[[str], bool]) -> None:
+        """Take back what `node` (the first copy of this agent's Node) shows; once.
+        `known(key)`: whether this agent has check `key`."""
+        if self.resumed:
+            return
+        taken = resumed_from(node, self.keys, known=known, at=self.clock())
+        for note in taken.notes:
+            log.warning("not resumed from the node: %s", note, extra={"node": self.node})
+        self.resumed = True
+        state = resume(self.state, taken.held, taken.checks, shown=taken.shown,
+                       since=taken.since, at=self.clock())
+        log.info("resumed from the node: label %s, %d holding(s)%s",
+                 taken.shown.value if taken.shown else "none", len(taken.held),
+                 "".join(f"; {h.code} on {h.entity} ({h.severity.value})" for h in taken.held),
+                 extra={"node": self.node})
+        self.set_state(state)
+
+    def first_round_done(self) -> None:
+        """Every check due at start has ended its first turn: the node is judged."""
+        self._round_done = True
+        self.publish()
 
     def record(self, key: str, result: CheckResult, trigger: Trigger) -> None:
         """Fold the result of check `key` into the state. The result of a deep run
@@ -101,8 +139,8 @@ class NodeHealth:
 
     async def label_shown(self, detected_at: float) -> None:
         """Measure the time from a fault detected at `detected_at` to the Node showing
-        it (once the node has a verdict; given up after LABEL_WAIT_S)."""
-        if self.state.judged and await self.publisher.flush(LABEL_WAIT_S):
+        it (once the node's verdict is shown; given up after LABEL_WAIT_S)."""
+        if self.showing and self.state.judged and await self.publisher.flush(LABEL_WAIT_S):
             self.metrics.observe_fault_to_label(self.clock() - detected_at)
 
     def set_state(self, state: HealthState) -> None:
@@ -115,6 +153,11 @@ class NodeHealth:
         self.publish()
 
     def publish(self) -> None:
+        if not self.showing:  # not judged yet: only an answer may go out
+            if self.last_run is not None:
+                self.publisher.want(DesiredNode(annotations={self.keys.last_run: self.last_run}),
+                                    None)
+            return
         desired = desired_from(self.state, self.keys, node=self.node,
                                dcgm_levels=self.dcgm_levels, last_run=self.last_run)
         self.publisher.want(desired, self.state)

@@ -12,8 +12,10 @@ rules of the published state hold in one place:
 - `lastTransitionTime` moves only when the condition's status changes; there is no
   heartbeat (it would write in a steady state). Per-check times in the `health`
   annotation are kept while a check's status is unchanged, for the same reason.
-- Every verdict transition becomes one Event (a bounded backlog while the API is
-  away), sent after the writes that show it succeed.
+- Every verdict change the Node displays becomes one Event, sent after the write that
+  shows it: from the verdict the Node showed before to the one written. A change
+  that was replaced before it could be written is never announced (only the latest
+  state is written), nor is a write that shows the verdict the Node already showed.
 - A conflict (409) is transient: the node is read again and the write retried at
   once against it, up to `CONFLICT_RETRIES` times, with no Event; only when every
   retry met a conflict does a Warning Event (`NodeWriteConflict`) say so, once per
@@ -39,7 +41,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -62,7 +63,6 @@ __all__ = ["DesiredNode", "NodePublisher", "desired_from"]
 
 log = logging.getLogger(__name__)
 
-BACKLOG = 16  # verdict transitions kept while the API is away (oldest dropped)
 MAX_RETRY_AFTER_S = 60.0  # a server's Retry-After is honoured up to this
 CONFLICT_RETRIES = 3  # immediate re-read-and-retry rounds after a 409
 
@@ -127,9 +127,8 @@ class NodePublisher:
         self._observed: _Observed | None = None
         self._first_label: str | None = None  # the verdict label as first seen
         self._took = False  # whether the node was ever seen
-        self._state: HealthState | None = None  # the last wanted judged state
-        self._backlog: deque[tuple[Verdict | None, HealthState, HealthState | None]] = deque(
-            maxlen=BACKLOG)
+        self._state: HealthState | None = None  # the state the desired Node shows
+        self._shown: HealthState | None = None  # the state our last write showed
         self._gen = 0  # bumped by every change that may need a write
         self._done = 0  # the generation last written successfully
         self._last_error = ""
@@ -176,15 +175,11 @@ class NodePublisher:
         if self.in_sync and self._desired is not None and self._differs(self._desired):
             self._poke()
 
-    def want(self, desired: DesiredNode, state: HealthState) -> None:
-        """The latest desired state; replaces any older one and wakes the loop."""
+    def want(self, desired: DesiredNode, state: HealthState | None) -> None:
+        """The latest desired state; replaces any older one and wakes the loop.
+        `state`: the health state it shows (None: it shows no verdict)."""
         self._desired = desired
-        if state.judged:
-            previous = self._state
-            if previous is None:
-                self._backlog.append((None, state, None))
-            elif previous.verdict is not state.verdict:
-                self._backlog.append((previous.verdict, state, previous))
+        if state is not None and state.judged:
             self._state = state
         self._poke()
 
@@ -255,7 +250,7 @@ class NodePublisher:
     async def _sync_once(self) -> None:
         if self._observed is None:
             self._take(_Observed.of(await self._kube.get(NODES, self._node)))
-        desired = self._desired
+        desired, state = self._desired, self._state
         if desired is not None:
             desired = self._keep_times(desired)
             metadata = self._metadata_patch(desired)
@@ -266,7 +261,7 @@ class NodePublisher:
                 answer = await self._kube.strategic_patch(
                     NODES, self._node, {"status": {"conditions": [cond]}}, subresource="status")
                 self._take(_Observed.of(answer))
-        await self._announce()
+        await self._announce(state)
 
     async def _write_metadata(self, metadata: dict[str, Any]) -> None:
         """One merge patch; refused as too large: the labels alone, then each annotation
@@ -354,16 +349,18 @@ class NodePublisher:
 
     # -- Events ------------------------------------------------------------------------
 
-    async def _announce(self) -> None:
-        """Send the Events of the transitions the node now shows, oldest first."""
-        while self._backlog:
-            old, state, old_state = self._backlog[0]
-            if old is None:
-                old = _verdict(self._first_label) or Verdict.PASS
-            event = announcement(old, state, old_state)
-            if event is not None:
-                await self._record(event)
-            self._backlog.popleft()
+    async def _announce(self, state: HealthState | None) -> None:
+        """The Event for the change the node now shows (`state`, just written), from
+        what it showed before: our last written state, else the label as first seen."""
+        if state is None or state is self._shown:
+            return
+        before = self._shown
+        old = before.verdict if before is not None else (
+            _verdict(self._first_label) or Verdict.PASS)
+        self._shown = state
+        event = announcement(old, state, before)
+        if event is not None:
+            await self._record(event)
 
     async def _record(self, event: Announcement) -> None:
         involved = self._observed.involved if self._observed else {

@@ -37,6 +37,11 @@ class Readiness:
                 self._stale_after_s[job.name] = STALE_TURNS * job.interval_s + deadline
                 self._turn_ended[job.name] = at
 
+    @property
+    def first_round(self) -> anyio.Event:
+        """Set once every job that runs at start has ended its first turn."""
+        return self._first_round_done
+
     def turn_ended(self, name: str, at: float) -> None:
         """Job `name` ended a turn (run or skipped: it was due) at `at`."""
         self._turn_ended[name] = at

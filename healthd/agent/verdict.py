@@ -6,7 +6,8 @@ a `HealthState` and returns a new one:
 
 - `apply(state, key, result, ...)`: one finished run of a check (any trigger);
 - `start_testing` / `end_testing`: an exclusive diagnostic holds the GPUs;
-- `request_clear`: an admin asked to clear what holds the node bad.
+- `request_clear`: an admin asked to clear what holds the node bad;
+- `resume`: what the Node showed before this process started (healthd.agent.resume).
 
 Rules:
 - Findings are tracked per (check key, code, entity): the same code on gpu1 and gpu3
@@ -44,6 +45,11 @@ Rules:
   while an exclusive check runs, WARN if any WARN is held, else PASS. `since` moves
   only when the verdict changes. Before any judgement (`judged` False) the verdict is
   PASS but publishers leave the label alone: UNKNOWN never changes the label.
+- Resuming. A restarted agent takes back the holdings its Node showed (`resume`):
+  each keeps its severity, stickiness, pending clear and flaps, and a track so later
+  sightings count as before; its clean-run count starts over. A holding of check
+  `RESUMED` stands for a verdict the Node showed that nothing else explains: a clear
+  releases it at once (there is no check to re-run).
 """
 
 from __future__ import annotations
@@ -60,6 +66,10 @@ from healthd.kube.conventions import Verdict
 
 # Severities that raise the verdict: WARN and above.
 _HOLD_RANK = Severity.WARN.rank
+
+# The check key of a holding that stands for a verdict resumed from the Node's label
+# alone (healthd.agent.resume): no check runs under it.
+RESUMED = "resumed"
 
 
 class Trigger(enum.StrEnum):
@@ -268,11 +278,31 @@ def end_testing(state: HealthState, key: str, *, at: float) -> HealthState:
 
 def request_clear(state: HealthState, *, at: float) -> tuple[HealthState, frozenset[str]]:
     """Mark every holding for release on its check's next clean run; return the keys
-    of the checks to re-run. A node that holds nothing is left as it is."""
+    of the checks to re-run. A node that holds nothing is left as it is; a resumed
+    verdict (check `RESUMED`) goes at once."""
     if not state.held:
         return state, frozenset()
-    marked = tuple(replace(h, clear_requested=True) for h in state.held)
-    return _settle(state, at, held=marked), state.holding_checks()
+    marked = tuple(replace(h, clear_requested=True) for h in state.held if h.check != RESUMED)
+    return _settle(state, at, held=marked), frozenset(h.check for h in marked)
+
+
+def resume(state: HealthState, held: Iterable[Held], checks: Mapping[str, CheckState], *,
+           shown: Verdict | None, since: float | None, at: float) -> HealthState:
+    """Take back what the Node showed before this process started: the holdings
+    `state` does not hold yet (each with a track, so its flaps carry on) and the last
+    state of checks that have not run since. `shown`: the verdict the Node showed
+    (None: none), which counts as a judgement; `since`: when it last changed, kept
+    while the verdict is the same."""
+    have = {h.key for h in state.held}
+    taken = tuple(h for h in held if h.key not in have)
+    tracks = dict(state.tracks)
+    for h in taken:
+        tracks.setdefault(h.key, Track(recent=(True,), flaps=h.flaps, gap=h.gap))
+    new = _settle(state, at, held=(*state.held, *taken), checks={**checks, **state.checks},
+                  tracks=tracks, judged=state.judged or shown is not None or bool(taken))
+    if since is not None and new.verdict is shown:
+        new = replace(new, since=since)
+    return new
 
 
 def _check_state(result: CheckResult, trigger: Trigger, at: float) -> CheckState:
