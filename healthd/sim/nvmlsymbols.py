@@ -335,10 +335,13 @@ _FABRIC_STATES = {
 
 def _fill_fabric(gpu: GpuState, info: Any) -> int:
     """Write the GPU's fabric info into pynvml's own struct, as the driver does: a
-    GPU outside any fabric answers NOT_SUPPORTED."""
+    GPU outside any fabric answers SUCCESS with state NOT_SUPPORTED (driver 580 on an
+    H200 without NVSwitches, tests/record/recordings/h200-vm.yaml)."""
     fabric = gpu.fabric
     if fabric is None:
-        return code("NOT_SUPPORTED")
+        info.state = pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
+        info.status = SUCCESS
+        return SUCCESS
     info.state = _FABRIC_STATES[fabric.state]
     info.status = SUCCESS if fabric.status == "SUCCESS" else code(fabric.status)
     info.cliqueId = fabric.clique_id
