@@ -73,8 +73,10 @@ DEFAULT_CODES: dict[str, CodeSpec] = {
               "the Fabric Manager has not started registering the GPU in the NVLink fabric"),
         _spec("FABRIC_IN_PROGRESS", S.ERR,
               "the GPU's NVLink fabric registration is still in progress past the grace"),
+        # The Fabric Manager's final answer, not a reading that may swing: at once.
         _spec("FABRIC_REGISTRATION_FAILED", S.ERR,
-              "the Fabric Manager failed to register the GPU in the NVLink fabric"),
+              "the Fabric Manager failed to register the GPU in the NVLink fabric",
+              raise_rule=AT_ONCE),
         _spec("GPU_MISSING", S.EVICT, "a GPU is lost or fewer GPUs than expected", True),
         _spec("PEER_UNREACHABLE", S.WARN, "a peer node does not answer ping"),
         _spec("NETWORK_ISOLATED", S.ERR, "this node cannot reach most of its peers (on a network)"),

@@ -22,6 +22,14 @@ in the same format stands in for `/dev/kmsg` in tests and the simulation.
 
 XIDs the log and NVML both report are counted once (`merge_xids`): the same XID on
 the same GPU within `dedup_window_s` of each other is one event.
+
+A line the reader cannot use is skipped, never a finding and never a crash, but not
+in silence: `SKIPPED` counts this process's skipped lines by reason (the agent
+exports them) and logs the first of each reason. The reasons: a record that is not
+UTF-8 (`/dev/kmsg` escapes every byte outside printable ASCII, so such a line did
+not come from the kernel as written), one longer than the kernel ever hands out, a
+line that is not a record, and an XID or SXID line whose fields cannot be read (a
+driver that prints them differently: its faults would go unseen).
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal, get_args
 
 import anyio
 
@@ -48,11 +57,55 @@ log = logging.getLogger(__name__)
 KMSG = Path("/dev/kmsg")
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 MAX_KEPT = 10_000  # parsed records kept for consumers that have not taken them yet
-_READ_SIZE = 8192  # one /dev/kmsg record is at most ~1 KiB (PRINTK_MESSAGE_MAX)
+# The most /dev/kmsg hands out in one record, its continuation lines included (the
+# kernel's CONSOLE_EXT_LOG_MAX): one read of this size takes any record whole.
+MAX_RECORD = 8192
 
 _XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)")
 _SXID = re.compile(r"(nvidia-nvswitch\d+): SXid \(PCI:([0-9a-fA-F:.]+)\): (\d+), ([^,]*)")
 _LINK = re.compile(r"\bLink (\d+)\b")
+# What marks a line as the driver's XID or SXID report, parsed or not.
+_XID_MARK = re.compile(r"NVRM: Xid\b")
+_SXID_MARK = re.compile(r"\bSXid\b")
+
+Skip = Literal["not_utf8", "oversize", "not_a_record", "bad_xid", "bad_sxid"]
+SKIP_REASONS: tuple[Skip, ...] = get_args(Skip)
+_WHY: dict[Skip, str] = {
+    "not_utf8": "is not UTF-8",
+    "oversize": f"is longer than {MAX_RECORD} bytes",
+    "not_a_record": "is not a record (prio,seq,usec,flags;message)",
+    "bad_xid": "reports an XID whose fields cannot be read",
+    "bad_sxid": "reports an SXID whose fields cannot be read",
+}
+_EXCERPT = 200  # characters of a skipped line its warning quotes
+
+
+class SkippedLines:
+    """Kernel-log lines that could not be used, counted by reason. The first of each
+    reason is logged (a WARNING, once: a log full of garbage must not flood the
+    agent's own log); the ones after it are only counted."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # the readers run in worker threads
+        self._counts: dict[Skip, int] = dict.fromkeys(SKIP_REASONS, 0)
+
+    def skip(self, reason: Skip, line: str) -> None:
+        with self._lock:
+            self._counts[reason] += 1
+            first = self._counts[reason] == 1
+        if first:
+            excerpt = line if len(line) <= _EXCERPT else line[:_EXCERPT] + "..."
+            log.warning("kernel log: skipped a line that %s (later ones are only counted): "
+                        "%r", _WHY[reason], excerpt)
+
+    def counts(self) -> dict[Skip, int]:
+        """Lines skipped so far, for every reason (0 for those never seen)."""
+        with self._lock:
+            return dict(self._counts)
+
+
+# This process's skipped lines (an agent has one kernel log); its metrics read them.
+SKIPPED = SkippedLines()
 
 
 class LogUnavailable(Exception):
@@ -92,6 +145,35 @@ def parse_record(raw: str) -> LogRecord | None:
     return LogRecord(seq, usec, message.split("\n", 1)[0].rstrip())
 
 
+def read_record(raw: bytes, skipped: SkippedLines) -> LogRecord | None:
+    """The record in one raw `/dev/kmsg` read or file line; None for a continuation or
+    blank line (nothing in it to lose) and for garbage, which `skipped` counts."""
+    if len(raw) > MAX_RECORD:
+        skipped.skip("oversize", raw[:_EXCERPT + 1].decode(errors="backslashreplace"))
+        return None
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        skipped.skip("not_utf8", raw.decode(errors="backslashreplace"))
+        return None
+    if not text.strip() or text.startswith(" "):
+        return None
+    record = parse_record(text)
+    if record is None:
+        skipped.skip("not_a_record", text)
+    return record
+
+
+def unreadable_nvidia(message: str) -> Skip | None:
+    """Why a message that `parse_nvidia` did not take is an XID or SXID report all the
+    same (its fields could not be read), or None: it is some other line."""
+    if _XID_MARK.search(message):
+        return "bad_xid"
+    if _SXID_MARK.search(message):
+        return "bad_sxid"
+    return None
+
+
 def parse_nvidia(record: LogRecord) -> Logged | None:
     """The XID or SXID a record reports, or None for every other line."""
     if m := _XID.search(record.message):
@@ -127,13 +209,16 @@ class KernelLog:
     with cursors kept in `state_file` (None: not kept). `uptime` gives seconds since
     boot on the kernel's log clock, to date records (None: CLOCK_MONOTONIC);
     `dedup_window_s` bounds how far apart an NVML event and a log line for the same
-    XID may be to count once."""
+    XID may be to count once; `skipped` counts the lines it cannot use (None: this
+    process's `SKIPPED`)."""
 
     def __init__(self, path: Path = KMSG, *, state_file: Path | None = None,
                  boot_id_file: Path = BOOT_ID,
                  uptime: Callable[[], float] | None = None,
-                 dedup_window_s: float = 10.0) -> None:
+                 dedup_window_s: float = 10.0,
+                 skipped: SkippedLines | None = None) -> None:
         self.path = path
+        self._skipped = skipped or SKIPPED
         self.state_file = state_file
         self.dedup_window_s = dedup_window_s
         self._uptime = uptime or _log_clock
@@ -180,15 +265,17 @@ class KernelLog:
     def _read_new(self) -> None:
         """Parse every record written since the last read; keep the NVIDIA ones."""
         for raw in self._raw_records():
-            record = parse_record(raw)
+            record = read_record(raw, self._skipped)
             if record is None or record.seq <= self._last_seq:
                 continue
             self._last_seq = record.seq
             logged = parse_nvidia(record)
             if logged is not None:
                 self._kept.append(logged)
+            elif (reason := unreadable_nvidia(record.message)) is not None:
+                self._skipped.skip(reason, record.message)
 
-    def _raw_records(self) -> Iterable[str]:
+    def _raw_records(self) -> Iterable[bytes]:
         fd = self._open()
         if not self.path.is_char_device():
             try:
@@ -199,7 +286,7 @@ class KernelLog:
             return
         while True:  # /dev/kmsg: one record per read, EAGAIN at the end
             try:
-                chunk = os.read(fd, _READ_SIZE)
+                chunk = os.read(fd, MAX_RECORD)
             except BlockingIOError:
                 return
             except OSError as exc:
@@ -208,7 +295,7 @@ class KernelLog:
                 raise LogUnavailable(f"cannot read {self.path}: {exc.strerror}") from exc
             if not chunk:
                 return
-            yield chunk.decode(errors="replace")
+            yield chunk
 
     def _open(self) -> int:
         if self._fd is None:
@@ -296,16 +383,18 @@ class KernelLog:
         return replace(XidEvent(line.xid, gpu.index, gpu.uuid, at), pci_bus_id=gpu.pci_bus_id)
 
 
-def _read_lines(fd: int, partial: bytes) -> tuple[list[str], bytes]:
-    """Whole lines appended to a regular file since the last read."""
+def _read_lines(fd: int, partial: bytes) -> tuple[list[bytes], bytes]:
+    """Whole lines appended to a regular file since the last read, and the unfinished
+    last one: cut just past MAX_RECORD, which keeps it oversize (skipped once it ends)
+    without keeping a line that never ends."""
     chunks = [partial]
     while chunk := os.read(fd, 65536):
         chunks.append(chunk)
     data = b"".join(chunks)
     complete, newline, rest = data.rpartition(b"\n")
     if not newline:
-        return [], data
-    return complete.decode(errors="replace").split("\n"), rest
+        return [], data[:MAX_RECORD + 1]
+    return complete.split(b"\n"), rest[:MAX_RECORD + 1]
 
 
 def _log_clock() -> float:

@@ -13,7 +13,7 @@ import pytest
 
 import healthd.agent.metrics
 from checks.base import Severity
-from checks.catalog import AT_ONCE, DEFAULT_CODES, CodeSpec, default_spec, xid_spec
+from checks.catalog import AT_ONCE, DEFAULT_CODES, CodeSpec, default_spec, sxid_spec, xid_spec
 from healthd.sim.machine import bundled_specs
 from tests.observe.rules import anchors
 
@@ -134,3 +134,31 @@ def test_every_relative_link_leads_to_a_file_and_heading_that_exist(page: Path) 
         elif anchor and linked.suffix == ".md" and anchor not in anchors(linked.read_text()):
             broken.append(f"{target}: no heading #{anchor} in {linked.relative_to(ROOT)}")
     assert not broken, broken
+
+
+def _sxid_list(text: str, after: str) -> set[int]:
+    """The SXIDs the page lists in parentheses after `after`: `(11012, 11021-11023)`
+    is {11012, 11021, 11022, 11023}."""
+    listed = re.search(re.escape(after) + r" \(([\d, -]+)\)", text)
+    assert listed, f"no list after {after!r}"
+    numbers: set[int] = set()
+    for part in listed.group(1).split(","):
+        low, _, high = part.strip().partition("-")
+        numbers |= set(range(int(low), int(high or low) + 1))
+    return numbers
+
+
+def test_the_sxid_lists_of_the_hgx_page_are_the_catalogs() -> None:
+    """Each SXID list in the page's verdict paragraph holds exactly the codes the
+    catalogue gives that verdict: a range that also covers a code the catalogue calls
+    WARN (19050 among the corrected ones) promises the wrong verdict."""
+    text = " ".join((DOCS / "hgx-faults.md").read_text().split())
+    said = {"whole fabric": _sxid_list(text, "the always-fatal SXIDs"),
+            "port": _sxid_list(text, "the fatal ones"),
+            "corrected": _sxid_list(text, "The corrected single-bit ECC SXIDs")}
+    meanings = [sxid_spec(n).description for n in range(100_000)]
+    truth = {group: {n for n, meaning in enumerate(meanings) if group in meaning}
+             for group in said}
+    wrong = {group: sorted(said[group] ^ truth[group]) for group in said
+             if said[group] != truth[group]}
+    assert not wrong, f"listed but not so catalogued, or the reverse: {wrong}"

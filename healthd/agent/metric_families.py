@@ -31,6 +31,7 @@ from checks.base import (
     Severity,
     Value,
 )
+from checks.kernel_log import Skip
 from healthd.kube.conventions import Verdict
 
 if TYPE_CHECKING:
@@ -232,6 +233,26 @@ class SnapshotCollector:
             out.add("healthd_node_finding", "A finding holding the verdict (value 1).",
                     {**node, "check": held.check, "code": held.code,
                      "severity": held.severity.value, "entity": held.entity}, 1.0)
+
+
+class SkippedLinesCollector:
+    """A prometheus_client collector: the kernel-log lines skipped as unusable, by
+    reason (checks.kernel_log), as `read()` gives them at scrape time."""
+
+    def __init__(self, read: Callable[[], Mapping[Skip, int]], *, node: str) -> None:
+        self._read = read
+        self._node = node
+
+    def describe(self) -> list[Metric]:
+        return list(self.collect())
+
+    def collect(self) -> Iterator[Metric]:
+        skipped = CounterMetricFamily(
+            "healthd_kernel_log_skipped_lines", "Kernel-log lines skipped as unusable, by "
+            "reason (the first of each reason is logged).", labels=("node", "reason"))
+        for reason, count in sorted(self._read().items()):
+            skipped.add_metric((self._node, reason), float(count))
+        yield skipped
 
 
 def check_name(key: str) -> str:

@@ -43,6 +43,7 @@ dcgm-exporter's labels so joins with it work: `gpu` (index), `UUID`, `pci_bus_id
 | `healthd_gpu_power_limit_watts` | gauge | GPU labels | enforced power limit (power) |
 | `healthd_gpu_xid_events_total` | counter | GPU labels, xid | XID events received, by code (each XID finding adds its `count` value) |
 | `healthd_nvswitch_sxid_events_total` | counter | node, nvswitch, sxid | NVSwitch SXID lines read from the kernel log, by code (sxid) |
+| `healthd_kernel_log_skipped_lines_total` | counter | node, reason | kernel-log lines skipped as unusable, never judged: `not_utf8`, `oversize` (past 8192 bytes), `not_a_record` (not `prio,seq,usec,flags;message`), `bad_xid` / `bad_sxid` (an XID or SXID line whose fields cannot be read: a driver that prints them differently); the agent logs the first of each reason |
 | `healthd_gpu_fabric_registered` | gauge | GPU labels | 1 when the GPU is registered in its NVLink fabric (fabric) |
 | `healthd_rdma_port_up` | gauge | node, port, network | 1 when the RDMA port is ACTIVE with its physical link up (rdma) |
 | `healthd_rdma_port_rate_gbps` | gauge | node, port, network | the port's rate in Gb/s (rdma) |
@@ -75,10 +76,12 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 import checks
+from checks import kernel_log
 from checks.base import BaseCheck, CheckResult, Counted, Finding
 from healthd.agent.metric_families import (
     ENTITY_LABELS,
     Latest,
+    SkippedLinesCollector,
     Snapshot,
     SnapshotCollector,
     entity_labels,
@@ -167,6 +170,8 @@ class AgentMetrics:
             cpu_model=cpu_model, gpu_model=gpu_model, peer_detail=peer_detail,
         )
         registry.register(collector)
+        # The process's one tally, looked up at each scrape (an agent has one kernel log).
+        registry.register(SkippedLinesCollector(lambda: kernel_log.SKIPPED.counts(), node=node))
 
     def observe_result(self, key: str, result: CheckResult) -> None:
         """Count one completed run of check `key` (result, duration, XIDs) and make it

@@ -1,16 +1,20 @@
 """The kernel log on a running agent: an XID 79 logged while the agent was stopped is
 EVICT once it starts again (as a live one is), and a fatal NVSwitch SXID reaches the
 label with its documented verdict, EVICT, without waiting for the sxid check's next
-periodic run (the agent watches the log)."""
+periodic run (the agent watches the log); garbage lines are counted in a metric by
+reason, logged once per reason, and judged never: the agent reads on past them."""
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from checks import kernel_log
+from checks.kernel_log import MAX_RECORD, SKIP_REASONS, SkippedLines
 from healthd.config import Config
 from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.kernellog import SimKernelLog
@@ -62,3 +66,37 @@ async def test_a_fatal_sxid_is_evict_without_waiting_for_a_periodic_run(
                         result="EVICT") == 1
         (held,) = [f for f in findings(h) if f["code"] == "SXID_22003"]
         assert held["entity"] == "nvswitch/nvswitch2"
+
+
+# One line of each kind of garbage the reader tells apart: raw bytes, then messages in
+# well-formed records whose XID or SXID cannot be read.
+RAW_GARBAGE = (b"4,9000,1000,-;\xff\xfe not UTF-8", b"4,9001,1000,-;" + b"x" * MAX_RECORD,
+               b"no record header here")
+UNREADABLE = ("NVRM: Xid (PCI:0000:68:00): seventy-nine, GPU has fallen off the bus.",
+              "nvidia-nvswitch2: SXid (PCI:0000:8a:00.0): Fatal")
+
+
+async def test_garbage_lines_are_counted_logged_once_and_never_judged(
+        api: ApiEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(kernel_log, "SKIPPED", SkippedLines())  # this test's tally only
+    log = SimKernelLog(tmp_path / "kmsg", lambda: 3600.0)
+    config = with_log(log, tmp_path / "kmsg-position.json")
+    caplog.set_level(logging.WARNING, logger="checks.kernel_log")
+    async with running_agent(api, tmp_path, config=config) as h:
+        await eventually(lambda: h.verdict() == "PASS", what="PASS label")
+        for _ in range(2):
+            with log.path.open("ab") as raw:
+                raw.write(b"\n".join(RAW_GARBAGE) + b"\n")
+            for message in UNREADABLE:
+                log.append(message)
+        log.append(XID79_GPU5)  # the reader goes on past the garbage to a real fault
+        await eventually(lambda: h.verdict() == "EVICT", what="EVICT label")
+        assert [(f["code"], f["entity"]) for f in findings(h)] == [("XID_79", "gpu5")]
+        counts = {reason: h.metric("healthd_kernel_log_skipped_lines_total", node=NODE,
+                                   reason=reason) for reason in SKIP_REASONS}
+        assert counts == dict.fromkeys(SKIP_REASONS, 2.0)
+        assert h.agent.healthy() == (True, "ok")
+    warned = [r.getMessage() for r in caplog.records
+              if r.name == "checks.kernel_log" and r.levelno == logging.WARNING]
+    assert len(warned) == len(SKIP_REASONS), warned

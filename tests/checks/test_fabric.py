@@ -1,6 +1,7 @@
 """The `fabric` check: NVLink fabric registration per GPU.
 
-- a registration that completed with an error status is FABRIC_REGISTRATION_FAILED (ERR);
+- a registration that completed with an error status is FABRIC_REGISTRATION_FAILED (ERR),
+  and one run that sees it makes the node ERR (the Fabric Manager's final answer);
 - a GPU not (yet) registered is a fault only once the node has been up past the grace;
 - GPUs without a fabric (PCIe boards) are SKIPPED, never PASS.
 """
@@ -13,6 +14,8 @@ from checks.base import Severity
 from checks.fabric import FabricCheck
 from checks.probes import Probes
 from checks.snapshot import Fabric, Ok, Unsupported
+from healthd.agent import verdict
+from healthd.kube.conventions import Verdict
 
 from .gpufakes import codes_by_gpu, context, entity_status, findings_on, healthy_gpu, node, run
 
@@ -36,6 +39,16 @@ async def test_failed_registration_is_err_on_that_gpu() -> None:
     assert findings_on(result, 3)[0].severity is Severity.ERR
     assert "INSUFFICIENT_RESOURCES" in findings_on(result, 3)[0].message
     assert entity_status(result, 0).status is Severity.PASS
+
+
+async def test_one_run_that_sees_a_failed_registration_makes_the_node_err() -> None:
+    snap = node(healthy_gpu(0, fabric=registered()),
+                healthy_gpu(3, fabric=registered(status="INSUFFICIENT_RESOURCES")))
+    result = await run(booted_since(10.0), context(snap))
+    state = verdict.apply(verdict.initial(), "fabric", result,
+                          trigger=verdict.Trigger.PERIODIC, at=1.0, policy=verdict.Policy())
+    assert state.verdict is Verdict.ERR
+    assert [(h.code, h.entity) for h in state.held] == [("FABRIC_REGISTRATION_FAILED", "gpu3")]
 
 
 @pytest.mark.parametrize(("state", "code"), [("not_started", "FABRIC_NOT_STARTED"),

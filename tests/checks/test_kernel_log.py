@@ -1,20 +1,25 @@
 """The kernel log as a source (checks.kernel_log): records and NVIDIA lines parsed,
 PCI addresses matched whatever printed them, the position kept across restarts (and
-forgotten on a new boot), and XIDs NVML already delivered counted once."""
+forgotten on a new boot), XIDs NVML already delivered counted once, and garbage
+skipped, counted by reason and logged once per reason."""
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
 import pytest
 
 from checks.kernel_log import (
+    MAX_RECORD,
+    SKIP_REASONS,
     KernelLog,
     LoggedSxid,
     LoggedXid,
     LogUnavailable,
+    SkippedLines,
     parse_nvidia,
     parse_record,
     pci_key,
@@ -138,3 +143,55 @@ def test_a_position_that_cannot_be_kept_loses_nothing(tmp_path: Path,
     log = KernelLog(sim.path, state_file=blocker / "pos.json")
     assert [x.xid for x in log.take("xid")] == [79]
     assert "cannot keep the kernel-log position" in caplog.text
+
+
+# One line of each kind of garbage the reader tells apart, as raw bytes in the file
+# (SEQ: the record's sequence number).
+GARBAGE = {
+    "not_utf8": b"4,SEQ,1000,-;\xff\xfe\xfd from nowhere",
+    "oversize": b"4,SEQ,1000,-;" + b"x" * MAX_RECORD,
+    "not_a_record": b"this line has no record header",
+    "bad_xid": b"4,SEQ,1000,-;NVRM: Xid (PCI:0000:58:00): seventy-nine, GPU has fallen",
+    "bad_sxid": b"4,SEQ,1000,-;nvidia-nvswitch3: SXid (PCI:0000:05:00.0): Fatal",
+}
+
+
+def garbage_log(tmp_path: Path, rounds: int) -> Path:
+    """A log with `rounds` lines of each kind of garbage, then an XID 79 after them."""
+    lines = [b"6,1,900,-;Linux version 6.8.0 (boot)"]
+    for n, raw in enumerate(list(GARBAGE.values()) * rounds):
+        lines.append(raw.replace(b"SEQ", str(10 + n).encode()))
+    lines.append(f"4,1000,2000,-;{XID79}".encode())
+    path = tmp_path / "kmsg"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+def test_garbage_is_skipped_counted_by_reason_and_logged_once_per_reason(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    skipped = SkippedLines()
+    log = KernelLog(garbage_log(tmp_path, rounds=3), skipped=skipped)
+    with caplog.at_level(logging.WARNING, logger="checks.kernel_log"):
+        assert [(x.xid, x.seq) for x in log.take("xid")] == [(79, 1000)]  # read past it all
+        assert log.take("sxid") == []  # the bad SXID line is no SXID
+    assert skipped.counts() == dict.fromkeys(SKIP_REASONS, 3)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == len(SKIP_REASONS), warnings
+    assert any("seventy-nine" in w for w in warnings)  # the line itself, to look into
+
+
+def test_an_oversize_line_written_in_pieces_is_skipped_once(tmp_path: Path) -> None:
+    """A line still unfinished past a record's size is skipped as one oversize line
+    once it ends (the reader keeps no more of it than that), and the reader goes on."""
+    path = tmp_path / "kmsg"
+    path.write_bytes(b"4,1,1,-;" + b"x" * MAX_RECORD)
+    skipped = SkippedLines()
+    log = KernelLog(path, skipped=skipped)
+    with path.open("ab") as more:
+        for _ in range(3):
+            assert log.take("xid") == []
+            more.write(b"y" * MAX_RECORD)
+            more.flush()
+        more.write(f"\n4,2,2,-;{XID79}\n".encode())
+    assert [x.xid for x in log.take("xid")] == [79]
+    assert skipped.counts()["oversize"] == 1

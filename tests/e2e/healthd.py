@@ -109,6 +109,18 @@ class Process:
     def logs(self) -> str:
         return log_tail(self.program.log, 6000)
 
+    def messages(self) -> list[str]:
+        """Every message the program has logged so far (its JSON lines), in order."""
+        out = []
+        for line in self.program.log.read_text(errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # not a log record: a traceback's lines, a library's print
+            if isinstance(record, dict) and "message" in record:
+                out.append(str(record["message"]))
+        return out
+
 
 @dataclass
 class Healthd:

@@ -8,9 +8,18 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.observe.scenario import Live, running_scenario
+from tests.observe.scenario import HANG_S, Live, running_scenario
 
 MISSING = "needs the Debian package `prometheus` ({}) on PATH: apt-get install prometheus"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The scenario waits for what it needs, however long a loaded machine takes; its
+    own guard against a hang, which says what it awaited, must end it before the
+    test timeout does (the first test to use it sets it up)."""
+    for item in items:
+        if "live" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.timeout(HANG_S + 60))
 
 
 def _binary(name: str) -> str:

@@ -15,7 +15,11 @@ query and alert expression is evaluated in.
 - the agents' pvc check probes a storage class that never binds and one that does
   not exist (UNKNOWN) and runs slower than its interval.
 
-Prometheus scrapes every second with dashboards/alerts.yaml loaded.
+Prometheus scrapes every second with dashboards/alerts.yaml loaded. The agents start
+once the controller leads with its caches synced, so it watches gpu-node-b turn EVICT
+(the label-to-reset latency is measured from that watch event). Each step waits for
+what it needs, however long a loaded machine takes; only a generous guard against a
+true hang (`HANG_S`) ends the wait, naming what was awaited.
 """
 
 from __future__ import annotations
@@ -70,10 +74,14 @@ CONFIG = {
         "pvc": {"interval": "500ms", "params": {"storage_classes": ["fast", "missing"],
                                                  "bind_timeout_s": 3}},
     },
-    "controller": {"election": {"lease_duration": "2s", "renew_deadline": "1s",
-                                "retry_period": "200ms"}},
+    # Long enough that no load makes the one controller lose its Lease: a new term
+    # relists and resets without the label change's time, and the latency is never seen.
+    "controller": {"election": {"lease_duration": "120s", "renew_deadline": "90s",
+                                "retry_period": "1s"}},
 }
-START_S = 75.0  # every process started and every fact below seen by Prometheus
+# Not a timing claim: a guard against a scenario that hangs (a process stuck, a fact
+# that can never come about). A loaded machine takes longer, never this long.
+HANG_S = 600.0
 
 
 class ScenarioError(Exception):
@@ -251,7 +259,10 @@ HEALTHD = [sys.executable, "-m", "healthd.cli"]
 
 # -- the scenario ----------------------------------------------------------------------
 
-# What must be true (each query returns data) before the breaker is tripped, then after.
+# What must be true (each query returns data) before the agents start: the controller
+# leads with every cache synced.
+CONTROLLER_READY = ("min(healthd_controller_cache_synced) == 1",)
+# What must be true before the breaker is tripped, then after.
 BEFORE_BREAKER = (
     'healthd_node_verdict{node="gpu-node-a", verdict="ERR"} == 1',
     'healthd_node_verdict{node="gpu-node-b", verdict="EVICT"} == 1',
@@ -276,24 +287,28 @@ class Live:
     processes: Processes
 
 
-def wait_for(live: Live, exprs: Iterable[str], deadline: float) -> None:
-    """Poll until every expression returns data; ScenarioError naming the missing ones
-    (with the processes' last log lines) at `deadline` (monotonic)."""
-    missing = list(exprs)
+def wait_for(live: Live, step: str, exprs: Iterable[str], deadline: float) -> None:
+    """Poll until every expression returns data. A process that exits fails at once;
+    `deadline` (monotonic) only guards against a hang: ScenarioError naming the step,
+    what it still awaited and the processes' last log lines."""
+    awaited = list(exprs)
+    missing = awaited
     while missing:
         live.processes.check_alive()
         missing = [e for e in missing if not live.prometheus.query(e)]
         if missing and time.monotonic() > deadline:
             logs = "\n".join(f"--- {name}\n{live.processes.tail(name)}"
                              for name in live.processes.running)
-            raise ScenarioError(f"the scenario never showed {missing}\n{logs}")
+            raise ScenarioError(
+                f"{step}: still awaiting {missing} (of {awaited}) after the {HANG_S:.0f} s "
+                f"guard against a hang\n{logs}")
         time.sleep(0.25)
 
 
 @contextmanager
 def running_scenario(workdir: Path, prometheus_bin: str) -> Iterator[Live]:
     """Start everything, drive the scenario to its end state, stop everything on exit."""
-    deadline = time.monotonic() + START_S
+    deadline = time.monotonic() + HANG_S
     with ExitStack() as stack:
         api = stack.enter_context(ApiEmulator.in_thread())
         api.seed(*cluster())
@@ -316,18 +331,20 @@ def running_scenario(workdir: Path, prometheus_bin: str) -> Iterator[Live]:
         procs.start("controller", [*HEALTHD, "controller", "--kubeconfig", kubeconfig,
                                    "--config", str(config), "--http-port", str(controller_port)],
                     POD_NAME="healthd-controller-0")
-        for node, port in agent_ports.items():
-            procs.start(node, [*HEALTHD, "agent", "--kubeconfig", kubeconfig, "--config",
-                               str(config), "--sim", AGENTS[node], "--node", node,
-                               "--http-port", str(port)])
         live = Live(Prometheus(f"http://127.0.0.1:{prom_port}"), api, procs)
         while not live.prometheus.ready():
             procs.check_alive()
             if time.monotonic() > deadline:
-                raise ScenarioError("Prometheus never became ready")
+                raise ScenarioError(f"Prometheus not ready after the {HANG_S:.0f} s guard")
             time.sleep(0.1)
-        wait_for(live, BEFORE_BREAKER, deadline)
+        wait_for(live, "the controller leading", CONTROLLER_READY, deadline)
+        for node, port in agent_ports.items():
+            procs.start(node, [*HEALTHD, "agent", "--kubeconfig", kubeconfig, "--config",
+                               str(config), "--sim", AGENTS[node], "--node", node,
+                               "--http-port", str(port)])
+        wait_for(live, "the agents' faults and the controller's answers", BEFORE_BREAKER,
+                 deadline)
         for node in IDLE_NODES[:2]:  # 4 of 8 GPU nodes bad: more than 30%
             mark(api, node, "ERR")
-        wait_for(live, AFTER_BREAKER, deadline)
+        wait_for(live, "the circuit breaker", AFTER_BREAKER, deadline)
         yield live
