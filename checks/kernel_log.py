@@ -24,8 +24,9 @@ XIDs the log and NVML both report are counted once (`merge_xids`): the same XID 
 the same GPU within `dedup_window_s` of each other is one event.
 
 A line the reader cannot use is skipped, never a finding and never a crash, but not
-in silence: `SKIPPED` counts this process's skipped lines by reason (the agent
-exports them) and logs the first of each reason. The reasons: a record that is not
+in silence: a `SkippedLines` tally counts the skipped lines by reason (each agent
+has its own and exports it; `SKIPPED` is the process's default) and logs the first
+of each reason. The reasons: a record that is not
 UTF-8 (`/dev/kmsg` escapes every byte outside printable ASCII, so such a line did
 not come from the kernel as written), one longer than the kernel ever hands out, a
 line that is not a record, and an XID or SXID line whose fields cannot be read (a

@@ -43,7 +43,7 @@ from prometheus_client import CollectorRegistry
 
 import checks
 from checks.base import Attachment, CheckResult
-from checks.kernel_log import KernelLog
+from checks.kernel_log import KernelLog, SkippedLines
 from checks.probes import Probes
 from checks.snapshot import NvmlGpuSource
 from healthd.agent.deepdiag import DeepDiagnostic
@@ -116,7 +116,9 @@ class Agent:
         self.readiness = Readiness()
         self._stopping = False
         self._work: anyio.CancelScope | None = None
-        self.metrics = AgentMetrics(self.registry, node=node, cpu_model=read_cpu_model())
+        self.skipped_lines = SkippedLines()  # this agent's unusable kernel-log lines
+        self.metrics = AgentMetrics(self.registry, node=node, cpu_model=read_cpu_model(),
+                                    skipped_lines=self.skipped_lines)
         self.inputs = RoundInputs(catalog=self.config.catalog(), node_name=node,
                                   namespace=self.config.namespace,
                                   expected_gpus=self.config.expected_gpus)
@@ -132,7 +134,8 @@ class Agent:
         if probes.kernel_log is not None or not settings.enabled:
             return None
         return KernelLog(Path(settings.path), state_file=Path(settings.state_file),
-                         dedup_window_s=settings.dedup_window_s, uptime=probes.uptime)
+                         dedup_window_s=settings.dedup_window_s, uptime=probes.uptime,
+                         skipped=self.skipped_lines)
 
     # -- probes ------------------------------------------------------------------------
 

@@ -128,6 +128,7 @@ class AgentMetrics:
         cpu_model: str = "",
         gpu_model: str = "",
         peer_detail: bool = True,
+        skipped_lines: kernel_log.SkippedLines | None = None,
         clock: Callable[[], float] = time.time,
         known: Mapping[str, type[BaseCheck]] | None = None,
     ) -> None:
@@ -170,8 +171,10 @@ class AgentMetrics:
             cpu_model=cpu_model, gpu_model=gpu_model, peer_detail=peer_detail,
         )
         registry.register(collector)
-        # The process's one tally, looked up at each scrape (an agent has one kernel log).
-        registry.register(SkippedLinesCollector(lambda: kernel_log.SKIPPED.counts(), node=node))
+        # This agent's kernel log's tally (the process's when none is given), read at
+        # each scrape.
+        lines = skipped_lines or kernel_log.SKIPPED
+        registry.register(SkippedLinesCollector(lines.counts, node=node))
 
     def observe_result(self, key: str, result: CheckResult) -> None:
         """Count one completed run of check `key` (result, duration, XIDs) and make it
