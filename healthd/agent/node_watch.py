@@ -31,7 +31,9 @@ class NodeWatch:
 
     async def run(self, kube: Kube) -> None:
         """Watch until cancelled (watch_forever reconnects)."""
-        async for event in watch_forever(kube, NODES,
+        # `reread`: one small list per watch period compares the Node's content with
+        # the copy last seen, whatever its version (a restored etcd; see watching).
+        async for event in watch_forever(kube, NODES, reread=True,
                                          field_selector=f"metadata.name={self.node}"):
             if event.type == "DELETED":
                 log.warning("node %s was deleted; waiting for it to come back", self.node)

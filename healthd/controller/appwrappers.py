@@ -347,6 +347,12 @@ class Resetter:
         await self._events.record(subject, type=NORMAL, reason=APPWRAPPER_RESET, res=NODES,
                                   message=node_event_message(resets))
 
+    def forget_own_writes(self) -> None:
+        """The server's history moved back: the resets this process remembers may be
+        lost with it, and an AppWrapper restored to `Running` on an EVICT node is due
+        again (its own `Unhealthy` condition still spaces resets it does show)."""
+        self.spacing.forget()
+
     # -- when to look again ----------------------------------------------------------
 
     def retry_in_s(self, result: str, decision: ResetDecision,

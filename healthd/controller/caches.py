@@ -4,6 +4,9 @@ One `Store` per kind (Nodes, AppWrapper pods, AppWrappers, the slack ClusterQueu
 ResourceFlavors), each fed by its own `healthd.kube.watch_forever` loop, so the
 controller never polls: it resumes watches on resourceVersion, relists on 410 (the
 relist's synthetic DELETED events keep the stores exact) and waits out outages.
+The loops share one `Rewinds`: when the server's history moved back (etcd restored
+from a backup), noticed by any of them or by the Lease (healthd.controller.election),
+every store relists at once, and the differences reach `on_change` as events.
 Every change reaches `on_change(kind, old, new)` as it is applied, which is what lets
 the controller react to a label change in well under a second.
 
@@ -50,7 +53,7 @@ from healthd.kube.shapes import (
     T,
     view,
 )
-from healthd.kube.watching import DELETED
+from healthd.kube.watching import DELETED, Rewinds
 
 log = logging.getLogger(__name__)
 
@@ -180,10 +183,12 @@ class Caches:
     """
 
     def __init__(self, kube: Kube, *, slack_queues: Sequence[str],
-                 on_change: OnChange | None = None, backoff: Backoff | None = None) -> None:
+                 on_change: OnChange | None = None, backoff: Backoff | None = None,
+                 rewinds: Rewinds | None = None) -> None:
         self._kube = kube
         self._on_change = on_change
         self._backoff = backoff or Backoff(initial=1, maximum=60)
+        self.rewinds = rewinds or Rewinds()
         self.slack_queues = frozenset(slack_queues)
         self.nodes = Store(NODES_KIND, Node)
         self.pods = Store(PODS_KIND, Pod, accept=lambda pod: owner_of(pod) is not None)
@@ -264,7 +269,8 @@ class Caches:
     async def _watch(self, kind: str, res: Resource, label_selector: str | None) -> None:
         store = self.store(kind)
         spy = _ListingWatcher(self._kube, store)
-        events = watch_forever(cast(Kube, spy), res, label_selector=label_selector)
+        events = watch_forever(cast(Kube, spy), res, label_selector=label_selector,
+                               rewinds=self.rewinds)
         async for event in events:
             self.apply(kind, event)
             spy.applied()

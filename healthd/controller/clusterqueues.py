@@ -53,6 +53,7 @@ from healthd.kube.events import NORMAL, WARNING
 from healthd.kube.kueue import KueueResources, cohort_of
 from healthd.kube.objects import name_of, node_labels_of, resource_version_of
 from healthd.kube.shapes import ClusterQueue, KubeObject, Node, view
+from healthd.kube.watching import older_version
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +131,7 @@ def _newer(a: ClusterQueue | None, b: ClusterQueue | None) -> ClusterQueue | Non
     where they are, as every real server's do; else the first wins)."""
     if a is None or b is None:
         return a or b
-    ra, rb = resource_version_of(a) or "", resource_version_of(b) or ""
-    return b if ra.isdigit() and rb.isdigit() and int(rb) > int(ra) else a
+    return b if older_version(resource_version_of(a), resource_version_of(b)) else a
 
 
 class QueueWriter:
@@ -193,6 +193,11 @@ class QueueWriter:
         self.model.set_flavors(self._flavor_labels())
         for node in list(self._caches.nodes.values()):
             self._set_node(name_of(node), node)
+
+    def forget_own_writes(self) -> None:
+        """The server's history moved back: our last writes may be lost with it, and a
+        restored queue (an older resourceVersion) must not look older than them."""
+        self._latest.clear()
 
     def mark_dirty(self, queue: str | None = None) -> None:
         """Reconcile `queue` (None: every slack queue) as soon as the loop can."""

@@ -24,6 +24,25 @@ evaluation, so a new leader (or a restarted one) neither repeats a reset that wa
 done (the AppWrapper left `Running`; the spacing reads its `Unhealthy` condition)
 nor loses one that was due. In dry run no Lease is taken (that would be a write):
 the replica acts alone, deciding, logging and counting, writing nothing.
+
+The server's history can move back under a term: etcd restored from a backup
+brings back the backup's objects with their older resourceVersions (a reset
+AppWrapper `Running` again on its EVICT node, the slack queue's old lendingLimit),
+and new writes reuse versions the caches saw, so resumed watches skip them for
+good. Relisting every cache each watch period would find them, at the cost of the
+whole fleet every minute. Instead two witnesses notice, and every cache relists
+once (`healthd.kube.watching.Rewinds`): each watch, when it reconnects after a
+broken stream, asks for the server's current version (one small read) and finds it
+below the one it saw; and the leader's Lease, renewed every `retry_period`, comes
+back with a version below the one the leader last wrote (a conflict on renewal
+shows it; healthd.controller.election). The Lease holds when the restored server
+passed the watches' versions before they came back, and a leader whose renewals
+fail past `renew_deadline` ends its term and starts afresh anyway. The relists
+turn the differences into events (the restored AppWrapper `Running` again, the
+restored queue), and what this process remembers of its own writes (the spacing
+of its resets, its last queue writes) is forgotten: that history is gone, and only
+what the objects now show counts. Within one history nothing changes: a reset
+shows on its AppWrapper, which is never reset twice.
 """
 
 from __future__ import annotations
@@ -52,6 +71,7 @@ from healthd.kube.conventions import CONTROLLER_COMPONENT, Keys
 from healthd.kube.events import EventRecorder
 from healthd.kube.objects import LEASES, name_of
 from healthd.kube.shapes import KubeObject
+from healthd.kube.watching import Rewinds
 from healthd.published import Undecodable, read_health
 
 log = logging.getLogger(__name__)
@@ -67,11 +87,13 @@ class Term:
 
     def __init__(self, kube: Kube, config: Config, *, metrics: ControllerMetrics,
                  events: EventRecorder, clock: Callable[[], float],
-                 settle_s: float, episodes: Episodes | None = None) -> None:
+                 settle_s: float, episodes: Episodes | None = None,
+                 rewinds: Rewinds | None = None) -> None:
         settings = config.controller
         keys = Keys(config.label_prefix, config.own_prefix)
         self.metrics = metrics
-        self.caches = Caches(kube, slack_queues=settings.slack_queues, on_change=self._changed)
+        self.caches = Caches(kube, slack_queues=settings.slack_queues, on_change=self._changed,
+                             rewinds=rewinds)
         self.lending = QueueWriter(kube, self.caches, events, settings=settings, keys=keys,
                                    metrics=metrics)
         lease = _lease_ref(settings.election.lease_name, settings.election.namespace)
@@ -92,22 +114,31 @@ class Term:
             except Exception:
                 log.exception("handling a change of %s failed", kind)
 
+    def _forget_own_writes(self) -> None:
+        """The server's history moved back: see the module docstring."""
+        self.lending.forget_own_writes()
+        self.resetter.forget_own_writes()
+
     async def run(self) -> None:
         for kind in KINDS:
             self.metrics.set_synced(kind, False)
         try:
-            async with anyio.create_task_group() as group:
-                group.start_soon(self.caches.run)
-                group.start_soon(self.lending.run)
-                group.start_soon(self.resets.run)
-                group.start_soon(self.blame.run)
-                for kind in KINDS:
-                    group.start_soon(self._report_synced, kind)
-                group.start_soon(self._freeze_when_synced)
+            with self.caches.rewinds.listening(self._forget_own_writes):
+                await self._run_activities()
         finally:
             gc.unfreeze()  # this term's objects may be collected again (see below)
             for kind in KINDS:
                 self.metrics.set_synced(kind, False)
+
+    async def _run_activities(self) -> None:
+        async with anyio.create_task_group() as group:
+            group.start_soon(self.caches.run)
+            group.start_soon(self.lending.run)
+            group.start_soon(self.resets.run)
+            group.start_soon(self.blame.run)
+            for kind in KINDS:
+                group.start_soon(self._report_synced, kind)
+            group.start_soon(self._freeze_when_synced)
 
     async def _freeze_when_synced(self) -> None:
         """Once the caches hold the fleet, hide what is in memory from the cyclic
@@ -163,6 +194,7 @@ class Controller:
         self._events = EventRecorder(kube, component=CONTROLLER_COMPONENT, host=self.identity)
         self.term: Term | None = None  # the current term while leading
         self._episodes = Episodes()  # blame already announced, across terms
+        self.rewinds = Rewinds()  # the server's history moving back, across terms
 
     @property
     def leading(self) -> bool:
@@ -186,7 +218,8 @@ class Controller:
         elector = LeaseElector(self.kube, name=election.lease_name,
                                namespace=election.namespace, identity=self.identity,
                                lease_s=election.lease_duration,
-                               renew_s=election.renew_deadline, retry_s=election.retry_period)
+                               renew_s=election.renew_deadline, retry_s=election.retry_period,
+                               rewinds=self.rewinds)
         log.info("%s: campaigning for Lease %s/%s", self.identity, election.namespace,
                  election.lease_name)
         await elector.run(self.lead)
@@ -201,7 +234,8 @@ class Controller:
             while True:
                 self.term = Term(self.kube, self.config, metrics=self.metrics,
                                  events=self._events, clock=self._clock,
-                                 settle_s=self._settle_s, episodes=self._episodes)
+                                 settle_s=self._settle_s, episodes=self._episodes,
+                                 rewinds=self.rewinds)
                 try:
                     await self.term.run()
                 except Exception:

@@ -16,7 +16,12 @@ and one `Conflict`):
   seen the Lease unchanged for a whole lease, so two replicas never act together;
 - a Lease taken by someone else ends the leadership at the next renew;
 - on a clean stop the leader releases the Lease (empty holder, duration 1 s), so a
-  standby takes over within one retry period instead of a whole lease.
+  standby takes over within one retry period instead of a whole lease;
+- a renewal refused as a conflict whose Lease reads back with a resourceVersion
+  older than the one the leader last wrote means the server's history moved back
+  (etcd restored from a backup): only the leader writes the Lease, so nothing else
+  can make it older. The elector tells the shared `Rewinds` (once: not when
+  someone noticed since its last write), and the term's caches relist.
 
 Nothing a restart needs is kept here: the controller decides everything from the
 cluster's objects, so a new leader simply starts from its caches.
@@ -37,6 +42,7 @@ from healthd.kube.errors import Conflict, KubeError, NotFound
 from healthd.kube.leases import holder_of, lease_duration, record_of
 from healthd.kube.objects import LEASES, meta, resource_version_of
 from healthd.kube.shapes import Lease, part, view
+from healthd.kube.watching import Rewinds, older_version
 from healthd.util.times import rfc3339
 
 log = logging.getLogger(__name__)
@@ -52,12 +58,14 @@ class LeaseElector:
     """Campaigns for the Lease `namespace/name` as `identity`; see the module docstring.
 
     `clock` gives the wall time written to and compared with the Lease (injected
-    in tests); renew deadlines use the monotonic clock.
+    in tests); renew deadlines use the monotonic clock. `rewinds` hears when the
+    Lease shows the server's history moved back.
     """
 
     def __init__(self, kube: Kube, *, name: str, namespace: str, identity: str,
                  lease_s: float = 15, renew_s: float = 10, retry_s: float = 2,
-                 clock: Callable[[], datetime] | None = None) -> None:
+                 clock: Callable[[], datetime] | None = None,
+                 rewinds: Rewinds | None = None) -> None:
         if not 0 < retry_s < renew_s < lease_s:
             raise ValueError("leader election needs 0 < retry_s < renew_s < lease_s")
         self._kube = kube
@@ -72,6 +80,9 @@ class LeaseElector:
         self._seen: tuple[str, str, str] | None = None  # the Lease record last observed
         self._seen_at = 0.0  # monotonic time it was first observed
         self._sent_at = 0.0  # monotonic time our last successful write was sent
+        self._rewinds = rewinds or Rewinds()
+        self._written: str | None = None  # the version our last write got
+        self._written_at = 0  # the rewinds' count then
         self.is_leader = False
 
     # -- the loop ------------------------------------------------------------------
@@ -156,7 +167,7 @@ class LeaseElector:
             lease = await self._read()
         except NotFound:
             sent = anyio.current_time()
-            self._lease = view(Lease, await self._kube.create(LEASES, self._new_lease(),
+            self._lease = self._wrote(await self._kube.create(LEASES, self._new_lease(),
                                                               self.namespace))
             self._sent_at = sent
             return True
@@ -182,9 +193,19 @@ class LeaseElector:
         try:
             self._lease = await self._write_held(lease)
         except Conflict:
-            # Our copy is stale: someone wrote the Lease. Still ours? Renew that version.
+            # Our copy is stale: someone wrote the Lease, or the server lost what we
+            # wrote. Still ours? Renew that version.
             lease = await self._read()
+            self._check_history(lease)
             self._lease = await self._write_held(lease)
+
+    def _check_history(self, lease: Lease) -> None:
+        """Tell the rewinds when `lease` is older than our last write, unless the
+        history moving back was noticed since that write."""
+        version = resource_version_of(lease)
+        if older_version(version, self._written) and self._rewinds.count == self._written_at:
+            self._rewinds.notice(f"the Lease {self.namespace}/{self.name} is at version "
+                                 f"{version}; {self.identity} wrote version {self._written}")
 
     async def _write_held(self, lease: Lease) -> Lease:
         if holder_of(lease) != self.identity:
@@ -223,7 +244,13 @@ class LeaseElector:
         sent = anyio.current_time()
         written = await self._kube.replace(LEASES, self.name, body, self.namespace)
         self._sent_at = sent
-        return view(Lease, written)
+        return self._wrote(written)
+
+    def _wrote(self, answer: dict[str, Any]) -> Lease:
+        """The Lease our write got back, remembered as the latest we wrote."""
+        lease = view(Lease, answer)
+        self._written, self._written_at = resource_version_of(lease), self._rewinds.count
+        return lease
 
     def _new_lease(self) -> dict[str, Any]:
         stamp = rfc3339(self._clock().timestamp(), digits=6)

@@ -101,6 +101,12 @@ class Spacing:
         self._last[key] = self._clock()
         self._forget_old()
 
+    def forget(self) -> None:
+        """Forget every reset this process remembers: they were written into a
+        history the server no longer has (etcd restored from a backup), where the
+        AppWrappers' own conditions are the only record left."""
+        self._last.clear()
+
     def _forget_old(self) -> None:
         # Keep memory bounded on clusters that churn through many AppWrappers. The
         # oldest entries come first, so this stops at the first one still needed:

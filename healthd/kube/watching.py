@@ -6,11 +6,33 @@ the resume point and are not yielded; an expired resourceVersion raises `Gone`.
 
 `watch_forever` is what every cache and loop in healthd uses (no polling anywhere):
 list, then watch from the list's resourceVersion, resume from the last version
-seen whenever a stream ends or breaks, relist when the version expired (410) or
-the server never had it (after a silent watch, a one-item list asks) and
-turn the difference into events (ADDED and MODIFIED for what is there, DELETED for
-what vanished meanwhile), and wait with backoff and jitter while the server is
-unreachable. It never raises `KubeError` and runs until cancelled.
+seen whenever a stream ends or breaks, relist when the version expired (410) and
+turn the difference into events (ADDED for what is new, MODIFIED for what differs
+from the copy last yielded, DELETED for what vanished meanwhile), and wait with
+backoff and jitter while the server is unreachable. It never raises `KubeError` and
+runs until cancelled.
+
+The server's history can move back: etcd restored from a backup starts again at
+the backup's revision, below the versions clients last saw, and ordinary churn
+(heartbeats, Events) passes them within seconds. A watch resumed from such a
+version is accepted, and misses for good whatever the restored server holds from
+before that version. Versions cannot tell that story; content can, so:
+
+- after a stream cut short (an error, a server going away, an end before its
+  timeout) or silent for a whole period, a one-item list without a version asks
+  for the server's current one: below the version last seen, the history moved
+  back, and the watch relists. One small read after an abnormal end only; it
+  catches a restore whenever the watch reconnects before the restored server
+  passes its version, the usual case (a restore restarts the API server);
+- `reread=True` relists at the end of every stream, whatever the versions say:
+  for a watch of one object (the agent's own Node) one small read per watch
+  period, and the signal that still holds when the server passed the version
+  before the watch came back. A relist compares content, so a restored copy with
+  an older version is yielded as MODIFIED;
+- `Rewinds`, shared by the watches of one client, spreads the news: when one of
+  them, or another witness (the controller's Lease), notices the history moved
+  back, it is logged once and every sharing watch relists at once, one waiting
+  for its next event included.
 
 Usage::
 
@@ -22,9 +44,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator, Iterator
-from contextlib import aclosing
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from contextlib import aclosing, contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -93,9 +115,71 @@ async def watch(kube: Kube, res: Resource, namespace: str | None = None, *,
                 yield event
 
 
+def older_version(version: str | None, than: str | None) -> bool:
+    """Whether resourceVersion `version` comes before `than`. Versions are opaque by
+    contract, but every real server's are etcd revisions: integers that only grow
+    within one history. Opaque ones are never called older."""
+    return bool(version and than and version.isdigit() and than.isdigit()
+                and int(version) < int(than))
+
+
+class Rewinds:
+    """The API server's history moving back, as the watches sharing this object (and
+    any other witness) notice it; see the module docstring.
+
+    `count` is how many times it was noticed. `notice` counts one more, logs it,
+    makes every sharing watch relist (waking one that waits for its next event) and
+    calls the listeners: what a process remembers of its own writes may belong to
+    the history the server lost.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._waiting: set[anyio.CancelScope] = set()
+        self._listeners: list[Callable[[], None]] = []
+
+    def notice(self, why: str) -> None:
+        self.count += 1
+        log.warning("the API server's history moved back (%s): every watch relists", why)
+        for scope in list(self._waiting):
+            scope.cancel()
+        for listener in list(self._listeners):
+            listener()
+
+    @contextmanager
+    def listening(self, listener: Callable[[], None]) -> Iterator[None]:
+        """`listener()` runs on every notice while inside."""
+        self._listeners.append(listener)
+        try:
+            yield
+        finally:
+            self._listeners.remove(listener)
+
+    async def next(self, events: AsyncIterator[WatchEvent], listed_at: int) -> WatchEvent | None:
+        """The next of `events`; None when they end, or once the history moved back
+        after `listed_at` (the count when the watch last listed), even mid-wait."""
+        if self.count != listed_at:
+            return None
+        # The scope covers the wait only, never a yield to the watch's consumer.
+        with anyio.CancelScope() as scope:
+            self._waiting.add(scope)
+            try:
+                return await anext(events)
+            except StopAsyncIteration:
+                return None
+            finally:
+                self._waiting.discard(scope)
+        return None
+
+
+async def _next(events: AsyncIterator[WatchEvent], _listed_at: int) -> WatchEvent | None:
+    return await anext(events, None)
+
+
 def _relist(known: dict[str, dict[str, Any]], items: list[dict[str, Any]]
             ) -> Iterator[WatchEvent]:
-    """Events that turn `known` into `items` (and update `known` to match)."""
+    """Events that turn `known` into `items` (and update `known` to match): content
+    decides, not versions, so a restored copy with an older version is MODIFIED."""
     fresh = {key_of(obj): obj for obj in items if isinstance(obj, dict)}
     for key in [k for k in known if k not in fresh]:
         yield WatchEvent(DELETED, known.pop(key))
@@ -104,20 +188,8 @@ def _relist(known: dict[str, dict[str, Any]], items: list[dict[str, Any]]
         known[key] = obj
         if before is None:
             yield WatchEvent(ADDED, obj)
-        elif resource_version_of(before) != resource_version_of(obj):
+        elif before != obj:
             yield WatchEvent(MODIFIED, obj)
-
-
-async def _known_version(kube: Kube, res: Resource, namespace: str | None, version: str,
-                         selectors: dict[str, str | None]) -> None:
-    """`Gone` unless the server has reached `version`. A watch from a version the
-    server never had (a restored or replaced server: versions started again) is
-    accepted and stays silent, so after a silent watch a one-item list from that
-    version asks; the server refuses a version it has not reached (504 TooLarge)."""
-    query: Query = {"resourceVersion": version, "resourceVersionMatch": "NotOlderThan",
-                    "limit": 1, "labelSelector": selectors["label_selector"],
-                    "fieldSelector": selectors["field_selector"]}
-    await kube.request("GET", res.path(namespace), query=query)
 
 
 def _remember(known: dict[str, dict[str, Any]], event: WatchEvent) -> None:
@@ -127,49 +199,101 @@ def _remember(known: dict[str, dict[str, Any]], event: WatchEvent) -> None:
         known[key_of(event.object)] = event.object
 
 
+@dataclass
+class _Position:
+    """Where one list-watch stands: what it yielded, the version to resume from (None:
+    list first), the rewind count at its last list, and whether its last stream
+    ended abnormally (the server may have lost the history since)."""
+
+    res: Resource
+    namespace: str | None
+    selectors: dict[str, str | None]
+    rewinds: Rewinds
+    known: dict[str, dict[str, Any]] = field(default_factory=dict)
+    version: str | None = None
+    listed_at: int = 0
+    doubt: bool = False
+
+    def moved_back(self, current: str | None) -> bool:
+        """Whether the server, now at version `current`, lost the history this watch
+        saw; noticed once (a watch that relists for a known rewind says nothing)."""
+        if self.rewinds.count != self.listed_at or not older_version(current, self.version):
+            return False
+        self.rewinds.notice(f"{self.res.plural} at version {current}, "
+                            f"after version {self.version} was seen")
+        return True
+
+    async def must_relist(self, kube: Kube, reread: bool) -> bool:
+        """Before (re)watching: relist, or resume from `version`?"""
+        if self.version is None or reread or self.rewinds.count != self.listed_at:
+            return True
+        if not self.doubt:
+            return False
+        query: Query = {"limit": 1, "labelSelector": self.selectors["label_selector"],
+                        "fieldSelector": self.selectors["field_selector"]}
+        probe = await kube.request("GET", self.res.path(self.namespace), query=query)
+        self.doubt = False
+        return self.moved_back(resource_version_of(probe))
+
+    async def relist(self, kube: Kube) -> Iterator[WatchEvent]:
+        """List; the events that bring what was yielded up to the listing."""
+        listing = await kube.list(self.res, self.namespace, **self.selectors)
+        current = resource_version_of(listing)
+        self.moved_back(current)  # for a reread: say so, though it relists anyway
+        self.version, self.listed_at, self.doubt = current or "", self.rewinds.count, False
+        return _relist(self.known, list(listing.get("items") or []))
+
+
 async def watch_forever(kube: Kube, res: Resource, namespace: str | None = None, *,
                         label_selector: str | None = None, field_selector: str | None = None,
-                        backoff: Backoff | None = None,
-                        timeout_s: int | None = None) -> AsyncGenerator[WatchEvent, None]:
-    """List, then watch and resume forever; relist on 410 or a version the server
-    never had; back off while unreachable.
+                        backoff: Backoff | None = None, timeout_s: int | None = None,
+                        reread: bool = False, rewinds: Rewinds | None = None
+                        ) -> AsyncGenerator[WatchEvent, None]:
+    """List, then watch and resume forever; relist on 410 and when the server's
+    history moved back; back off while unreachable. `reread` relists at the end of
+    every stream; `rewinds` is shared with the client's other watches (module
+    docstring).
 
     Never raises `KubeError`; runs until cancelled (or the consumer stops iterating).
     """
     backoff = backoff or Backoff()
-    known: dict[str, dict[str, Any]] = {}
-    version: str | None = None
-    selectors = {"label_selector": label_selector, "field_selector": field_selector}
+    period = kube.watch_timeout_s if timeout_s is None else timeout_s
+    pos = _Position(res, namespace, {"label_selector": label_selector,
+                                     "field_selector": field_selector}, rewinds or Rewinds())
+    # Only a shared Rewinds can be noticed by someone else mid-wait; a private one
+    # spares each event the cancel scope that lets a notice interrupt the wait.
+    next_event = pos.rewinds.next if rewinds is not None else _next
     while True:
         received = False
         started = time.monotonic()
         try:
-            if version is None:
-                listing = await kube.list(res, namespace, **selectors)
-                version = resource_version_of(listing) or ""
+            if await pos.must_relist(kube, reread):
+                for change in await pos.relist(kube):
+                    yield change
                 backoff.reset()
-                for event in _relist(known, list(listing.get("items") or [])):
-                    yield event
-            events = _stream(kube, res, namespace, resource_version=version or None,
-                             timeout_s=timeout_s, **selectors)
+            events = _stream(kube, res, namespace, resource_version=pos.version or None,
+                             timeout_s=timeout_s, **pos.selectors)
             async with aclosing(events):
-                async for event in events:
+                while (event := await next_event(events, pos.listed_at)) is not None:
                     received = True
                     backoff.reset()
-                    version = resource_version_of(event.object) or version
+                    pos.version = resource_version_of(event.object) or pos.version
                     if event.type != BOOKMARK:
-                        _remember(known, event)
+                        _remember(pos.known, event)
                         yield event
-            if not received and version and time.monotonic() - started >= _QUICK_END_S:
-                await _known_version(kube, res, namespace, version, selectors)
+            # Cut short, or silent for a whole period (a server that never had our
+            # version sends not even a bookmark): ask before resuming.
+            pos.doubt = not received or time.monotonic() - started < period - _QUICK_END_S
         except Gone:
-            log.info("watch on %s expired at version %s: relisting", res, version)
-            version = None
+            log.info("watch on %s expired at version %s: relisting", res, pos.version)
+            pos.version = None
             continue
         except KubeError as exc:
+            pos.doubt = True
             delay = backoff.next()
             log.warning("watch on %s failed (%s); retrying in %.1f s", res, exc, delay)
             await anyio.sleep(delay)
             continue
-        if not received and time.monotonic() - started < _QUICK_END_S:
+        quick = not received and time.monotonic() - started < _QUICK_END_S
+        if quick and pos.rewinds.count == pos.listed_at:
             await anyio.sleep(backoff.next())  # a server ending streams at once: no busy loop

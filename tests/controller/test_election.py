@@ -19,6 +19,7 @@ import pytest
 
 from healthd.controller.election import LeaseElector
 from healthd.kube.leases import is_expired
+from healthd.kube.watching import Rewinds
 from healthd.sim.apiserver import ApiEmulator
 from healthd.util.times import rfc3339
 from tests.controller.conftest import KubeFactory
@@ -167,6 +168,39 @@ async def test_a_leader_whose_clock_runs_behind_is_not_taken_over(
         async with replicas(kube_for, "other") as (other,):
             await anyio.sleep(2.2)  # more than two lease durations
             assert slow.acting and not other.acting
+        group.cancel_scope.cancel()
+
+
+def renewals(api: ApiEmulator) -> int:
+    return len([r for r in api.writes("PUT", f".*/leases/{LEASE}") if r.status == 200])
+
+
+async def renewed(api: ApiEmulator, times: int) -> None:
+    """Until the leader has renewed the Lease `times` more times."""
+    target = renewals(api) + times
+    await wait_for(lambda: renewals(api) >= target, within=3)
+
+
+async def test_a_lease_restored_to_an_older_version_is_noticed_once(
+        api: ApiEmulator, kube_for: KubeFactory) -> None:
+    rewinds = Rewinds()
+    leader = Replica("a", LeaseElector(kube_for("a"), name=LEASE, namespace=NAMESPACE,
+                                       identity="a", rewinds=rewinds, **FAST))
+    async with anyio.create_task_group() as group:
+        group.start_soon(leader.run)
+        await wait_for(lambda: leader.acting, within=3)
+        # Someone else writes the Lease (newer): the renewal meets a conflict, not a rewind.
+        lease = api.get("Lease", LEASE, NAMESPACE) or {}
+        lease["metadata"].setdefault("annotations", {})["example.com/note"] = "seen"
+        api.put(lease)
+        backup = api.snapshot()
+        await renewed(api, 3)
+        assert rewinds.count == 0
+
+        api.restore(backup)  # etcd restored: the Lease goes back to an older version
+        await wait_for(lambda: rewinds.count == 1, within=3)
+        await renewed(api, 3)
+        assert rewinds.count == 1 and leader.acting and lease_holder(api) == "a"
         group.cancel_scope.cancel()
 
 

@@ -33,3 +33,12 @@ def pod(name: str, namespace: str = "default", labels: dict[str, str] | None = N
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
             "spec": spec}
+
+
+def churn(server: ApiEmulator, past: int) -> None:
+    """Writes elsewhere (Events, heartbeats: nothing the tests watch) until the
+    server's version passes `past`."""
+    while server.resource_version <= past:
+        name = f"churn-{server.resource_version}"
+        server.put({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": name, "namespace": "other"}})

@@ -63,7 +63,9 @@ async def until(condition: Callable[[], bool]) -> None:
 
 
 def list_calls(api: ApiEmulator) -> list[object]:
-    return [r for r in api.requests_to("GET", PODS_PATH) if r.query.get("watch") != "true"]
+    """Full lists (not the one-item probes that ask for the server's version)."""
+    return [r for r in api.requests_to("GET", PODS_PATH)
+            if r.query.get("watch") != "true" and "limit" not in r.query]
 
 
 def watch_calls(api: ApiEmulator) -> list[object]:

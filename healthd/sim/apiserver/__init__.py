@@ -24,7 +24,9 @@ Sync (server on a background thread)::
 Surface (see `emulator._Handle`): `url`, `write_kubeconfig(path, user=)`,
 `sync_client(user=)`, `async_client(user=)`; store access without HTTP:
 `get(kind, name, namespace)`, `list(kind, namespace)`, `put(obj)`, `seed(*objs)`,
-`remove(kind, name, namespace)`, `compact()`; the request log: `requests`,
+`remove(kind, name, namespace)`, `compact()`, `snapshot()` and `restore(snapshot)`
+(etcd backed up, and restored from that backup: versions go back, watches are cut
+off); the request log: `requests`,
 `writes(method, path_regex)`, `requests_to(method, path_regex)`, `clear_log()`;
 faults: `fail(method, path_regex, status, times=, body=, delay=)`, `clear_faults()`,
 `go_away()` / `come_back()` (same port; awaitable on `ApiEmulator`); policy hooks:

@@ -25,8 +25,8 @@ from healthd.sim.apiserver import kubeconfig
 from healthd.sim.apiserver.errors import ApiError
 from healthd.sim.apiserver.recording import Fault, RecordedRequest, Recorder
 from healthd.sim.apiserver.resources import RESOURCES, Obj, ResourceTable, ResourceType
-from healthd.sim.apiserver.serving import ApiHandler, Authorizer, make_app
-from healthd.sim.apiserver.store import Store
+from healthd.sim.apiserver.serving import TOO_LARGE_WAIT_S, ApiHandler, Authorizer, make_app
+from healthd.sim.apiserver.store import Snapshot, Store
 
 
 class _Handle:
@@ -34,6 +34,7 @@ class _Handle:
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, history_limit: int = 1000,
                  unserved: tuple[str, ...] = (), bookmark_interval: float = 5.0,
+                 too_large_wait_s: float = TOO_LARGE_WAIT_S,
                  authorizer: Authorizer | None = None) -> None:
         self.host = host
         self.port = port
@@ -41,7 +42,8 @@ class _Handle:
         self.table = ResourceTable(unserved=unserved)
         self.recorder = Recorder()
         self._handler = ApiHandler(self.store, self.table, self.recorder,
-                                   bookmark_interval=bookmark_interval)
+                                   bookmark_interval=bookmark_interval,
+                                   too_large_wait_s=too_large_wait_s)
         self._handler.authorizer = authorizer
         self._runner: web.AppRunner | None = None
 
@@ -99,6 +101,17 @@ class _Handle:
     def compact(self) -> None:
         """Forget the event history: watches resuming from before now get 410."""
         self.store.compact()
+
+    def snapshot(self) -> Snapshot:
+        """What a backup of etcd taken now would hold: every object and the revision."""
+        return self.store.snapshot()
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """Restore `snapshot` as an etcd restore (with the API server restarted on it)
+        does: objects and resourceVersions go back to the snapshot's, open watches are
+        cut off, watches from before the snapshot get 410, and writes continue from
+        its revision, so versions clients saw before come round again."""
+        self.store.restore(snapshot)
 
     @property
     def resource_version(self) -> int:

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 Authorizer = Callable[[str, str, str, str, str, str | None, str | None], bool]
 
 _NOT_NAMESPACE_CHILDREN = ("status", "finalize")
+TOO_LARGE_WAIT_S = 3.0  # the real watch cache's wait for a version it has not reached
 _SUBRESOURCES = ("status",)
 
 
@@ -73,11 +74,13 @@ class ApiHandler:
     """The request handler shared by every (re)start of the server."""
 
     def __init__(self, store: Store, table: ResourceTable, recorder: Recorder, *,
-                 bookmark_interval: float = 5.0) -> None:
+                 bookmark_interval: float = 5.0,
+                 too_large_wait_s: float = TOO_LARGE_WAIT_S) -> None:
         self.store = store
         self.table = table
         self.recorder = recorder
         self.bookmark_interval = bookmark_interval
+        self.too_large_wait_s = too_large_wait_s
         self.authorizer: Authorizer | None = None
         self.server_address = "127.0.0.1"
 
@@ -239,21 +242,25 @@ class ApiHandler:
 
     async def _list(self, target: Target, _body: Any, query: dict[str, str],
                     _ct: str) -> web.Response:
-        self._not_too_large(query.get("resourceVersion"))
+        await self._not_too_large(query.get("resourceVersion"))
         items, rv = self.store.list(target.rt, target.namespace, self._selector(target, query))
         rt = target.rt
         return _json({"kind": f"{rt.kind}List", "apiVersion": rt.group_version,
                       "metadata": {"resourceVersion": str(rv)}, "items": items})
 
-    def _not_too_large(self, version: str | None) -> None:
+    async def _not_too_large(self, version: str | None) -> None:
         """A list from a version newer than the server's own (a restored or replaced
-        server) is refused as the real one refuses it (after waiting 3 s for it)."""
+        server) waits for it as the real one's watch cache does, `too_large_wait_s`
+        (3 s there), and is answered if it comes; else refused as the real one refuses."""
+        if not version or not version.isdigit():
+            return
+        if await self.store.reached(int(version), self.too_large_wait_s):
+            return
         current = self.store.resource_version
-        if version and version.isdigit() and int(version) > current:
-            raise ApiError(504, f"Too large resource version: {version}, current: {current}",
-                           "Timeout", {"causes": [{"reason": "ResourceVersionTooLarge",
-                                                   "message": "Too large resource version"}],
-                                       "retryAfterSeconds": 1})
+        raise ApiError(504, f"Too large resource version: {version}, current: {current}",
+                       "Timeout", {"causes": [{"reason": "ResourceVersionTooLarge",
+                                               "message": "Too large resource version"}],
+                                   "retryAfterSeconds": 1})
 
     async def _create(self, target: Target, body: Any, _query: dict[str, str],
                       content_type: str) -> web.Response:

@@ -9,6 +9,12 @@ thread; watchers on the event loop are woken through `call_soon_threadsafe`.
 
 Objects are kept in the storage shape (see `resources`) without apiVersion/kind;
 callers pass and receive the shape of the resource version they speak.
+
+`snapshot` and `restore` are etcd's backup and restore as an API server behind it
+shows them: every object and the revision go back to the snapshot's, open watches
+are cut off (the restore restarts the API server), the history starts empty at the
+snapshot's revision (watches from before it get 410), and new writes continue from
+that revision, so the versions clients last saw come round again with other content.
 """
 
 from __future__ import annotations
@@ -89,6 +95,36 @@ class Expired(Exception):
     """A watch asked for a resourceVersion older than the history holds."""
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """The store as a backup of etcd holds it: every object, and the revision."""
+
+    objects: dict[str, dict[Key, Obj]]
+    rv: int
+
+
+def _copy_objects(objects: dict[str, dict[Key, Obj]]) -> dict[str, dict[Key, Obj]]:
+    return {storage: {key: copy_json(obj) for key, obj in bucket.items()}
+            for storage, bucket in objects.items()}
+
+
+@dataclass(eq=False)
+class _VersionWaiter:
+    """A request waiting for the store to reach a revision."""
+
+    rv: int
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[None]
+
+    def wake(self) -> None:
+        def done() -> None:
+            if not self.future.done():
+                self.future.set_result(None)
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            self.loop.call_soon_threadsafe(done)
+
+
 @dataclass(eq=False)
 class Subscription:
     """A live watch: raw store events for one storage, delivered on one loop."""
@@ -118,6 +154,7 @@ class Store:
         self._history_limit = history_limit
         self._floor = 0  # every event with rv > floor is still in the history
         self._subs: set[Subscription] = set()
+        self._waiters: set[_VersionWaiter] = set()
 
     @property
     def resource_version(self) -> int:
@@ -172,7 +209,27 @@ class Store:
         for sub in list(self._subs):
             if sub.storage == event.storage:
                 sub.push(event)
+        for waiter in [w for w in self._waiters if w.rv <= self._rv]:
+            self._waiters.discard(waiter)
+            waiter.wake()
         return copy_json(obj)
+
+    async def reached(self, rv: int, timeout: float) -> bool:
+        """Whether the store's revision is `rv` or later, waiting up to `timeout` s."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._rv >= rv:
+                return True
+            waiter = _VersionWaiter(rv, loop, loop.create_future())
+            self._waiters.add(waiter)
+        try:
+            await asyncio.wait_for(waiter.future, timeout)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            with self._lock:
+                self._waiters.discard(waiter)
 
     # -- create --------------------------------------------------------------------
 
@@ -351,6 +408,20 @@ class Store:
         with self._lock:
             self._history.clear()
             self._floor = self._rv
+
+    def snapshot(self) -> Snapshot:
+        """What a backup of etcd would hold now (see the module docstring)."""
+        with self._lock:
+            return Snapshot(_copy_objects(self._objects), self._rv)
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """Go back to `snapshot` as etcd restored from it would (module docstring)."""
+        with self._lock:
+            self._objects = _copy_objects(snapshot.objects)
+            self._rv = snapshot.rv
+            self._history.clear()
+            self._floor = snapshot.rv
+        self.drop_watches()
 
     # -- watch ---------------------------------------------------------------------
 
