@@ -20,6 +20,7 @@ from checks.ping import PingCheck
 from checks.power import PowerCheck
 from checks.pvc import PvcCheck
 from checks.rdma import RdmaCheck
+from checks.recovery import RecoveryCheck
 from checks.remapped import RemappedCheck
 from checks.sxid import SxidCheck
 from checks.xid import XidCheck
@@ -27,6 +28,7 @@ from checks.xid import XidCheck
 _ALL: tuple[type[BaseCheck], ...] = (
     GpusCheck,
     RemappedCheck,
+    RecoveryCheck,
     PowerCheck,
     PcieCheck,
     EccCheck,

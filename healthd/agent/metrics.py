@@ -44,6 +44,7 @@ dcgm-exporter's labels so joins with it work: `gpu` (index), `UUID`, `pci_bus_id
 | `healthd_gpu_xid_events_total` | counter | GPU labels, xid | XID events received, by code (each XID finding adds its `count` value) |
 | `healthd_nvswitch_sxid_events_total` | counter | node, nvswitch, sxid | NVSwitch SXID lines read from the kernel log, by code (sxid) |
 | `healthd_gpu_fabric_registered` | gauge | GPU labels | 1 when the GPU is registered in its NVLink fabric (fabric) |
+| `healthd_gpu_recovery_action` | gauge | GPU labels, action | the recovery action the driver asks for the GPU: NVML's number (0: none), `action` its name (`NONE`, `GPU_RESET`, `NODE_REBOOT`, ...; `UNKNOWN_<n>` for a newer one) (recovery) |
 | `healthd_rdma_port_up` | gauge | node, port, network | 1 when the RDMA port is ACTIVE with its physical link up (rdma) |
 | `healthd_rdma_port_rate_gbps` | gauge | node, port, network | the port's rate in Gb/s (rdma) |
 | `healthd_rdma_port_errors` | gauge | node, port, network, counter | the port's error counters as sysfs shows them: `symbol_error`, `link_downed`, ... (rdma) |

@@ -36,12 +36,13 @@ import anyio.to_thread
 
 from checks.base import boot_uptime
 from checks.kernel_log import LogUnavailable
-from checks.nvml_reader import ECC_DISABLED
+from checks.nvml_reader import ECC_DISABLED, RECOVERY_ACTION_FIELD
 from checks.pciebw import ProbeError
 from checks.power import CLOCK_EVENT_BITS, GPU_IDLE
 from checks.probes import Bandwidth, BandwidthProbe, KernelLogSource, Probes, RdmaPort, RdmaReader
 from checks.processes import ProgramNotFound, ProgramNotRunnable, run_process
 from checks.rdma import RdmaUnavailable
+from checks.recovery import ACTIONS
 from checks.snapshot import (
     Failed,
     GpuSnapshot,
@@ -184,6 +185,9 @@ def machine_spec(recording: Recording, *, redact: bool = False) -> dict[str, Any
     unsupported = _unsupported_everywhere([refusals[g.index] for g in gpus if not g.lost])
     if unsupported:
         base["unsupported"] = unsupported
+    field_errors = _field_errors_everywhere(gpus)
+    if field_errors:
+        base["field_errors"] = field_errors
     faults = []
     for gpu in gpus:
         errors = [e for e in refusals[gpu.index]
@@ -267,13 +271,34 @@ def _refusals(gpu: GpuSnapshot, base: dict[str, Any]) -> list[dict[str, str]]:
         return []
     refusals: list[dict[str, str]] = []
     for name, reading in _readings(gpu):
-        if isinstance(reading, Ok) or _said_by_machine(name, reading, base):
+        if isinstance(reading, Ok) or _said_by_machine(name, reading, base) \
+                or _is_field_error(name, reading):
             continue
         error = _nvml_error(reading)
         # a failed handle lookup fails every reading alike: one entry says it
         if error is not None and error not in refusals:
             refusals.append(error)
     return refusals
+
+
+def _is_field_error(name: str, reading: Unsupported | Failed) -> bool:
+    """A field nvmlDeviceGetFieldValues refused (the recovery action): written as
+    `field_errors`, not as an error of the whole call."""
+    return name == "recovery_action" and isinstance(reading, Unsupported)
+
+
+def _field_errors(gpu: GpuSnapshot) -> dict[int, str]:
+    """The fields this GPU refused, by field id, with the error each answered."""
+    reading = gpu.recovery_action
+    if isinstance(reading, Unsupported) and reading.error:
+        return {RECOVERY_ACTION_FIELD: reading.error}
+    return {}
+
+
+def _field_errors_everywhere(gpus: Sequence[GpuSnapshot]) -> dict[int, str]:
+    """Field errors every readable GPU answers alike (`gpus.field_errors`)."""
+    answers = [_field_errors(gpu) for gpu in gpus if not gpu.lost]
+    return answers[0] if answers and all(a == answers[0] for a in answers) else {}
 
 
 def _unsupported_everywhere(refusals: Sequence[list[dict[str, str]]]) -> list[str]:
@@ -296,6 +321,9 @@ def _gpu_entry(gpu: GpuSnapshot, base: dict[str, Any], errors: list[dict[str, st
                 entry[key] = {**entry[key], **value} if key in entry else value
     if errors:
         entry["nvml_errors"] = errors
+    field_errors = {} if gpu.lost or base.get("field_errors") else _field_errors(gpu)
+    if field_errors:
+        entry["field_errors"] = field_errors
     measured = recording.bandwidth.get(gpu.index)
     if measured is not None:
         entry["pcie_bandwidth_gbps"] = {"h2d": measured.h2d_gbps, "d2h": measured.d2h_gbps}
@@ -310,7 +338,7 @@ def _readings(gpu: GpuSnapshot) -> list[tuple[str, Reading[Any]]]:
             ("clock_event_reasons", gpu.clock_event_reasons), ("power", gpu.power),
             ("pcie", gpu.pcie), ("pcie_replays", gpu.pcie_replays), ("ecc", gpu.ecc),
             ("retired_pages_pending", gpu.retired_pages_pending), ("nvlinks", gpu.nvlinks),
-            ("fabric", gpu.fabric)]
+            ("fabric", gpu.fabric), ("recovery_action", gpu.recovery_action)]
 
 
 def _values(name: str, value: Any, base: dict[str, Any]) -> dict[str, Any]:
@@ -342,6 +370,8 @@ def _values(name: str, value: Any, base: dict[str, Any]) -> dict[str, Any]:
     if name == "nvlinks":
         down = [link.link for link in value if not link.up]
         return {"nvlink_down": down} if down else {}
+    if name == "recovery_action":  # a name the spec knows, else NVML's number
+        return {"recovery_action": ACTIONS.get(value, value)} if value else {}
     if name == "fabric":
         machine = base.get("fabric") or {}
         mine = {"state": value.state, "status": value.status}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     Field,
@@ -76,6 +76,12 @@ NvmlErrorName = Literal[
 
 
 FabricStateName = Literal["not_started", "in_progress", "completed"]
+
+# What the driver may ask for a GPU (NVML field 230; NVML_GPU_RECOVERY_ACTION_<NAME>).
+RecoveryActionName = Literal["NONE", "GPU_RESET", "NODE_REBOOT", "DRAIN_P2P", "DRAIN_AND_RESET",
+                             "RECOVER_IMEX_DOMAIN", "BUS_RESET", "SYSTEM_REBOOT"]
+# A field's own answer in nvmlDeviceGetFieldValues, by field id (230: the recovery action).
+FieldErrors = dict[Annotated[int, Field(ge=0, le=2**32 - 1)], NvmlErrorName]
 
 
 class FabricSpec(Frozen):
@@ -176,6 +182,9 @@ class GpuDefaults(Frozen):
         description="NVML device functions every GPU answers NOT_SUPPORTED (as some "
         "virtual machines do for clock event reasons or NVLink)",
     )
+    field_errors: FieldErrors = Field(
+        {}, description="NVML fields every GPU answers with this error in "
+        "nvmlDeviceGetFieldValues (230 NOT_SUPPORTED: a driver older than the recovery action)")
 
     @field_validator("unsupported")
     @classmethod
@@ -233,6 +242,11 @@ class GpuFault(Frozen):
     mig: bool = False
     xid: list[XidSpec] = []
     fabric: FabricFault | None = None
+    recovery_action: RecoveryActionName | Annotated[int, Field(ge=0, le=2**32 - 1)] | None = \
+        Field(None, description="what the driver asks for the GPU (NVML field 230): a name, "
+              "or NVML's number for one newer than the names")
+    field_errors: FieldErrors = Field(
+        {}, description="this GPU's answers in nvmlDeviceGetFieldValues, by field id")
     nvml_errors: list[NvmlErrorSpec] = []
 
     @model_validator(mode="after")
