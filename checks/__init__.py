@@ -7,6 +7,7 @@ output and of the default (`all`) set.
 
 from __future__ import annotations
 
+from checks.aer import AerCheck
 from checks.base import BaseCheck
 from checks.dcgm import DcgmCheck
 from checks.ecc import EccCheck
@@ -31,6 +32,7 @@ _ALL: tuple[type[BaseCheck], ...] = (
     RecoveryCheck,
     PowerCheck,
     PcieCheck,
+    AerCheck,
     EccCheck,
     NvlinkCheck,
     FabricCheck,

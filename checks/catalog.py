@@ -84,6 +84,16 @@ DEFAULT_CODES: dict[str, CodeSpec] = {
         _spec("PCIE_LINK_DEGRADED", S.WARN, "PCIe link below its maximum generation or width"),
         _spec("PCIE_REPLAYS", S.WARN, "PCIe replay counter rising"),
         _spec("PCIE_BW_LOW", S.WARN, "PCIe bandwidth below the link's expected rate"),
+        # PCIe AER counters that grew since the last run: growth is an event, not seen
+        # again on the next run, so the uncorrectable ones are raised at once; why each
+        # has its severity: docs/checks.md.
+        _spec("PCIE_AER_FATAL", S.EVICT,
+              "a fatal PCIe error on the GPU or a bridge above it (AER)", True),
+        _spec("PCIE_AER_NONFATAL", S.ERR,
+              "an uncorrectable non-fatal PCIe error on the GPU or a bridge above it (AER)",
+              raise_rule=AT_ONCE),
+        _spec("PCIE_AER_CORRECTABLE", S.WARN,
+              "correctable PCIe errors on the GPU's path above the tolerated rate (AER)"),
         _spec("ECC_UNCORRECTED", S.ERR, "volatile uncorrected ECC errors"),
         _spec("PAGES_PENDING", S.ERR, "retired pages pending (needs a reset)"),
         _spec("NVLINK_DOWN", S.ERR, "an NVLink that should be up is down"),

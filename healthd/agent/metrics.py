@@ -35,6 +35,7 @@ dcgm-exporter's labels so joins with it work: `gpu` (index), `UUID`, `pci_bus_id
 | `healthd_gpu_pcie_link_bandwidth_gbps` | gauge | GPU labels | GB/s the current PCIe link can carry (pciebw) |
 | `healthd_gpu_pcie_link_generation` | gauge | GPU labels, link | PCIe generation, `current` / `max` (pcie) |
 | `healthd_gpu_pcie_link_width` | gauge | GPU labels, link | PCIe lanes, `current` / `max` (pcie) |
+| `healthd_gpu_pcie_aer_errors` | gauge | GPU labels, kind, where | PCIe AER errors the kernel counted since boot, `kind` `correctable` / `nonfatal` / `fatal`, `where` `gpu` (the GPU's own function) or `upstream` (the bridges above it, summed) (aer) |
 | `healthd_gpu_remapped_rows` | gauge | GPU labels, kind | rows remapped, `correctable` / `uncorrectable` (remapped) |
 | `healthd_gpu_row_remap_pending` | gauge | GPU labels | 1 when a remap waits for a GPU reset (remapped) |
 | `healthd_gpu_row_remap_failed` | gauge | GPU labels | 1 when a row remap failed (remapped) |
