@@ -50,10 +50,10 @@ from checks.probes import LoggedSxid, LoggedXid
 from checks.snapshot import NodeSnapshot, Ok, Unsupported
 
 NAME = "real_gpu"
-RECORDED_CHECKS = "gpus,remapped,power,pcie,ecc,nvlink,fabric,xid,sxid,rdma,pciebw"
+RECORDED_CHECKS = "gpus,remapped,recovery,power,pcie,aer,ecc,nvlink,fabric,xid,sxid,rdma,pciebw"
 PCIE_MIN_RATIO = 0.7  # the pciebw check's default min_fraction
 PROPERTIES = ("mig_mode", "remapped", "clock_event_reasons", "power", "pcie", "pcie_replays",
-              "ecc", "retired_pages_pending", "nvlinks", "fabric")
+              "ecc", "retired_pages_pending", "nvlinks", "fabric", "recovery_action")
 
 
 def inventory(sim: str | None) -> NodeSnapshot:

@@ -7,6 +7,7 @@ output and of the default (`all`) set.
 
 from __future__ import annotations
 
+from checks.aer import AerCheck
 from checks.base import BaseCheck
 from checks.dcgm import DcgmCheck
 from checks.ecc import EccCheck
@@ -20,6 +21,7 @@ from checks.ping import PingCheck
 from checks.power import PowerCheck
 from checks.pvc import PvcCheck
 from checks.rdma import RdmaCheck
+from checks.recovery import RecoveryCheck
 from checks.remapped import RemappedCheck
 from checks.sxid import SxidCheck
 from checks.xid import XidCheck
@@ -27,8 +29,10 @@ from checks.xid import XidCheck
 _ALL: tuple[type[BaseCheck], ...] = (
     GpusCheck,
     RemappedCheck,
+    RecoveryCheck,
     PowerCheck,
     PcieCheck,
+    AerCheck,
     EccCheck,
     NvlinkCheck,
     FabricCheck,

@@ -253,7 +253,10 @@ class Measure:
     the agent exports as a gauge `family`. Sibling values of one family are told apart
     by fixed labels (`extra`, e.g. `direction="h2d"`); `scale` converts the value to
     the family's unit (ms to seconds); `secondary` selects peers on a secondary
-    network (else the pod network's)."""
+    network (else the pod network's); `texts` are labels whose values are text
+    values of the entity (`(("action", "recovery_action"),)`: label `action` reads
+    the value `recovery_action`), so an enumeration is one series named by its
+    state."""
 
     family: str
     help: str
@@ -262,6 +265,7 @@ class Measure:
     extra: tuple[tuple[str, str], ...] = ()
     scale: float = 1.0
     secondary: bool = False
+    texts: tuple[tuple[str, str], ...] = ()
 
 
 def measures(family: str, help: str, label: str, values: Mapping[str, str], *,

@@ -220,6 +220,32 @@ def _fabric(h: Handle) -> Fabric:
     )
 
 
+# NVML field 230 (nvml.h): the recovery action the driver asks for the GPU.
+RECOVERY_ACTION_FIELD = pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+_NO_FIELD = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND})
+
+
+def _recovery_action(h: Handle) -> int:
+    """The driver's recovery action (NVML's number). A driver older than the field
+    answers for it in the value's own return code (or, older still, refuses the
+    call): Unsupported either way, the one reading a recording replays as a field
+    error."""
+    try:
+        (value,) = _call(pynvml.nvmlDeviceGetFieldValues, h, [RECOVERY_ACTION_FIELD])
+    except _Unreadable as exc:
+        if exc.code not in _NO_FIELD:
+            raise
+        raise _Unreadable(_field_refused(exc.reading.error), exc.code) from exc
+    if value.nvmlReturn != pynvml.NVML_SUCCESS:
+        raise _Unreadable(_field_refused(error_name(value.nvmlReturn)), value.nvmlReturn)
+    return int(value.value.uiVal)
+
+
+def _field_refused(error: str) -> Unsupported:
+    return Unsupported(f"not reported by this driver (field {RECOVERY_ACTION_FIELD}: {error})",
+                       "nvmlDeviceGetFieldValues", error)
+
+
 _PROPERTIES: dict[str, Callable[[Handle], Any]] = {
     "mig_mode": _mig_mode,
     "remapped": _remapped,
@@ -231,6 +257,7 @@ _PROPERTIES: dict[str, Callable[[Handle], Any]] = {
     "retired_pages_pending": _pages_pending,
     "nvlinks": _nvlinks,
     "fabric": _fabric,
+    "recovery_action": _recovery_action,
 }
 
 

@@ -10,8 +10,9 @@ driver, sysfs, the clock since boot).
 
 The real implementations live beside the check that uses them (`checks.nic`'s
 `NetlinkReader`, `checks.ping`'s `IcmpProber`, `checks.pciebw`'s
-`CudaBandwidthProbe`, `checks.rdma`'s `SysfsRdmaReader`, `checks.kernel_log`'s
-`KernelLog`, `checks.snapshot`'s `NvmlGpuSource`), or in healthd (the pvc check's
+`CudaBandwidthProbe`, `checks.rdma`'s `SysfsRdmaReader`, `checks.aer`'s
+`SysfsAerReader`, `checks.kernel_log`'s `KernelLog`, `checks.snapshot`'s
+`NvmlGpuSource`), or in healthd (the pvc check's
 Kubernetes API). A check that needs a new stand-in adds its protocol and a `Probes`
 field here and reads it in its own module: the check contract (checks.base) does
 not change.
@@ -156,6 +157,53 @@ class RdmaReader(Protocol):
     def read(self) -> list[RdmaPort]: ...
 
 
+# -- PCIe AER counters (the aer check) -------------------------------------------------
+
+AerKind = Literal["correctable", "nonfatal", "fatal"]
+AER_KINDS: tuple[AerKind, ...] = ("correctable", "nonfatal", "fatal")
+# The line the kernel ends each aer_dev_* file with: the count of error messages.
+AER_TOTALS: dict[AerKind, str] = {"correctable": "TOTAL_ERR_COR",
+                                  "nonfatal": "TOTAL_ERR_NONFATAL", "fatal": "TOTAL_ERR_FATAL"}
+
+
+@dataclass(frozen=True)
+class AerCounters:
+    """One PCI function's AER counters as sysfs lists them, per kind: each named counter
+    (`RxErr`, `CmpltTO`, `SDES`, ...) and the kernel's `TOTAL_ERR_*` line."""
+
+    kinds: Mapping[AerKind, Mapping[str, int]]
+
+    def total(self, kind: AerKind) -> int:
+        """The kind's TOTAL_ERR_* line (the sum of its counters where there is none)."""
+        counts = self.kinds.get(kind, {})
+        total = counts.get(AER_TOTALS[kind])
+        return total if total is not None else sum(counts.values())
+
+    def named(self, kind: AerKind) -> dict[str, int]:
+        """The kind's named counters, without the total."""
+        return {k: v for k, v in self.kinds.get(kind, {}).items() if k != AER_TOTALS[kind]}
+
+
+@dataclass(frozen=True)
+class PciPath:
+    """A GPU's PCI function and the bridges above it up to its root port, by sysfs
+    address, nearest first (`devices[0]` is the GPU), with the AER counters of each
+    that has them; `unreadable` says why the others have none. `missing` says why the
+    GPU's own device is not there at all (then nothing else is set)."""
+
+    devices: tuple[str, ...] = ()
+    counters: Mapping[str, AerCounters] = field(default_factory=dict)
+    unreadable: Mapping[str, str] = field(default_factory=dict)
+    missing: str = ""
+
+
+class AerReader(Protocol):
+    """Reads the PCI path of each GPU (by sysfs address, `0000:18:00.0`); a device
+    that cannot be read is data (`PciPath.missing`, `unreadable`), never an error."""
+
+    def read(self, devices: Sequence[str]) -> Mapping[str, PciPath]: ...
+
+
 # -- the kernel log (the xid and sxid checks) ------------------------------------------
 
 Kind = Literal["xid", "sxid"]
@@ -288,4 +336,5 @@ class Probes:
     uptime: Uptime | None = None  # fabric
     kernel_log: KernelLogSource | None = None  # xid, sxid
     rdma: RdmaReader | None = None  # rdma
+    aer: AerReader | None = None  # aer
     pvc_api: ProbeApiFactory | None = None  # pvc: the live cluster's API

@@ -143,6 +143,7 @@ class GpuSnapshot:
     retired_pages_pending: Reading[bool] = Unsupported()
     nvlinks: Reading[tuple[NvLink, ...]] = Unsupported()
     fabric: Reading[Fabric] = Unsupported()
+    recovery_action: Reading[int] = Unsupported()  # NVML's number (checks.recovery names it)
 
 
 @dataclass(frozen=True)

@@ -191,9 +191,12 @@ class SnapshotCollector:
     ) -> None:
         value = number(values.get(m.value))
         peer_elsewhere = entity.kind == "peer" and bool(entity.network) != m.secondary
-        if entity.kind != m.kind or value is None or peer_elsewhere:
+        texts = {label: values.get(key) for label, key in m.texts}
+        if entity.kind != m.kind or value is None or peer_elsewhere or not all(
+                isinstance(text, str) for text in texts.values()):
             return
-        labels = {"node": self._node, **entity_labels(entity), **dict(m.extra)}
+        labels = {"node": self._node, **entity_labels(entity), **dict(m.extra),
+                  **{label: str(text) for label, text in texts.items()}}
         if m.secondary:
             labels["network"] = entity.network
         out.add(m.family, m.help, labels, value * m.scale)

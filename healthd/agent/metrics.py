@@ -35,6 +35,7 @@ dcgm-exporter's labels so joins with it work: `gpu` (index), `UUID`, `pci_bus_id
 | `healthd_gpu_pcie_link_bandwidth_gbps` | gauge | GPU labels | GB/s the current PCIe link can carry (pciebw) |
 | `healthd_gpu_pcie_link_generation` | gauge | GPU labels, link | PCIe generation, `current` / `max` (pcie) |
 | `healthd_gpu_pcie_link_width` | gauge | GPU labels, link | PCIe lanes, `current` / `max` (pcie) |
+| `healthd_gpu_pcie_aer_errors` | gauge | GPU labels, kind, where | PCIe AER errors the kernel counted since boot, `kind` `correctable` / `nonfatal` / `fatal`, `where` `gpu` (the GPU's own function) or `upstream` (the bridges above it, summed) (aer) |
 | `healthd_gpu_remapped_rows` | gauge | GPU labels, kind | rows remapped, `correctable` / `uncorrectable` (remapped) |
 | `healthd_gpu_row_remap_pending` | gauge | GPU labels | 1 when a remap waits for a GPU reset (remapped) |
 | `healthd_gpu_row_remap_failed` | gauge | GPU labels | 1 when a row remap failed (remapped) |
@@ -45,6 +46,7 @@ dcgm-exporter's labels so joins with it work: `gpu` (index), `UUID`, `pci_bus_id
 | `healthd_nvswitch_sxid_events_total` | counter | node, nvswitch, sxid | NVSwitch SXID lines read from the kernel log, by code (sxid) |
 | `healthd_kernel_log_skipped_lines_total` | counter | node, reason | kernel-log lines skipped as unusable, never judged: `not_utf8`, `oversize` (past 8192 bytes), `not_a_record` (not `prio,seq,usec,flags;message`), `bad_xid` / `bad_sxid` (an XID or SXID line whose fields cannot be read: a driver that prints them differently); the agent logs the first of each reason |
 | `healthd_gpu_fabric_registered` | gauge | GPU labels | 1 when the GPU is registered in its NVLink fabric (fabric) |
+| `healthd_gpu_recovery_action` | gauge | GPU labels, action | the recovery action the driver asks for the GPU: NVML's number (0: none), `action` its name (`NONE`, `GPU_RESET`, `NODE_REBOOT`, ...; `UNKNOWN_<n>` for a newer one) (recovery) |
 | `healthd_rdma_port_up` | gauge | node, port, network | 1 when the RDMA port is ACTIVE with its physical link up (rdma) |
 | `healthd_rdma_port_rate_gbps` | gauge | node, port, network | the port's rate in Gb/s (rdma) |
 | `healthd_rdma_port_errors` | gauge | node, port, network, counter | the port's error counters as sysfs shows them: `symbol_error`, `link_downed`, ... (rdma) |

@@ -22,6 +22,7 @@ from typing import Any, cast
 import anyio
 import yaml
 
+from checks.aer import AerParams, SysfsAerReader
 from checks.base import boot_uptime
 from checks.dcgm import DcgmCheck, DcgmParams
 from checks.kernel_log import KernelLog
@@ -119,7 +120,9 @@ async def _record(args: argparse.Namespace, includes: Includes, config: Config) 
     node, expected = config.node_name or "", config.expected_gpus
     probes = Probes(bandwidth=CudaBandwidthProbe(), uptime=boot_uptime, kernel_log=KernelLog(),
                     rdma=SysfsRdmaReader(Path(
-                        cast(RdmaParams, config.build_check("rdma").params).sysfs_root)))
+                        cast(RdmaParams, config.build_check("rdma").params).sysfs_root)),
+                    aer=SysfsAerReader(Path(
+                        cast(AerParams, config.build_check("aer").params).sysfs_root)))
     with ExitStack() as stack:
         if args.sim:
             from healthd.sim.dcgm import fake_dcgmi_command

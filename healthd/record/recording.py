@@ -18,8 +18,10 @@ How readings map to the spec:
 - NVLink fabric info is the `fabric` section (the first registered GPU's) plus
   per-GPU `fabric` faults; the time since boot, in whole minutes, is `uptime_s`;
 - the kernel log's XID and SXID lines are `kernel_log`, the RDMA ports' sysfs
-  values `rdma.ports`; a source that could not be read is left out of `recorded`,
-  and the checks that read it replay as SKIPPED "not recorded".
+  values `rdma.ports`, each GPU's PCI path and its AER counters `aer` (the bridges
+  above each GPU, the counters that are not zero, the devices without any); a
+  source that could not be read is left out of `recorded`, and the checks that read
+  it replay as SKIPPED "not recorded".
 
 `--redact` replaces GPU UUIDs, serials and the node name with placeholders, the same
 original always by the same placeholder.
@@ -34,14 +36,28 @@ from typing import Any
 
 import anyio.to_thread
 
+from checks.aer import sysfs_address
 from checks.base import boot_uptime
 from checks.kernel_log import LogUnavailable
-from checks.nvml_reader import ECC_DISABLED
+from checks.nvml_reader import ECC_DISABLED, RECOVERY_ACTION_FIELD
 from checks.pciebw import ProbeError
 from checks.power import CLOCK_EVENT_BITS, GPU_IDLE
-from checks.probes import Bandwidth, BandwidthProbe, KernelLogSource, Probes, RdmaPort, RdmaReader
+from checks.probes import (
+    AER_KINDS,
+    AER_TOTALS,
+    AerCounters,
+    AerReader,
+    Bandwidth,
+    BandwidthProbe,
+    KernelLogSource,
+    PciPath,
+    Probes,
+    RdmaPort,
+    RdmaReader,
+)
 from checks.processes import ProgramNotFound, ProgramNotRunnable, run_process
 from checks.rdma import RdmaUnavailable
+from checks.recovery import ACTIONS
 from checks.snapshot import (
     Failed,
     GpuSnapshot,
@@ -84,6 +100,7 @@ class Recording:
     uptime_s: float | None = None  # seconds since boot when read (the fabric's grace)
     kernel_log: list[str] | None = None  # XID and SXID lines since boot; None: unreadable
     rdma: list[RdmaPort] | None = None  # the RDMA ports; None: unreadable
+    aer: dict[str, PciPath] | None = None  # each GPU's PCI path by address; None: unreadable
 
 
 async def read_machine(
@@ -111,7 +128,8 @@ async def read_machine(
     recording = Recording(node, snapshot, xids, expected_gpus=expected_gpus,
                           uptime_s=(probes.uptime or boot_uptime)(),
                           kernel_log=_logged_lines(probes.kernel_log),
-                          rdma=_rdma_ports(probes.rdma))
+                          rdma=_rdma_ports(probes.rdma),
+                          aer=_pci_paths(probes.aer, snapshot))
     if probes.bandwidth is not None:
         recording.bandwidth = await _measure_all(snapshot, probes.bandwidth,
                                                  bandwidth_size_bytes, bandwidth_iterations)
@@ -140,6 +158,16 @@ def _rdma_ports(reader: RdmaReader | None) -> list[RdmaPort] | None:
         return reader.read()
     except RdmaUnavailable:
         return None
+
+
+def _pci_paths(reader: AerReader | None, snapshot: NodeSnapshot) -> dict[str, PciPath] | None:
+    """Each GPU's PCI path and AER counters (None: no GPU's device could be found, so
+    this is not the host's sysfs)."""
+    if reader is None:
+        return None
+    addresses = [a for gpu in snapshot.gpus if (a := sysfs_address(gpu.pci_bus_id))]
+    paths = dict(reader.read(addresses))
+    return paths if any(not path.missing for path in paths.values()) else None
 
 
 async def _measure_all(snapshot: NodeSnapshot, probe: BandwidthProbe, size_bytes: int,
@@ -184,6 +212,9 @@ def machine_spec(recording: Recording, *, redact: bool = False) -> dict[str, Any
     unsupported = _unsupported_everywhere([refusals[g.index] for g in gpus if not g.lost])
     if unsupported:
         base["unsupported"] = unsupported
+    field_errors = _field_errors_everywhere(gpus)
+    if field_errors:
+        base["field_errors"] = field_errors
     faults = []
     for gpu in gpus:
         errors = [e for e in refusals[gpu.index]
@@ -210,6 +241,8 @@ def machine_spec(recording: Recording, *, redact: bool = False) -> dict[str, Any
         spec["kernel_log"] = recording.kernel_log
     if recording.rdma:
         spec["rdma"] = {"ports": [_rdma_entry(port) for port in recording.rdma]}
+    if recording.aer is not None:
+        spec["aer"] = _aer_entry(recording.aer, gpus)
     if recording.dcgm is not None:
         spec["dcgm"] = _dcgm_entry(recording.dcgm)
     spec["recorded"] = sources(recording)
@@ -228,6 +261,8 @@ def sources(recording: Recording) -> list[str]:
         held.append("kernel_log")
     if recording.rdma is not None:
         held.append("rdma")
+    if recording.aer is not None:
+        held.append("aer")
     return held
 
 
@@ -267,13 +302,34 @@ def _refusals(gpu: GpuSnapshot, base: dict[str, Any]) -> list[dict[str, str]]:
         return []
     refusals: list[dict[str, str]] = []
     for name, reading in _readings(gpu):
-        if isinstance(reading, Ok) or _said_by_machine(name, reading, base):
+        if isinstance(reading, Ok) or _said_by_machine(name, reading, base) \
+                or _is_field_error(name, reading):
             continue
         error = _nvml_error(reading)
         # a failed handle lookup fails every reading alike: one entry says it
         if error is not None and error not in refusals:
             refusals.append(error)
     return refusals
+
+
+def _is_field_error(name: str, reading: Unsupported | Failed) -> bool:
+    """A field nvmlDeviceGetFieldValues refused (the recovery action): written as
+    `field_errors`, not as an error of the whole call."""
+    return name == "recovery_action" and isinstance(reading, Unsupported)
+
+
+def _field_errors(gpu: GpuSnapshot) -> dict[int, str]:
+    """The fields this GPU refused, by field id, with the error each answered."""
+    reading = gpu.recovery_action
+    if isinstance(reading, Unsupported) and reading.error:
+        return {RECOVERY_ACTION_FIELD: reading.error}
+    return {}
+
+
+def _field_errors_everywhere(gpus: Sequence[GpuSnapshot]) -> dict[int, str]:
+    """Field errors every readable GPU answers alike (`gpus.field_errors`)."""
+    answers = [_field_errors(gpu) for gpu in gpus if not gpu.lost]
+    return answers[0] if answers and all(a == answers[0] for a in answers) else {}
 
 
 def _unsupported_everywhere(refusals: Sequence[list[dict[str, str]]]) -> list[str]:
@@ -296,6 +352,9 @@ def _gpu_entry(gpu: GpuSnapshot, base: dict[str, Any], errors: list[dict[str, st
                 entry[key] = {**entry[key], **value} if key in entry else value
     if errors:
         entry["nvml_errors"] = errors
+    field_errors = {} if gpu.lost or base.get("field_errors") else _field_errors(gpu)
+    if field_errors:
+        entry["field_errors"] = field_errors
     measured = recording.bandwidth.get(gpu.index)
     if measured is not None:
         entry["pcie_bandwidth_gbps"] = {"h2d": measured.h2d_gbps, "d2h": measured.d2h_gbps}
@@ -310,7 +369,7 @@ def _readings(gpu: GpuSnapshot) -> list[tuple[str, Reading[Any]]]:
             ("clock_event_reasons", gpu.clock_event_reasons), ("power", gpu.power),
             ("pcie", gpu.pcie), ("pcie_replays", gpu.pcie_replays), ("ecc", gpu.ecc),
             ("retired_pages_pending", gpu.retired_pages_pending), ("nvlinks", gpu.nvlinks),
-            ("fabric", gpu.fabric)]
+            ("fabric", gpu.fabric), ("recovery_action", gpu.recovery_action)]
 
 
 def _values(name: str, value: Any, base: dict[str, Any]) -> dict[str, Any]:
@@ -342,6 +401,8 @@ def _values(name: str, value: Any, base: dict[str, Any]) -> dict[str, Any]:
     if name == "nvlinks":
         down = [link.link for link in value if not link.up]
         return {"nvlink_down": down} if down else {}
+    if name == "recovery_action":  # a name the spec knows, else NVML's number
+        return {"recovery_action": ACTIONS.get(value, value)} if value else {}
     if name == "fabric":
         machine = base.get("fabric") or {}
         mine = {"state": value.state, "status": value.status}
@@ -404,6 +465,43 @@ def _rdma_entry(port: RdmaPort) -> dict[str, Any]:
     if port.counters:
         entry["counters"] = dict(port.counters)
     return entry
+
+
+def _aer_entry(paths: dict[str, PciPath], gpus: Sequence[GpuSnapshot]) -> dict[str, Any]:
+    """The spec's `aer` section: every GPU's bridges, the counters that are not zero,
+    the devices without counters (`supported: false` when none has any)."""
+    upstream = {gpu.index: list(path.devices[1:]) for gpu in gpus
+                if (path := paths.get(sysfs_address(gpu.pci_bus_id))) and not path.missing}
+    counts: dict[str, Any] = {}
+    without: list[str] = []
+    for path in paths.values():
+        for device in path.devices:
+            if device in path.counters:
+                if nonzero := _aer_counts(path.counters[device]):
+                    counts[device] = nonzero
+            elif device not in without:
+                without.append(device)
+    if not any(path.counters for path in paths.values()):
+        return {"supported": False, "upstream": upstream}
+    entry: dict[str, Any] = {"upstream": upstream}
+    if counts:
+        entry["counts"] = counts
+    if without:
+        entry["without_aer"] = without
+    return entry
+
+
+def _aer_counts(counters: AerCounters) -> dict[str, dict[str, int]]:
+    """A device's counters that are not zero, by kind; the total only where it is not
+    the counters' sum (several errors in one message, or types without a name)."""
+    out: dict[str, dict[str, int]] = {}
+    for kind in AER_KINDS:
+        named = {name: n for name, n in counters.named(kind).items() if n}
+        if counters.total(kind) != sum(named.values()):
+            named[AER_TOTALS[kind]] = counters.total(kind)
+        if named:
+            out[kind] = named
+    return out
 
 
 def _dcgm_entry(dcgm: DcgmRecording) -> dict[str, Any]:

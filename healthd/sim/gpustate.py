@@ -8,16 +8,19 @@ from the ctypes plumbing, makes them easy to read and to document:
 
 - a fault is active while `at <= t < until` (no `until`: for ever);
 - several active faults on one GPU: flags (`lost`, `missing`, `mig`) are OR-ed, lists
-  (clock event reasons, NVLinks down) are joined, and for the structured fields
-  (remapped rows, power, PCIe link, ECC, bandwidth) the fault listed last wins;
+  (clock event reasons, NVLinks down) are joined, field errors are merged over the
+  machine's, and for the structured fields (remapped rows, power, PCIe link, ECC,
+  bandwidth, recovery action) the fault listed last wins;
 - the PCIe replay counter is a monotonic counter: it rises at `pcie_replay_rate`
   from `at` and keeps its last value after `until` (a counter never goes back).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+
+import pynvml
 
 from healthd.sim.machine import (
     ClockReason,
@@ -76,6 +79,8 @@ class GpuState:
     ecc: EccFault = _NO_ECC_ERRORS
     nvlinks_down: frozenset[int] = field(default_factory=frozenset)
     fabric: FabricSpec | None = None  # None: no NVLink fabric (NOT_SUPPORTED)
+    recovery_action: int = pynvml.NVML_GPU_RECOVERY_ACTION_NONE  # NVML field 230
+    field_errors: Mapping[int, str] = field(default_factory=dict)  # field id -> NVML error
 
 
 def is_active(fault: GpuFault, t: float) -> bool:
@@ -114,6 +119,7 @@ def gpu_state(spec: MachineSpec, faults: Sequence[GpuFault], index: int, t: floa
         pcie_max_width=gpus.pcie.max_width or gpus.pcie.width,
         pcie_replays=replay_count(faults, t),
         fabric=spec.fabric,
+        field_errors=gpus.field_errors,
     )
     active = [f for f in faults if is_active(f, t)]
     return _merge(state, active) if active else state
@@ -125,6 +131,8 @@ def _merge(state: GpuState, active: Sequence[GpuFault]) -> GpuState:
         "missing": any(f.missing for f in active),
         "mig": state.mig_capable and any(f.mig for f in active),
         "nvlinks_down": frozenset(link for f in active for link in f.nvlink_down),
+        "field_errors": {**state.field_errors,
+                         **{k: v for f in active for k, v in f.field_errors.items()}},
     }
     reasons = [r for f in active for r in f.clock_event_reasons]
     if reasons:
@@ -142,12 +150,21 @@ def _merge(state: GpuState, active: Sequence[GpuFault]) -> GpuState:
         if fault.fabric is not None and state.fabric is not None:
             changes["fabric"] = state.fabric.model_copy(
                 update=fault.fabric.model_dump(exclude_none=True))
+        if fault.recovery_action is not None:
+            changes["recovery_action"] = recovery_number(fault.recovery_action)
         if fault.pcie is not None:
             changes["pcie_gen"] = fault.pcie.gen or state.pcie_gen
             changes["pcie_width"] = fault.pcie.width or state.pcie_width
             changes["pcie_max_gen"] = fault.pcie.max_gen or state.pcie_max_gen
             changes["pcie_max_width"] = fault.pcie.max_width or state.pcie_max_width
     return replace(state, **changes)  # type: ignore[arg-type]
+
+
+def recovery_number(action: str | int) -> int:
+    """NVML's number for a recovery action named in a spec (`GPU_RESET` -> 1)."""
+    if isinstance(action, int):
+        return action
+    return int(getattr(pynvml, f"NVML_GPU_RECOVERY_ACTION_{action}"))
 
 
 def _reason_mask(reasons: Iterable[ClockReason]) -> int:

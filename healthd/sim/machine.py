@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     Field,
@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from checks.aer import sysfs_address
 from healthd.sim.dcgm import DcgmSim
 from healthd.util import bundled
 from healthd.util.models import Frozen
@@ -77,6 +78,12 @@ NvmlErrorName = Literal[
 
 FabricStateName = Literal["not_started", "in_progress", "completed"]
 
+# What the driver may ask for a GPU (NVML field 230; NVML_GPU_RECOVERY_ACTION_<NAME>).
+RecoveryActionName = Literal["NONE", "GPU_RESET", "NODE_REBOOT", "DRAIN_P2P", "DRAIN_AND_RESET",
+                             "RECOVER_IMEX_DOMAIN", "BUS_RESET", "SYSTEM_REBOOT"]
+# A field's own answer in nvmlDeviceGetFieldValues, by field id (230: the recovery action).
+FieldErrors = dict[Annotated[int, Field(ge=0, le=2**32 - 1)], NvmlErrorName]
+
 
 class FabricSpec(Frozen):
     """An NVLink fabric (HGX/DGX boards with NVSwitches): what NVML's fabric info
@@ -122,6 +129,42 @@ class RdmaSpec(Frozen):
     link_layer: Literal["InfiniBand", "Ethernet"] = "Ethernet"
     rate_gbps: float = Field(400.0, gt=0)
     ports: list[RdmaPortSpec] = []
+
+
+AerCount = Annotated[int, Field(ge=0)]
+# A counter's name as the kernel prints it in aer_dev_* (`RxErr`, `CmpltTO`, `SDES`, ...).
+AerName = Annotated[str, Field(pattern=r"^[!-~]([ -~]*[!-~])?$")]
+
+
+class AerCounts(Frozen):
+    """One PCI function's AER counters, per kind, by the kernel's names; each kind's
+    `TOTAL_ERR_*` line is their sum unless given."""
+
+    correctable: dict[AerName, AerCount] = {}
+    nonfatal: dict[AerName, AerCount] = {}
+    fatal: dict[AerName, AerCount] = {}
+
+
+class AerFault(AerCounts):
+    """PCIe errors on one GPU's PCI path, added to the counters from the fault's `at`
+    on (they never go back, so `until` does not take them away)."""
+
+    level: int = Field(0, ge=0, description="0: the GPU's own function; 1: the bridge "
+                       "right above it; ...; the last: its root port")
+
+
+class AerSpec(Frozen):
+    """The PCI tree under the GPUs and its AER counters, written as a fake
+    /sys/bus/pci/devices: each GPU below the bridges `upstream` names (unset: a PCIe
+    switch's downstream and upstream ports and a root port, on the three buses below
+    the GPU's), with `counts` since boot; `supported: false` or `without_aer`: no
+    aer_dev_* files (AER off, or a device without the capability)."""
+
+    supported: bool = True
+    upstream: dict[Annotated[int, Field(ge=0)], list[str]] = Field(
+        {}, description="GPU position -> its bridges by sysfs address, nearest first")
+    counts: dict[str, AerCounts] = Field({}, description="sysfs address -> counters")
+    without_aer: list[str] = Field([], description="sysfs addresses without AER counters")
 
 
 class PcieSpec(Frozen):
@@ -176,6 +219,9 @@ class GpuDefaults(Frozen):
         description="NVML device functions every GPU answers NOT_SUPPORTED (as some "
         "virtual machines do for clock event reasons or NVLink)",
     )
+    field_errors: FieldErrors = Field(
+        {}, description="NVML fields every GPU answers with this error in "
+        "nvmlDeviceGetFieldValues (230 NOT_SUPPORTED: a driver older than the recovery action)")
 
     @field_validator("unsupported")
     @classmethod
@@ -233,6 +279,12 @@ class GpuFault(Frozen):
     mig: bool = False
     xid: list[XidSpec] = []
     fabric: FabricFault | None = None
+    aer: list[AerFault] = Field([], description="PCIe AER errors on the GPU's path from `at`")
+    recovery_action: RecoveryActionName | Annotated[int, Field(ge=0, le=2**32 - 1)] | None = \
+        Field(None, description="what the driver asks for the GPU (NVML field 230): a name, "
+              "or NVML's number for one newer than the names")
+    field_errors: FieldErrors = Field(
+        {}, description="this GPU's answers in nvmlDeviceGetFieldValues, by field id")
     nvml_errors: list[NvmlErrorSpec] = []
 
     @model_validator(mode="after")
@@ -255,6 +307,7 @@ class MachineSpec(Frozen):
         3600.0, ge=0, description="seconds since the node booted when the machine starts")
     faults: list[GpuFault] = []
     rdma: RdmaSpec | None = Field(None, description="RDMA NICs; unset: none")
+    aer: AerSpec = Field(AerSpec(), description="the GPUs' PCI tree and its AER counters")
     kernel_log: list[str] | None = Field(
         None, description="kernel-log messages written before the machine starts, in order "
         "(XID and SXID lines); unset: a log without NVIDIA lines")
@@ -262,7 +315,7 @@ class MachineSpec(Frozen):
     recorded: list[str] | None = Field(
         None,
         description="a recording: the sources it holds (nvml, xid, pciebw, dcgm, "
-        "kernel_log, rdma); "
+        "kernel_log, rdma, aer); "
         "a check that reads anything else replays as SKIPPED 'not recorded'. Unset: "
         "not a recording, everything is simulated",
     )
@@ -296,6 +349,11 @@ class MachineSpec(Frozen):
                         f"gpu {fault.gpu}: nvlink_down names link {link} but GPUs have "
                         f"{self.gpus.nvlinks} links"
                     )
+            for error in fault.aer:
+                if error.level > len(self.pci_upstream(fault.gpu)):
+                    raise ValueError(
+                        f"gpu {fault.gpu}: aer level {error.level} but the GPU has "
+                        f"{len(self.pci_upstream(fault.gpu))} bridges above it")
         for field in ("uuids", "pci_bus_ids"):
             given = getattr(self.gpus, field)
             if given is not None and len(given) != self.gpus.count:
@@ -315,6 +373,48 @@ class MachineSpec(Frozen):
             return self.gpus.pci_bus_ids[index]
         # Real H100 boxes spread GPUs over buses like this; only uniqueness matters.
         return f"00000000:{0x18 + 0x10 * index:02X}:00.0"
+
+    def pci_upstream(self, index: int) -> list[str]:
+        """The bridges above GPU `index` up to its root port, nearest first, by sysfs
+        address: `aer.upstream`'s, or generated on the three buses below the GPU's (a
+        GPU on bus 0..2 sits on the root bus, with none)."""
+        if index in self.aer.upstream:
+            return self.aer.upstream[index]
+        address = sysfs_address(self.pci_bus_id(index))
+        if not address:  # a GPU recorded without a bus id (missing)
+            return []
+        domain, bus_hex, _device = address.split(":")
+        bus = int(bus_hex, 16)
+        if bus < 3:
+            return []
+        return [f"{domain}:{bus - 1:02x}:00.0", f"{domain}:{bus - 2:02x}:00.0",
+                f"{domain}:{bus - 3:02x}:01.0"]
+
+    @model_validator(mode="after")
+    def _one_pci_tree(self) -> MachineSpec:
+        """Every device has one parent: generated bridges that land on another GPU or
+        on another GPU's bridges (GPUs on neighbouring buses) need `aer.upstream`."""
+        for index in self.aer.upstream:
+            if index >= self.gpus.count:
+                raise ValueError(f"aer.upstream names gpu {index} but the machine has "
+                                 f"{self.gpus.count} GPUs")
+        parents: dict[str, str] = {}
+        addresses = [sysfs_address(self.pci_bus_id(i)) for i in range(self.gpus.count)]
+        gpus = set(addresses) - {""}
+        for index, address in enumerate(addresses):
+            if not address:
+                continue
+            chain = [address, *self.pci_upstream(index)]
+            for child, parent in zip(chain, [*chain[1:], ""], strict=True):
+                if parent in gpus:
+                    raise ValueError(f"gpu {index}: its bridge {parent} is another GPU; give "
+                                     "each GPU's bridges in aer.upstream")
+                if parents.setdefault(child, parent) != parent:
+                    raise ValueError(
+                        f"gpu {index}: PCI device {child} would sit below both "
+                        f"{parents[child] or 'the root bus'} and {parent or 'the root bus'}; "
+                        "give each GPU's bridges in aer.upstream")
+        return self
 
     def faults_for(self, index: int) -> list[GpuFault]:
         return [f for f in self.faults if f.gpu == index]

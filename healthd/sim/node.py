@@ -20,11 +20,12 @@ import checks as registry
 from checks.base import CheckContext, Peer
 from checks.dcgm import DcgmCheck
 from checks.kernel_log import KernelLog
-from checks.probes import GpuSource, KernelLogSource, Probes, RdmaReader
+from checks.probes import AerReader, GpuSource, KernelLogSource, Probes, RdmaReader
 from checks.rdma import SysfsRdmaReader
 from healthd.check.plans import Planned
 from healthd.config import Config
 from healthd.config.agent import KernelLogSettings
+from healthd.sim.aer import NotRecordedAer, SimAer, SimAerReader
 from healthd.sim.control import ControlFile
 from healthd.sim.cuda import SimBandwidthProbe
 from healthd.sim.dcgm import DcgmSim, fake_dcgmi_command
@@ -52,9 +53,11 @@ class SimulatedNode:
     workdir: Path | None = None  # the machine's files (kernel log); None: none
     kernel_log: SimKernelLog | None = None  # None: none (a recording that holds none)
     rdma: SimRdma | None = None  # the fake /sys/class/infiniband (None: not recorded)
+    aer: SimAer | None = None  # the fake /sys/bus/pci/devices (None: not recorded)
 
     def start_files(self, workdir: Path) -> None:
-        """Write the machine's files under `workdir`: its kernel log's history."""
+        """Write the machine's files under `workdir`: its kernel log's history, its
+        RDMA ports and its PCI tree."""
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         if self.spec.holds("kernel_log"):
@@ -62,6 +65,8 @@ class SimulatedNode:
             self.kernel_log.write_history(self.spec.kernel_log or [])
         if self.spec.holds("rdma"):
             self.rdma = SimRdma(workdir / "infiniband", self.spec.rdma or RdmaSpec())
+        if self.spec.holds("aer"):
+            self.aer = SimAer(workdir / "pci", self.spec, self.nvml.clock, self.nvml.faults_for)
 
     def rdma_reader(self) -> RdmaReader | None:
         """The rdma check's reader: the machine's fake sysfs tree (None: no files)."""
@@ -70,6 +75,14 @@ class SimulatedNode:
         if self.rdma is None:
             return NotRecordedRdma()
         return SysfsRdmaReader(self.rdma.root)
+
+    def aer_reader(self) -> AerReader | None:
+        """The aer check's reader: the machine's fake PCI tree (None: no files)."""
+        if self.workdir is None:
+            return None
+        if self.aer is None:
+            return NotRecordedAer()
+        return SimAerReader(self.aer)
 
     def kernel_log_source(self) -> KernelLogSource:
         """What a one-shot check reads the machine's kernel log through."""
@@ -85,10 +98,11 @@ class SimulatedNode:
     def probes(self) -> Probes:
         """The simulated bandwidth probe, and the fleet's links and pings if any."""
         if self.network is None:
-            return Probes(bandwidth=self.bandwidth, uptime=self.uptime, rdma=self.rdma_reader())
+            return Probes(bandwidth=self.bandwidth, uptime=self.uptime, rdma=self.rdma_reader(),
+                          aer=self.aer_reader())
         return Probes(bandwidth=self.bandwidth, links=self.network.links(self.spec.node),
                       ping=self.network.prober(self.spec.node), uptime=self.uptime,
-                      rdma=self.rdma_reader())
+                      rdma=self.rdma_reader(), aer=self.aer_reader())
 
     def uptime(self) -> float:
         """Seconds since the simulated node booted (the spec's `uptime_s` at start)."""

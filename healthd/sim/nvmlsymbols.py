@@ -366,6 +366,27 @@ def _fabric_info_v(_lib: FakeNvmlLibrary, gpu: GpuState, out: Any) -> int:
     return result
 
 
+# -- field values ----------------------------------------------------------------------
+
+@symbol("nvmlDeviceGetFieldValues")
+def _field_values(lib: FakeNvmlLibrary, gpu: GpuState, count: Any, values: Any) -> None:
+    """Fill each requested field, as the driver does: the call succeeds and every value
+    carries its own return code. The fake serves the recovery action (field 230);
+    any other field, or one the spec lists in `field_errors`, answers an error."""
+    taken_us = int(lib.clock() * 1_000_000)
+    for value in values._obj[:val(count)]:
+        value.timestamp, value.latencyUsec = taken_us, 0
+        error = gpu.field_errors.get(int(value.fieldId))
+        if error is None and value.fieldId != pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+            error = "NOT_SUPPORTED"
+        if error is not None:
+            value.nvmlReturn = code(error)
+            continue
+        value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+        value.value.uiVal = gpu.recovery_action
+        value.nvmlReturn = SUCCESS
+
+
 # -- events ------------------------------------------------------------------------
 
 @symbol("nvmlDeviceGetSupportedEventTypes")

@@ -19,7 +19,8 @@ def jobs_by_name(config: Config) -> dict[str, Job]:
 
 def test_defaults_group_the_nvml_checks_and_leave_deep_diagnostics_off() -> None:
     jobs = jobs_by_name(Config())
-    assert jobs["gpus,remapped,power,pcie,ecc,nvlink,fabric,xid,sxid,rdma"].interval_s == 30
+    nvml = "gpus,remapped,recovery,power,pcie,aer,ecc,nvlink,fabric,xid,sxid,rdma"
+    assert jobs[nvml].interval_s == 30
     assert jobs["pciebw,pvc,dcgm"].interval_s == 3600
     assert jobs["ping"].interval_s == 300
     assert not any(p.exclusive for job in jobs.values() for p in job.planned)

@@ -22,6 +22,7 @@ EXPECTED: dict[str, tuple[set[tuple[str, str]], int]] = {
     "healthy-8xh100": (set(), 0),
     "remap-pending": ({("REMAP_PENDING", "gpu3")}, 2),
     "remap-failure": ({("REMAP_FAILURE", "gpu2")}, 2),
+    "recovery-node-reboot": ({("RECOVERY_NODE_REBOOT", "gpu2")}, 2),
     "hw-slowdown": ({("HW_SLOWDOWN", "gpu1")}, 1),
     "pcie-degraded": ({("PCIE_LINK_DEGRADED", "gpu4")}, 1),
     "pcie-bw-low": ({("PCIE_BW_LOW", "gpu4")}, 1),

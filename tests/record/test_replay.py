@@ -150,6 +150,6 @@ def test_what_a_recording_does_not_hold_replays_as_not_recorded(
             continue
         assert replayed[name]["status"] == "SKIPPED", replayed[name]
         assert replayed[name]["reason"] == f"not recorded: {name}"
-    assert held == {"nvml", "xid", "kernel_log", "rdma",
+    assert held == {"nvml", "xid", "kernel_log", "rdma", "aer",
                     *[v for v in include if v != "--include"]}
     assert replayed["remapped"]["status"] == "PASS"  # what it holds still replays

@@ -20,7 +20,7 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- /* healthd's checks (checks.REGISTRY; values.schema.json's checkName adds the
 aliases; the chart's tests hold the three lists together). */ -}}
 {{- define "healthd.checkNames" -}}
-{{- toJson (list "gpus" "remapped" "power" "pcie" "ecc" "nvlink" "fabric" "xid" "sxid" "pciebw" "ping" "nic" "rdma" "pvc" "dcgm") -}}
+{{- toJson (list "gpus" "remapped" "recovery" "power" "pcie" "aer" "ecc" "nvlink" "fabric" "xid" "sxid" "pciebw" "ping" "nic" "rdma" "pvc" "dcgm") -}}
 {{- end -}}
 
 {{- /* A check name as healthd spells it: (list $ NAME). */ -}}
