@@ -371,19 +371,21 @@ class FakeNvml:
 
 
 class MonotonicClock:
-    """Seconds since construction, in real time: the default machine clock. Waits
-    can sleep until a scheduled XID on it without looking at it again."""
+    """Seconds since the machine started, in real time: `elapsed` at construction (0:
+    the machine starts now). The default machine clock; waits can sleep until a
+    scheduled XID on it without looking at it again."""
 
-    def __init__(self) -> None:
-        self._start = time.monotonic()
+    def __init__(self, elapsed: float = 0.0) -> None:
+        self._start = time.monotonic() - max(0.0, elapsed)
 
     def __call__(self) -> float:
         return time.monotonic() - self._start
 
 
-def monotonic_clock() -> Clock:
-    """A clock reading seconds since this call (the default machine start)."""
-    return MonotonicClock()
+def monotonic_clock(elapsed: float = 0.0) -> Clock:
+    """A clock reading seconds since the machine started, `elapsed` seconds ago (0:
+    the machine starts with this call)."""
+    return MonotonicClock(elapsed)
 
 
 def install(spec: MachineSpec, *, clock: Clock | None = None) -> FakeNvml:

@@ -28,12 +28,13 @@ from healthd.config.agent import KernelLogSettings
 from healthd.sim.control import ControlFile
 from healthd.sim.cuda import SimBandwidthProbe
 from healthd.sim.dcgm import DcgmSim, fake_dcgmi_command
-from healthd.sim.fakenvml import FakeNvml, install
+from healthd.sim.fakenvml import FakeNvml, install, monotonic_clock
 from healthd.sim.kernellog import NotRecordedLog, SimKernelLog
 from healthd.sim.machine import MachineSpec, MachineSpecError, RdmaSpec, load_machine_spec
 from healthd.sim.network import SimNetwork
 from healthd.sim.rdma import NotRecordedRdma, SimRdma
 from healthd.sim.recorded import missing_inputs, replayable
+from healthd.sim.shared import shared_machine
 
 # Without a driver the DCGM host engine cannot start: dcgmi finds no one to talk to.
 NO_DRIVER_DCGM = DcgmSim(host_engine="none")
@@ -54,12 +55,14 @@ class SimulatedNode:
     rdma: SimRdma | None = None  # the fake /sys/class/infiniband (None: not recorded)
 
     def start_files(self, workdir: Path) -> None:
-        """Write the machine's files under `workdir`: its kernel log's history."""
+        """Write the machine's files under `workdir`: its kernel log's history (unless
+        an earlier process on this machine did) and its RDMA sysfs tree."""
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         if self.spec.holds("kernel_log"):
             self.kernel_log = SimKernelLog(workdir / "kmsg", self.uptime)
-            self.kernel_log.write_history(self.spec.kernel_log or [])
+            if self.kernel_log.empty:
+                self.kernel_log.write_history(self.spec.kernel_log or [])
         if self.spec.holds("rdma"):
             self.rdma = SimRdma(workdir / "infiniband", self.spec.rdma or RdmaSpec())
 
@@ -159,17 +162,25 @@ class SimulatedNode:
 @contextmanager
 def simulate(source: str | Path | MachineSpec,
              control: str | Path | None = None) -> Iterator[SimulatedNode]:
-    """Install the simulated machine for the duration of the block; with `control`,
-    follow that control file (healthd.sim.control) meanwhile."""
+    """Install the simulated machine for the duration of the block. Without `control`
+    the machine starts now and its files are gone after; with it, it is the machine
+    that control file names (healthd.sim.shared: its clock and files outlive the
+    process), and the file's changes are followed meanwhile (healthd.sim.control)."""
     try:
         spec = source if isinstance(source, MachineSpec) else load_machine_spec(source)
     except MachineSpecError as exc:
         raise SimulationError(str(exc)) from exc
-    with (install(spec) as fake, ExitStack() as stack,
-          tempfile.TemporaryDirectory(prefix="healthd-sim-") as workdir):
-        if control is not None:
-            stack.enter_context(ControlFile(Path(control), fake))
+    with ExitStack() as stack:
+        if control is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="healthd-sim-")))
+            elapsed = 0.0
+        else:
+            shared = shared_machine(Path(control), spec)
+            workdir, elapsed = shared.root, shared.elapsed()
+        fake = stack.enter_context(install(spec, clock=monotonic_clock(elapsed)))
         probe = SimBandwidthProbe(spec, clock=fake.clock, faults=fake.faults_for)
         node = SimulatedNode(spec, fake, probe)
-        node.start_files(Path(workdir))
+        node.start_files(workdir)
+        if control is not None:
+            stack.enter_context(ControlFile(Path(control), node))
         yield node
