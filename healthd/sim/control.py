@@ -2,12 +2,14 @@
 
 `healthd agent --sim SPEC --sim-control FILE` follows FILE: each complete line appended
 to it is one change to the machine, applied at once, as a test or an operator at a
-console would make it on a real node (an XID, a new fault, a repair):
+console would make it on a real node (an XID, a new fault, a repair, a cable pulled):
 
     {"op": "emit_xid", "gpu": 3, "code": 79}
     {"op": "inject", "fault": {"gpu": 2, "remapped_rows": {"pending": true}}}
     {"op": "clear_faults"}                  # every GPU; or {"op": "clear_faults", "gpu": 2}
     {"op": "driver", "present": false}
+    {"op": "rdma_port", "device": "mlx5_0", "state": "DOWN", "phys_state": "Disabled"}
+    {"op": "rdma_port", "device": "mlx5_0", "counters": {"symbol_error": 12}}
 
 A line that is not one of these is logged and skipped; the machine is unchanged.
 Lines present when the agent starts are applied first, so a restarted agent finds the
@@ -28,6 +30,7 @@ from pydantic import ValidationError
 
 from healthd.sim.fakenvml import FakeNvml
 from healthd.sim.machine import GpuFault
+from healthd.sim.rdma import SimRdma
 
 log = logging.getLogger(__name__)
 POLL_S = 0.2  # a test's change reaches the machine within this
@@ -38,6 +41,9 @@ class Machine(Protocol):
 
     @property
     def nvml(self) -> FakeNvml: ...
+
+    @property
+    def rdma(self) -> SimRdma | None: ...
 
 
 Command = dict[str, Any]
@@ -60,9 +66,16 @@ def _driver(machine: Machine, command: Command) -> None:
     machine.nvml.set_driver_present(bool(command["present"]))
 
 
+def _rdma_port(machine: Machine, command: Command) -> None:
+    if machine.rdma is None:
+        raise ValueError("this machine has no RDMA ports (a recording that holds none)")
+    changes = {k: v for k, v in command.items() if k not in ("op", "device", "port")}
+    machine.rdma.set_port(str(command["device"]), int(command.get("port", 1)), **changes)
+
+
 OPS: dict[str, Callable[[Machine, Command], None]] = {
     "emit_xid": _emit_xid, "inject": _inject, "clear_faults": _clear_faults,
-    "driver": _driver,
+    "driver": _driver, "rdma_port": _rdma_port,
 }
 
 
