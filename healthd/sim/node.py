@@ -43,6 +43,7 @@ from healthd.sim.recorded import missing_inputs, replayable
 from healthd.sim.shared import shared_machine
 
 log = logging.getLogger(__name__)
+
 # Without a driver the DCGM host engine cannot start: dcgmi finds no one to talk to.
 NO_DRIVER_DCGM = DcgmSim(host_engine="none")
 
@@ -76,7 +77,7 @@ class SimulatedNode:
     def rdma_reader(self) -> RdmaReader | None:
         """The machine's RDMA ports as sysfs shows them: its fake tree (None: no
         files), what the recorder reads. The rdma check reads its own `sysfs_root`,
-        which `adapt` and `prepare` point at this tree (see `_rdma_params`)."""
+        which `adapt` and `prepare` point at this tree (see `_rdma_root`)."""
         if self.workdir is None:
             return None
         if self.rdma is None:
