@@ -271,8 +271,11 @@ class FakeNvmlLibrary:
             self._cond.notify_all()
 
     def _fire(self, gpu: int, xid: int) -> None:
-        """XID `xid` on `gpu` now, to the event sets registered at this moment."""
+        """XID `xid` on `gpu` now, to the event sets registered at this moment, each
+        after the scheduled XIDs that fired before it (a set reads them in order)."""
+        now, scheduled = self.clock(), list(self._scheduled_xids())
         for event_set in self.event_sets.values():
+            event_set.collect_due(scheduled, now)
             event_set.fire(gpu, xid)
 
     def set_driver_present(self, present: bool) -> None:

@@ -318,6 +318,14 @@ def test_emitted_xid_reaches_only_sets_registered_on_that_gpu(machine: Machine) 
     raises(N.NVMLError_Timeout, N.nvmlEventSetWait, on_one, 0)  # once
 
 
+def test_a_set_reads_xids_in_the_order_they_fired(machine: Machine, clock: StepClock) -> None:
+    fake = machine(gpus={"count": 1}, faults=[{"gpu": 0, "xid": [{"code": 48, "at": 5}]}])
+    event_set = xid_set(0)
+    clock.t = 6  # XID 48 fired at 5 s, nobody has read it yet
+    fake.emit_xid(0, 79)
+    assert [N.nvmlEventSetWait(event_set, 0).eventData for _ in range(2)] == [48, 79]
+
+
 def test_an_injected_faults_past_xids_fire_when_it_is_injected(machine: Machine,
                                                                clock: StepClock) -> None:
     fake = machine(gpus={"count": 1})
