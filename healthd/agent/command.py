@@ -98,8 +98,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sim", metavar="SPEC",
                         help="run on a simulated machine (YAML or name)")
     parser.add_argument("--sim-control", metavar="FILE",
-                        help="with --sim: apply the JSON-line changes appended to FILE "
-                             "(docs/machine-spec.md)")
+                        help="with --sim: run on the machine FILE names (its clock and "
+                             "files outlive the process) and apply the JSON-line changes "
+                             "appended to FILE (docs/machine-spec.md)")
     parser.add_argument("--node", metavar="NAME", help="this node's name (default: NODE_NAME)")
     add_http_port_argument(parser)
     add_log_level_argument(parser)

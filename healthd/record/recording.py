@@ -13,8 +13,8 @@ How readings map to the spec:
   `nvml_errors` entry naming the function and the error, unless the machine-wide
   capability already says so (`page_retirement: false`, `mig_capable: false`,
   `nvlinks: 0`, `ecc_enabled: false`);
-- XIDs seen during the window are `xid` entries at 0; fewer GPUs than expected are
-  `missing` GPUs at the end;
+- XIDs seen during the window are `xid` entries at `REPLAYED_XID_AT_S`; fewer GPUs
+  than expected are `missing` GPUs at the end;
 - NVLink fabric info is the `fabric` section (the first registered GPU's) plus
   per-GPU `fabric` faults; the time since boot, in whole minutes, is `uptime_s`;
 - the kernel log's XID and SXID lines are `kernel_log`, the RDMA ports' sysfs
@@ -70,6 +70,11 @@ from checks.snapshot import (
 )
 
 REDACTED_NODE = "recorded-node"
+# When a replay fires the XIDs heard while recording. NVML delivers an event only to
+# the listeners registered when it fires, so an XID at 0 would reach no replaying
+# program; half a second after start, `healthd check` (and the agent) listen, and the
+# xid check's 1 s window is still open.
+REPLAYED_XID_AT_S = 0.5
 _VERSION = re.compile(r"version\s*:?\s*([0-9][\w.\-]*)", re.IGNORECASE)
 _SERIAL = re.compile(r'("serial(?:_num(?:ber)?)?"\s*:\s*")([^"]*)(")', re.IGNORECASE)
 
@@ -358,7 +363,8 @@ def _gpu_entry(gpu: GpuSnapshot, base: dict[str, Any], errors: list[dict[str, st
     measured = recording.bandwidth.get(gpu.index)
     if measured is not None:
         entry["pcie_bandwidth_gbps"] = {"h2d": measured.h2d_gbps, "d2h": measured.d2h_gbps}
-    xids = [{"code": e.xid, "at": 0} for e in recording.xids if _event_on(e, gpu)]
+    xids = [{"code": e.xid, "at": REPLAYED_XID_AT_S} for e in recording.xids
+            if _event_on(e, gpu)]
     if xids:
         entry["xid"] = xids
     return {"gpu": gpu.index, **entry} if entry else {}

@@ -2,16 +2,19 @@
 
 `healthd agent --sim SPEC --sim-control FILE` follows FILE: each complete line appended
 to it is one change to the machine, applied at once, as a test or an operator at a
-console would make it on a real node (an XID, a new fault, a repair):
+console would make it on a real node (an XID, a new fault, a repair, a cable pulled):
 
     {"op": "emit_xid", "gpu": 3, "code": 79}
     {"op": "inject", "fault": {"gpu": 2, "remapped_rows": {"pending": true}}}
     {"op": "clear_faults"}                  # every GPU; or {"op": "clear_faults", "gpu": 2}
     {"op": "driver", "present": false}
+    {"op": "rdma_port", "device": "mlx5_0", "state": "DOWN", "phys_state": "Disabled"}
+    {"op": "rdma_port", "device": "mlx5_0", "counters": {"symbol_error": 12}}
 
 A line that is not one of these is logged and skipped; the machine is unchanged.
 Lines present when the agent starts are applied first, so a restarted agent finds the
-machine as it was left.
+machine as it was left (FILE names one machine across processes, healthd.sim.shared):
+an XID emitted then fired while nobody listened, and reaches no one now.
 """
 
 from __future__ import annotations
@@ -19,19 +22,64 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
 from healthd.sim.fakenvml import FakeNvml
 from healthd.sim.machine import GpuFault
+from healthd.sim.rdma import SimRdma
 
 log = logging.getLogger(__name__)
 POLL_S = 0.2  # a test's change reaches the machine within this
 
 
-def apply(fake: FakeNvml, line: str) -> None:
+class Machine(Protocol):
+    """What the control file changes (healthd.sim.node.SimulatedNode)."""
+
+    @property
+    def nvml(self) -> FakeNvml: ...
+
+    @property
+    def rdma(self) -> SimRdma | None: ...
+
+
+Command = dict[str, Any]
+
+
+def _emit_xid(machine: Machine, command: Command) -> None:
+    machine.nvml.emit_xid(int(command["gpu"]), int(command["code"]))
+
+
+def _inject(machine: Machine, command: Command) -> None:
+    machine.nvml.inject(GpuFault.model_validate(command["fault"]))
+
+
+def _clear_faults(machine: Machine, command: Command) -> None:
+    gpu = command.get("gpu")
+    machine.nvml.clear_faults(None if gpu is None else int(gpu))
+
+
+def _driver(machine: Machine, command: Command) -> None:
+    machine.nvml.set_driver_present(bool(command["present"]))
+
+
+def _rdma_port(machine: Machine, command: Command) -> None:
+    if machine.rdma is None:
+        raise ValueError("this machine has no RDMA ports (a recording that holds none)")
+    changes = {k: v for k, v in command.items() if k not in ("op", "device", "port")}
+    machine.rdma.set_port(str(command["device"]), int(command.get("port", 1)), **changes)
+
+
+OPS: dict[str, Callable[[Machine, Command], None]] = {
+    "emit_xid": _emit_xid, "inject": _inject, "clear_faults": _clear_faults,
+    "driver": _driver, "rdma_port": _rdma_port,
+}
+
+
+def apply(machine: Machine, line: str) -> None:
     """One control line; ValueError says what is wrong with it."""
     try:
         command: Any = json.loads(line)
@@ -40,27 +88,20 @@ def apply(fake: FakeNvml, line: str) -> None:
     if not isinstance(command, dict):
         raise ValueError("not a JSON object")
     op = command.get("op")
+    change = OPS.get(op) if isinstance(op, str) else None
+    if change is None:
+        raise ValueError(f"unknown op {op!r} ({', '.join(OPS)})")
     try:
-        if op == "emit_xid":
-            fake.emit_xid(int(command["gpu"]), int(command["code"]))
-        elif op == "inject":
-            fake.inject(GpuFault.model_validate(command["fault"]))
-        elif op == "clear_faults":
-            gpu = command.get("gpu")
-            fake.clear_faults(None if gpu is None else int(gpu))
-        elif op == "driver":
-            fake.set_driver_present(bool(command["present"]))
-        else:
-            raise ValueError(f"unknown op {op!r} (emit_xid, inject, clear_faults, driver)")
+        change(machine, command)
     except (KeyError, TypeError, ValidationError) as exc:
         raise ValueError(f"bad {op!r} command: {exc}") from None
 
 
 class ControlFile:
-    """Follows `path` in a daemon thread and applies its new lines to `fake`."""
+    """Follows `path` in a daemon thread and applies its new lines to `machine`."""
 
-    def __init__(self, path: Path, fake: FakeNvml) -> None:
-        self.path, self.fake = path, fake
+    def __init__(self, path: Path, machine: Machine) -> None:
+        self.path, self.machine = path, machine
         self._offset = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, name="sim-control", daemon=True)
@@ -94,6 +135,6 @@ class ControlFile:
             if not line:
                 continue
             try:
-                apply(self.fake, line)
+                apply(self.machine, line)
             except ValueError as exc:
                 log.warning("sim control: skipped %r: %s", line[:200], exc)

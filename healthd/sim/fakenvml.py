@@ -30,13 +30,15 @@ Usage::
         ...
         fake.emit_xid(5, 79)
 
-The XID wait (`nvmlEventSetWait_v2`) blocks in its caller's thread while other
-threads keep calling; one condition variable guards all state. Whatever can hand a
-waiter an event notifies it (`emit_xid`, injected faults, registration, freeing the
-set), so a wait sleeps until then, the timeout, or the next XID the spec schedules.
-Only that last one depends on the clock: on the real-time clock the wait sleeps until
-it is due; on an injected clock (a test stepping time) it looks again every
-`_STEP_POLL_S`, and only while such an XID is pending.
+XID events are delivered as the real library delivers them: once, to the event sets
+registered for them when they fire (healthd.sim.nvmlevents). The XID wait
+(`nvmlEventSetWait_v2`) blocks in its caller's thread while other threads keep
+calling; one condition variable guards all state. Whatever can hand a waiter an event
+or a new XID to sleep until notifies it (`emit_xid`, injected faults, registration,
+freeing the set), so a wait sleeps until then, the timeout, or the next XID the spec
+schedules. Only that last one depends on the clock: on the real-time clock the wait
+sleeps until it is due; on an injected clock (a test stepping time) it looks again
+every `_STEP_POLL_S`, and only while such an XID is pending.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ class FakeNvmlLibrary:
         self._cond = threading.Condition(threading.RLock())
         self._seq = itertools.count()
         self._faults: list[tuple[int, GpuFault]] = [(next(self._seq), f) for f in spec.faults]
+        self._injected_at: dict[int, float] = {}  # a fault added at run time: when
         self._error_budget: dict[tuple[int, int], int] = {}
         self._set_numbers = itertools.count(1)
         self._healthy: dict[int, GpuState] = {}
@@ -233,29 +236,47 @@ class FakeNvmlLibrary:
         self._cond.notify_all()
 
     def _scheduled_xids(self) -> Iterator[ScheduledXid]:
+        """Every XID the faults schedule, except those of an injected fault that were
+        already due when it was injected (they fired then, see `add_fault`)."""
         for seq, fault in self._faults:
+            injected = self._injected_at.get(seq, -1.0)
             for pos, xid in enumerate(fault.xid):
-                yield ScheduledXid((seq, pos), fault.gpu, xid.code, xid.at)
+                if xid.at > injected:
+                    yield ScheduledXid((seq, pos), fault.gpu, xid.code, xid.at)
 
     # -- runtime control (through FakeNvml) ----------------------------------------
 
     def add_fault(self, fault: GpuFault) -> None:
+        """A fault from now on. It cannot have fired XIDs before it existed: those it
+        schedules at or before now fire now, like `emit_xid`."""
         with self._cond:
-            self._faults.append((next(self._seq), fault))
+            seq, now = next(self._seq), self.clock()
+            self._injected_at[seq] = now
+            self._faults.append((seq, fault))
+            for xid in fault.xid:
+                if xid.at <= now:
+                    self._fire(fault.gpu, xid.code)
             self._cond.notify_all()
 
     def clear_faults(self, gpu: int | None) -> None:
         with self._cond:
             self._faults = [(s, f) for s, f in self._faults if gpu is not None and f.gpu != gpu]
+            kept = {seq for seq, _ in self._faults}
+            self._injected_at = {s: t for s, t in self._injected_at.items() if s in kept}
             self._cond.notify_all()
 
     def emit_xid(self, gpu: int, xid: int) -> None:
         with self._cond:
-            now = self.clock()
-            event = ScheduledXid((-1, next(self._seq)), gpu, xid, now)
-            for event_set in self.event_sets.values():
-                event_set.collect_due([event], now)
+            self._fire(gpu, xid)
             self._cond.notify_all()
+
+    def _fire(self, gpu: int, xid: int) -> None:
+        """XID `xid` on `gpu` now, to the event sets registered at this moment, each
+        after the scheduled XIDs that fired before it (a set reads them in order)."""
+        now, scheduled = self.clock(), list(self._scheduled_xids())
+        for event_set in self.event_sets.values():
+            event_set.collect_due(scheduled, now)
+            event_set.fire(gpu, xid)
 
     def set_driver_present(self, present: bool) -> None:
         with self._cond:
@@ -298,7 +319,8 @@ class FakeNvml:
             return self.library.state(gpu)
 
     def inject(self, fault: GpuFault) -> None:
-        """Add a fault (with its own `at`/`until`, measured from machine start)."""
+        """Add a fault (with its own `at`/`until`, measured from machine start; its XIDs
+        due already fire now)."""
         # Validate against the machine (GPU and link numbers, capabilities).
         MachineSpec.model_validate({**self.spec.model_dump(), "faults": [fault.model_dump()]})
         self.library.add_fault(fault)
@@ -308,7 +330,8 @@ class FakeNvml:
         self.library.clear_faults(gpu)
 
     def emit_xid(self, gpu: int, xid: int) -> None:
-        """Deliver XID `xid` on `gpu` now to every event set registered for XIDs on it."""
+        """Fire XID `xid` on `gpu` now: every event set registered for XIDs on it gets it
+        once; a set registered later never does."""
         if not 0 <= gpu < self.spec.gpus.count:
             raise ValueError(f"no gpu {gpu}: the machine has {self.spec.gpus.count}")
         self.library.emit_xid(gpu, xid)
@@ -351,19 +374,21 @@ class FakeNvml:
 
 
 class MonotonicClock:
-    """Seconds since construction, in real time: the default machine clock. Waits
-    can sleep until a scheduled XID on it without looking at it again."""
+    """Seconds since the machine started, in real time: `elapsed` at construction (0:
+    the machine starts now). The default machine clock; waits can sleep until a
+    scheduled XID on it without looking at it again."""
 
-    def __init__(self) -> None:
-        self._start = time.monotonic()
+    def __init__(self, elapsed: float = 0.0) -> None:
+        self._start = time.monotonic() - max(0.0, elapsed)
 
     def __call__(self) -> float:
         return time.monotonic() - self._start
 
 
-def monotonic_clock() -> Clock:
-    """A clock reading seconds since this call (the default machine start)."""
-    return MonotonicClock()
+def monotonic_clock(elapsed: float = 0.0) -> Clock:
+    """A clock reading seconds since the machine started, `elapsed` seconds ago (0:
+    the machine starts with this call)."""
+    return MonotonicClock(elapsed)
 
 
 def install(spec: MachineSpec, *, clock: Clock | None = None) -> FakeNvml:

@@ -3,7 +3,9 @@ reader (checks.kernel_log.KernelLog) reads, as it reads the device on a node.
 
 The machine spec's `kernel_log` messages are written when the machine starts, dated
 just before it (they are its history since boot); `append` writes a line now, as the
-driver would (an XID written while the agent is stopped, in tests). A replay of a
+driver would (an XID written while the agent is stopped, in tests). A log that already
+holds records (a machine shared by several processes, healthd.sim.shared) is
+continued, never rewritten. A replay of a
 recording that holds no kernel log gets `NotRecordedLog`: every read says "not
 recorded", so nothing is judged from it.
 """
@@ -24,14 +26,20 @@ NOT_RECORDED = "not recorded"
 
 class SimKernelLog:
     """Appends records to `path` with increasing sequence numbers, dated by `uptime`
-    (seconds since the simulated boot)."""
+    (seconds since the simulated boot), after the records it already holds."""
 
     def __init__(self, path: Path, uptime: Callable[[], float]) -> None:
         self.path = path
         self._uptime = uptime
-        self._seq = 0
-        self._lock = threading.Lock()
         path.touch()
+        with path.open("rb") as log:
+            self._seq = sum(1 for _ in log)  # one record per line, numbered from 0
+        self._lock = threading.Lock()
+
+    @property
+    def empty(self) -> bool:
+        """Whether nothing was logged yet."""
+        return self._seq == 0
 
     def write_history(self, messages: Sequence[str]) -> None:
         """Lines logged before the machine started, one millisecond apart."""

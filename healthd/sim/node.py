@@ -6,10 +6,16 @@ bandwidth probe, the fake dcgmi and a kernel-log file, all from one machine spec
 does not hold are SKIPPED, healthd.sim.recorded); an agent on the simulated machine
 is built from the adapted config (`adapt`) and handed the simulated probes
 (`probes`), so the product never knows it is simulated.
+
+Where a config names a path of its own, the simulation honours it as a node would:
+the kernel log (`agent.kernel_log.path`, `state_file`) and the RDMA sysfs root
+(`checks.rdma.params.sysfs_root`) are the machine's files only when the config
+leaves them at their defaults.
 """
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -21,7 +27,7 @@ from checks.base import CheckContext, Peer
 from checks.dcgm import DcgmCheck
 from checks.kernel_log import KernelLog
 from checks.probes import AerReader, GpuSource, KernelLogSource, Probes, RdmaReader
-from checks.rdma import SysfsRdmaReader
+from checks.rdma import SYSFS_INFINIBAND, RdmaCheck, SysfsRdmaReader
 from healthd.check.plans import Planned
 from healthd.config import Config
 from healthd.config.agent import KernelLogSettings
@@ -29,12 +35,15 @@ from healthd.sim.aer import NotRecordedAer, SimAer, SimAerReader
 from healthd.sim.control import ControlFile
 from healthd.sim.cuda import SimBandwidthProbe
 from healthd.sim.dcgm import DcgmSim, fake_dcgmi_command
-from healthd.sim.fakenvml import FakeNvml, install
+from healthd.sim.fakenvml import FakeNvml, install, monotonic_clock
 from healthd.sim.kernellog import NotRecordedLog, SimKernelLog
 from healthd.sim.machine import MachineSpec, MachineSpecError, RdmaSpec, load_machine_spec
 from healthd.sim.network import SimNetwork
 from healthd.sim.rdma import NotRecordedRdma, SimRdma
 from healthd.sim.recorded import missing_inputs, replayable
+from healthd.sim.shared import shared_machine
+
+log = logging.getLogger(__name__)
 
 # Without a driver the DCGM host engine cannot start: dcgmi finds no one to talk to.
 NO_DRIVER_DCGM = DcgmSim(host_engine="none")
@@ -56,20 +65,23 @@ class SimulatedNode:
     aer: SimAer | None = None  # the fake /sys/bus/pci/devices (None: not recorded)
 
     def start_files(self, workdir: Path) -> None:
-        """Write the machine's files under `workdir`: its kernel log's history, its
-        RDMA ports and its PCI tree."""
+        """Write the machine's files under `workdir`: its kernel log's history (unless
+        an earlier process on this machine did), its RDMA ports and its PCI tree."""
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         if self.spec.holds("kernel_log"):
             self.kernel_log = SimKernelLog(workdir / "kmsg", self.uptime)
-            self.kernel_log.write_history(self.spec.kernel_log or [])
+            if self.kernel_log.empty:
+                self.kernel_log.write_history(self.spec.kernel_log or [])
         if self.spec.holds("rdma"):
             self.rdma = SimRdma(workdir / "infiniband", self.spec.rdma or RdmaSpec())
         if self.spec.holds("aer"):
             self.aer = SimAer(workdir / "pci", self.spec, self.nvml.clock, self.nvml.faults_for)
 
     def rdma_reader(self) -> RdmaReader | None:
-        """The rdma check's reader: the machine's fake sysfs tree (None: no files)."""
+        """The machine's RDMA ports as sysfs shows them: its fake tree (None: no
+        files), what the recorder reads. The rdma check reads its own `sysfs_root`,
+        which `adapt` and `prepare` point at this tree (see `_rdma_root`)."""
         if self.workdir is None:
             return None
         if self.rdma is None:
@@ -83,6 +95,11 @@ class SimulatedNode:
         if self.aer is None:
             return NotRecordedAer()
         return SimAerReader(self.aer)
+
+    def _rdma_probe(self) -> RdmaReader | None:
+        """The agent's rdma probe: none, so the check reads its `sysfs_root`, unless the
+        recording holds no ports (then every read says "not recorded")."""
+        return NotRecordedRdma() if self.workdir is not None and self.rdma is None else None
 
     def kernel_log_source(self) -> KernelLogSource:
         """What a one-shot check reads the machine's kernel log through."""
@@ -98,20 +115,22 @@ class SimulatedNode:
     def probes(self) -> Probes:
         """The simulated bandwidth probe, and the fleet's links and pings if any."""
         if self.network is None:
-            return Probes(bandwidth=self.bandwidth, uptime=self.uptime, rdma=self.rdma_reader(),
+            return Probes(bandwidth=self.bandwidth, uptime=self.uptime, rdma=self._rdma_probe(),
                           aer=self.aer_reader())
         return Probes(bandwidth=self.bandwidth, links=self.network.links(self.spec.node),
                       ping=self.network.prober(self.spec.node), uptime=self.uptime,
-                      rdma=self.rdma_reader(), aer=self.aer_reader())
+                      rdma=self._rdma_probe(), aer=self.aer_reader())
 
     def uptime(self) -> float:
         """Seconds since the simulated node booted (the spec's `uptime_s` at start)."""
         return self.spec.uptime_s + self.nvml.now()
 
     def check_probes(self) -> Probes:
-        """What a one-shot check measures with: the simulated probes and the machine's
-        kernel log, read from the start (an agent opens its own, see `adapt`)."""
-        return replace(self.probes(), kernel_log=self.kernel_log_source())
+        """What a one-shot check (or the recorder) measures with: the simulated probes,
+        the machine's kernel log, read from the start (an agent opens its own, see
+        `adapt`), and its RDMA ports (`prepare` lets a config's own root win)."""
+        return replace(self.probes(), kernel_log=self.kernel_log_source(),
+                       rdma=self.rdma_reader())
 
     def check_context(self, config: Config, gpus: GpuSource,
                       peers: Sequence[Peer] = ()) -> CheckContext:
@@ -124,16 +143,23 @@ class SimulatedNode:
 
     def prepare(self, planned: Sequence[Planned]) -> list[Planned]:
         """The planned checks (built with `check_probes`) pointed at the simulated
-        DCGM, and replayable: what the recording holds no input for is SKIPPED."""
+        DCGM and RDMA sysfs tree, and replayable: what the recording holds no input for
+        is SKIPPED."""
         return [replayable(self.spec, self._simulated(item)) for item in planned]
 
     def adapt(self, config: Config) -> Config:
-        """`config` for an agent on this machine: `dcgmi` is the fake one, the
+        """`config` for an agent on this machine: `dcgmi` is the fake one, the rdma
+        check reads the machine's sysfs tree (unless the config names its own), the
         machine should have all its GPUs (unless the config says how many), and the
         checks a recording holds no inputs for are off (they would invent results)."""
         dcgm = config.check_section("dcgm")
         params = {**dcgm.params, "command": self._dcgmi()}
         checks = {**config.checks, "dcgm": dcgm.model_copy(update={"params": params})}
+        if self.rdma is not None:
+            rdma = config.check_section("rdma")
+            root = self._rdma_root(str(rdma.params.get("sysfs_root", SYSFS_INFINIBAND)))
+            checks["rdma"] = rdma.model_copy(
+                update={"params": {**rdma.params, "sysfs_root": root}})
         for name in registry.REGISTRY:  # a recording's agent runs only what it holds
             if missing_inputs(self.spec, config.build_check(name)):
                 checks[name] = config.check_section(name).model_copy(update={"enabled": False})
@@ -163,27 +189,52 @@ class SimulatedNode:
             dcgm = NO_DRIVER_DCGM
         return fake_dcgmi_command(dcgm)
 
+    def _rdma_root(self, configured: str) -> str:
+        """Where the rdma check reads sysfs on this machine: the machine's tree, unless
+        the config names a root of its own (`checks.rdma.params.sysfs_root`), which is
+        honoured as on a node: a tree the test prepared and changes itself."""
+        assert self.rdma is not None
+        if configured == str(SYSFS_INFINIBAND):
+            return str(self.rdma.root)
+        if self.spec.rdma is not None:
+            log.warning("the rdma check reads checks.rdma.params.sysfs_root (%s), not the "
+                        "machine spec's rdma section", configured)
+        return configured
+
     def _simulated(self, item: Planned) -> Planned:
-        if isinstance(item.check, DcgmCheck):
-            params = {**item.check.params.model_dump(), "command": self._dcgmi()}
-            return replace(item, check=DcgmCheck(params, probes=item.check.probes))
+        check = item.check
+        if isinstance(check, DcgmCheck):
+            params = {**check.params.model_dump(), "command": self._dcgmi()}
+            return replace(item, check=DcgmCheck(params, probes=check.probes))
+        if isinstance(check, RdmaCheck) and self.rdma is not None:
+            params = {**check.params.model_dump(),
+                      "sysfs_root": self._rdma_root(check.params.sysfs_root)}
+            return replace(item, check=RdmaCheck(params, probes=replace(check.probes, rdma=None)))
         return item
 
 
 @contextmanager
 def simulate(source: str | Path | MachineSpec,
              control: str | Path | None = None) -> Iterator[SimulatedNode]:
-    """Install the simulated machine for the duration of the block; with `control`,
-    follow that control file (healthd.sim.control) meanwhile."""
+    """Install the simulated machine for the duration of the block. Without `control`
+    the machine starts now and its files are gone after; with it, it is the machine
+    that control file names (healthd.sim.shared: its clock and files outlive the
+    process), and the file's changes are followed meanwhile (healthd.sim.control)."""
     try:
         spec = source if isinstance(source, MachineSpec) else load_machine_spec(source)
     except MachineSpecError as exc:
         raise SimulationError(str(exc)) from exc
-    with (install(spec) as fake, ExitStack() as stack,
-          tempfile.TemporaryDirectory(prefix="healthd-sim-") as workdir):
-        if control is not None:
-            stack.enter_context(ControlFile(Path(control), fake))
+    with ExitStack() as stack:
+        if control is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="healthd-sim-")))
+            elapsed = 0.0
+        else:
+            shared = shared_machine(Path(control), spec)
+            workdir, elapsed = shared.root, shared.elapsed()
+        fake = stack.enter_context(install(spec, clock=monotonic_clock(elapsed)))
         probe = SimBandwidthProbe(spec, clock=fake.clock, faults=fake.faults_for)
         node = SimulatedNode(spec, fake, probe)
-        node.start_files(Path(workdir))
+        node.start_files(workdir)
+        if control is not None:
+            stack.enter_context(ControlFile(Path(control), node))
         yield node

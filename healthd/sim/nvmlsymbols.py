@@ -399,8 +399,8 @@ def _register(lib: FakeNvmlLibrary, gpu: GpuState, types: Any, handle: Any) -> i
     mask = val(types)
     if mask & ~SUPPORTED_EVENT_TYPES:
         return code("NOT_SUPPORTED")
-    lib.event_set(handle).register(gpu.index, mask)
-    lib.wake()  # a scheduled XID may now concern a set someone waits on
+    lib.event_set(handle).register(gpu.index, mask, lib.clock())
+    lib.wake()  # a waiter on this set may now have a scheduled XID to sleep until
     return SUCCESS
 
 

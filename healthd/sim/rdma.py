@@ -1,7 +1,8 @@
 """The simulated RDMA NICs: a fake `/sys/class/infiniband` tree in the machine's work
 directory, read by the real sysfs reader (checks.rdma.SysfsRdmaReader), written from
-the machine spec's `rdma` section. Tests change a port while checks run
-(`set_port`), as a cable pulled or a switch port disabled would.
+the machine spec's `rdma` section. Tests change a port while checks run (`set_port`,
+or the control file's `rdma_port` line), as a cable pulled, a switch port disabled or
+a flaky link counting errors would.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ _STATE_NUMBERS = {"DOWN": 1, "INIT": 2, "ARMED": 3, "ACTIVE": 4, "ACTIVE_DEFER":
 _PHYS_NUMBERS = {"Sleep": 1, "Polling": 2, "Disabled": 3, "PortConfigurationTraining": 4,
                  "LinkUp": 5, "LinkErrorRecovery": 6, "Phy Test": 7}
 _WIDTH = {"InfiniBand": "4X NDR", "Ethernet": "4X"}
+CHANGEABLE = frozenset({"state", "phys_state", "rate_gbps", "counters"})  # at run time
 
 
 def ports_of(spec: RdmaSpec) -> list[RdmaPortSpec]:
@@ -41,9 +43,20 @@ class SimRdma:
             self._write(port)
 
     def set_port(self, device: str, port: int = 1, **changes: Any) -> None:
-        """Change one port (state, phys_state, rate_gbps, counters) from now on."""
-        current = next(p for p in ports_of(self.spec) if (p.device, p.port) == (device, port))
-        self._write(current.model_copy(update=changes))
+        """Show one port from now on as the spec describes it with `changes` (`state`,
+        `phys_state`, `rate_gbps`, `counters`): no change puts the spec's state and rate
+        back; counters not named keep what they show. ValueError for a port the
+        machine lacks or a change the spec would refuse."""
+        fixed = sorted(set(changes) - CHANGEABLE)
+        if fixed:
+            raise ValueError(f"cannot change {', '.join(fixed)} of a port "
+                             f"(only {', '.join(sorted(CHANGEABLE))})")
+        ports = {(p.device, p.port): p for p in ports_of(self.spec)}
+        current = ports.get((device, port))
+        if current is None:
+            raise ValueError(f"no RDMA port {device}/{port} (the machine has "
+                             f"{', '.join(f'{d}/{n}' for d, n in ports) or 'none'})")
+        self._write(RdmaPortSpec.model_validate({**current.model_dump(), **changes}))
 
     def _write(self, port: RdmaPortSpec) -> None:
         base = self.root / port.device / "ports" / str(port.port)

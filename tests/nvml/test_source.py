@@ -49,7 +49,7 @@ async def _append(source: NvmlGpuSource, into: list[object]) -> None:
 
 
 async def test_scheduled_xid_arrives_within_the_window() -> None:
-    spec = load_machine_spec("xid79")  # XID 79 on GPU 5 at 0.2 s
+    spec = load_machine_spec("xid79")  # XID 79 on GPU 5 at 0.5 s
     with install(spec):
         source = NvmlGpuSource(poll_ms=50)
         started = time.monotonic()

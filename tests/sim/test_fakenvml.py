@@ -6,8 +6,10 @@
   on a stepped clock (the replay counter keeps rising, then holds);
 - lost GPUs, missing GPUs, injected NVML errors (named, counted, version suffix),
   an absent driver and one that appears later;
-- XID events: scheduled, emitted at run time, waited for from another thread (woken
-  by an emitted XID, a stepped clock, a late registration, or a real-time schedule);
+- XID events: scheduled, emitted at run time or injected, delivered once to the sets
+  registered when they fire and never to a set registered later; waited for from
+  another thread (woken by an emitted XID, a stepped clock, a GPU registered while it
+  waits, or a real-time schedule);
 - install/uninstall restoring pynvml, and run-time fault injection.
 """
 
@@ -278,19 +280,64 @@ def test_scheduled_xid_arrives_when_its_time_comes(machine: Machine, clock: Step
     assert data.eventType == N.nvmlEventTypeXidCriticalError and data.eventData == 79
     assert N.nvmlDeviceGetUUID(data.device) == fake.spec.uuid(1)
     raises(N.NVMLError_Timeout, N.nvmlEventSetWait, event_set, 0)  # delivered once
-    late = xid_set(1)  # a set registered afterwards still learns of it (kernel log)
-    assert N.nvmlEventSetWait(late, 0).eventData == 79
     N.nvmlEventSetFree(event_set)
     raises(N.NVMLError_InvalidArgument, N.nvmlEventSetWait, event_set, 0)
+
+
+def test_a_set_registered_after_a_scheduled_xid_fired_never_gets_it(
+        machine: Machine, clock: StepClock) -> None:
+    machine(gpus={"count": 2}, faults=[{"gpu": 1, "xid": [{"code": 79, "at": 5}]}])
+    clock.t = 6  # XID 79 fired at 5 s; nobody listened
+    late = xid_set(0, 1)
+    raises(N.NVMLError_Timeout, N.nvmlEventSetWait, late, 0)
+    clock.t = 60
+    raises(N.NVMLError_Timeout, N.nvmlEventSetWait, late, 0)
+
+
+def test_a_set_hears_only_the_gpus_it_was_registered_on_when_the_xid_fired(
+        machine: Machine, clock: StepClock) -> None:
+    machine(gpus={"count": 2}, faults=[{"gpu": 1, "xid": [{"code": 48, "at": 5},
+                                                          {"code": 79, "at": 9}]}])
+    event_set = xid_set(0)
+    clock.t = 7  # XID 48 fires on GPU 1, which this set does not listen to yet
+    N.nvmlDeviceRegisterEvents(handle(1), N.nvmlEventTypeXidCriticalError, event_set)
+    clock.t = 9
+    assert N.nvmlEventSetWait(event_set, 0).eventData == 79
+    raises(N.NVMLError_Timeout, N.nvmlEventSetWait, event_set, 0)  # and never 48
 
 
 def test_emitted_xid_reaches_only_sets_registered_on_that_gpu(machine: Machine) -> None:
     fake = machine(gpus={"count": 2})
     on_zero, on_one = xid_set(0), xid_set(1)
     fake.emit_xid(1, 48)
+    later = xid_set(1)
     raises(N.NVMLError_Timeout, N.nvmlEventSetWait, on_zero, 0)
+    raises(N.NVMLError_Timeout, N.nvmlEventSetWait, later, 0)  # registered after it fired
     data = N.nvmlEventSetWait(on_one, 0)
     assert (data.eventData, N.nvmlDeviceGetIndex(data.device)) == (48, 1)
+    raises(N.NVMLError_Timeout, N.nvmlEventSetWait, on_one, 0)  # once
+
+
+def test_a_set_reads_xids_in_the_order_they_fired(machine: Machine, clock: StepClock) -> None:
+    fake = machine(gpus={"count": 1}, faults=[{"gpu": 0, "xid": [{"code": 48, "at": 5}]}])
+    event_set = xid_set(0)
+    clock.t = 6  # XID 48 fired at 5 s, nobody has read it yet
+    fake.emit_xid(0, 79)
+    assert [N.nvmlEventSetWait(event_set, 0).eventData for _ in range(2)] == [48, 79]
+
+
+def test_an_injected_faults_past_xids_fire_when_it_is_injected(machine: Machine,
+                                                               clock: StepClock) -> None:
+    fake = machine(gpus={"count": 1})
+    before = xid_set(0)
+    clock.t = 10
+    fake.inject(GpuFault.model_validate({"gpu": 0, "xid": [{"code": 79, "at": 5},
+                                                           {"code": 48, "at": 20}]}))
+    after = xid_set(0)
+    assert N.nvmlEventSetWait(before, 0).eventData == 79  # fired when injected
+    raises(N.NVMLError_Timeout, N.nvmlEventSetWait, after, 0)
+    clock.t = 20
+    assert [N.nvmlEventSetWait(s, 0).eventData for s in (before, after)] == [48, 48]
 
 
 def test_wait_blocks_in_a_thread_while_other_calls_run(machine: Machine) -> None:
@@ -341,14 +388,17 @@ def test_a_waiter_sees_the_stepped_clock_reach_a_scheduled_xid(machine: Machine,
 
 def test_a_waiter_learns_of_a_gpu_registered_while_it_waits(machine: Machine,
                                                            clock: StepClock) -> None:
-    machine(gpus={"count": 2}, faults=[{"gpu": 1, "xid": [{"code": 48, "at": 0}]}])
-    event_set = xid_set(0)
+    machine(gpus={"count": 2}, faults=[{"gpu": 1, "xid": [{"code": 48, "at": 5}]}])
+    event_set = xid_set(0)  # nothing scheduled for it: the waiter sleeps until its timeout
     thread, got = wait_in_thread(event_set, 5000)
     started = time.monotonic()
+    time.sleep(0.05)
     N.nvmlDeviceRegisterEvents(handle(1), N.nvmlEventTypeXidCriticalError, event_set)
+    time.sleep(0.05)
+    clock.t = 5  # then GPU 1's XID fires
     thread.join(timeout=5)
     assert got == [48]
-    assert time.monotonic() - started < 4
+    assert time.monotonic() - started < 4  # woken by the registration, not the timeout
 
 
 def test_a_scheduled_xid_wakes_a_waiter_on_the_real_time_clock() -> None:
