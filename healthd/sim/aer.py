@@ -64,7 +64,9 @@ class SimAer:
             where = where / device
             if device not in self._dirs:
                 where.mkdir(parents=True, exist_ok=True)
-                (self.devices / device).symlink_to(where, target_is_directory=True)
+                link = self.devices / device
+                if not link.is_symlink():  # an earlier process on this machine made it
+                    link.symlink_to(where, target_is_directory=True)
                 self._dirs[device] = where
 
     def refresh(self) -> None:

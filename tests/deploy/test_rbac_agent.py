@@ -115,9 +115,9 @@ async def test_the_agent_needs_every_rule_and_no_more(
     # The harness writes the agent's kubeconfig: make it the ServiceAccount's.
     monkeypatch.setattr(api, "write_kubeconfig",
                         functools.partial(api.write_kubeconfig, user=AGENT))
-    # Listing Nodes is slow at start (both tries outlive the agent's deadline), so the
-    # publisher reads its Node by name before the watch delivers it.
-    api.fail("GET", r"/api/v1/nodes", None, times=2, delay=1.5, query={"watch": "^$|false"})
+    # The first write of the Node meets a conflict, so the publisher reads its Node by
+    # name (it writes nothing before its watch has shown it the Node).
+    api.fail("PATCH", rf"/api/v1/nodes/{NODE}", 409, times=1)
     spec = machine()
     config = with_pvc(fast_config(
         api_timeout_s=1, deep_diagnostics={"namespace": NAMESPACE, "image": "healthd:test"}))
