@@ -16,21 +16,17 @@ Theoretical unidirectional rate = GT/s per lane x lanes x encoding efficiency / 
     PCI-SIG publishes, 128 and 256 GB/s at x16; FLIT framing costs a few percent,
     which `min_fraction` absorbs).
 
-The measurement sits behind `BandwidthProbe`: `CudaBandwidthProbe` drives the CUDA
-driver (checks.cuda); tests and the simulator build the check with another
-(`Probes.bandwidth`, checks.probes).
+The measurement runs in a short-lived child process per GPU (checks.pciebw_probe,
+`Probes.bandwidth`), under `probe_timeout_s`: the agent never holds a CUDA context.
 A probe error is UNKNOWN for that GPU, a driver that cannot be used at all is
 UNKNOWN for the whole check: never a PASS.
 """
 
 from __future__ import annotations
 
-import ctypes
-from collections.abc import Callable, Mapping
 from contextlib import suppress
-from typing import Any, ClassVar
+from typing import ClassVar
 
-import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
 from checks.base import (
@@ -42,12 +38,11 @@ from checks.base import (
     ResultBuilder,
     measures,
 )
-from checks.cuda import CUDA_LIBRARY, CudaDriver, CudaError, CudaUnavailable
 from checks.gpucheck import GpuCheck, gpu_entity, unwrap
-from checks.probes import Bandwidth, BandwidthProbe, Probes
+from checks.pciebw_probe import ChildBandwidthProbe, ProbeError, ProbeUnavailable, measure_within
+from checks.probes import Bandwidth, BandwidthProbe
 from checks.snapshot import GpuSnapshot, NodeSnapshot, PcieLink
 
-GB = 1e9  # PCIe rates are decimal gigabytes per second
 MIB = 1 << 20
 
 # Generation -> (GT/s per lane, encoding efficiency). See the module docstring.
@@ -72,55 +67,17 @@ def link_rate_gbps(gen: int, width: int) -> float:
     return gts * width * encoding / 8
 
 
-class ProbeError(Exception):
-    """This GPU could not be measured; `reason` says why."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class ProbeUnavailable(ProbeError):
-    """No GPU on this node can be measured (no CUDA driver, cuInit failed)."""
-
-
-class CudaBandwidthProbe:
-    """The real probe: pinned copies through the CUDA driver API (checks.cuda).
-
-    The driver is opened on first use, in the worker thread, and kept; a driver that
-    could not be opened is tried again on the next measurement."""
-
-    def __init__(
-        self, library: str = CUDA_LIBRARY, loader: Callable[[str], Any] = ctypes.CDLL
-    ) -> None:
-        self._library = library
-        self._loader = loader
-        self._driver: CudaDriver | None = None
-
-    def measure(self, pci_bus_id: str, size_bytes: int, iterations: int) -> Bandwidth:
-        try:
-            h2d_s, d2h_s = self._open().copy_seconds(pci_bus_id, size_bytes, iterations)
-        except CudaUnavailable as exc:
-            raise ProbeUnavailable(str(exc)) from exc
-        except CudaError as exc:
-            raise ProbeError(str(exc)) from exc
-        moved = size_bytes * iterations / GB
-        return Bandwidth(moved / h2d_s, moved / d2h_s)
-
-    def _open(self) -> CudaDriver:
-        if self._driver is None:
-            self._driver = CudaDriver(self._library, self._loader)
-        return self._driver
-
-
 class PcieBwParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     min_fraction: float = Field(
         0.7, gt=0, le=1, description="pass when both directions reach this share of the link"
     )
-    size_mib: int = Field(256, ge=1, le=4096, description="bytes per copy, in MiB")
+    size_mib: int = Field(64, ge=1, le=4096, description="bytes per copy, in MiB")
     iterations: int = Field(5, ge=1, le=100, description="timed copies per direction")
+    probe_timeout_s: float = Field(
+        30.0, gt=0, le=600, description="one GPU's measurement, child start to answer; "
+        "past it the child is killed and the GPU is UNKNOWN")
 
 
 class PcieBwCheck(GpuCheck[PcieBwParams]):
@@ -139,12 +96,7 @@ class PcieBwCheck(GpuCheck[PcieBwParams]):
     Params: ClassVar[type[BaseModel]] = PcieBwParams
     DEFAULT_INTERVAL_S: ClassVar[float] = 3600.0
     INPUTS: ClassVar[frozenset[str] | None] = frozenset({"nvml", "pciebw"})
-    DEFAULT_TIMEOUT_S: ClassVar[float] = 120.0  # ~2 s per GPU; slack for a slow link
-
-    def __init__(self, params: BaseModel | Mapping[str, Any] | None = None, *,
-                 probes: Probes | None = None) -> None:
-        super().__init__(params, probes=probes)
-        self._cuda_probe: CudaBandwidthProbe | None = None
+    DEFAULT_TIMEOUT_S: ClassVar[float] = 120.0  # ~2 s per GPU in its child; slack
 
     async def run(self, ctx: CheckContext) -> CheckResult:
         try:
@@ -172,9 +124,7 @@ class PcieBwCheck(GpuCheck[PcieBwParams]):
             return given
         if given is not None:
             raise ProbeUnavailable(f"bandwidth probe {type(given).__name__} has no measure()")
-        if self._cuda_probe is None:  # kept across runs: the driver opens once
-            self._cuda_probe = CudaBandwidthProbe()
-        return self._cuda_probe
+        return ChildBandwidthProbe()
 
     async def _examine_gpu(
         self, probe: BandwidthProbe, gpu: GpuSnapshot, entity: Entity, builder: ResultBuilder
@@ -195,10 +145,8 @@ class PcieBwCheck(GpuCheck[PcieBwParams]):
     ) -> Bandwidth | None:
         size = self.settings.size_mib * MIB
         try:
-            measured = await anyio.to_thread.run_sync(
-                probe.measure, gpu.pci_bus_id, size, self.settings.iterations,
-                abandon_on_cancel=True,  # a copy hung on a broken GPU must not outlive the deadline
-            )
+            measured = await measure_within(probe, gpu.pci_bus_id, size, self.settings.iterations,
+                                            self.settings.probe_timeout_s)
         except ProbeUnavailable:
             raise
         except ProbeError as exc:

@@ -6,11 +6,11 @@ A check gets its stand-ins when it is built (`BaseCheck(params, probes=...)`), n
 through the per-round context: the agent, `healthd check`, `healthd record` and the
 simulator each build their checks with the probes they have. A field left None is
 the real thing, which the check that uses it opens itself (netlink, ICMP, the CUDA
-driver, sysfs, the clock since boot).
+driver in a child process, sysfs, the clock since boot).
 
 The real implementations live beside the check that uses them (`checks.nic`'s
-`NetlinkReader`, `checks.ping`'s `IcmpProber`, `checks.pciebw`'s
-`CudaBandwidthProbe`, `checks.rdma`'s `SysfsRdmaReader`, `checks.kernel_log`'s
+`NetlinkReader`, `checks.ping`'s `IcmpProber`, `checks.pciebw_probe`'s
+`ChildBandwidthProbe`, `checks.rdma`'s `SysfsRdmaReader`, `checks.kernel_log`'s
 `KernelLog`, `checks.snapshot`'s `NvmlGpuSource`), or in healthd (the pvc check's
 Kubernetes API). A check that needs a new stand-in adds its protocol and a `Probes`
 field here and reads it in its own module: the check contract (checks.base) does
@@ -79,18 +79,21 @@ class LinkReader(Protocol):
 
 @dataclass(frozen=True)
 class Bandwidth:
-    """Measured copy bandwidth in GB/s, each direction."""
+    """Measured copy bandwidth in GB/s, each direction; `pid`: the process that made
+    the copies (0: not known), which NVML may still list on the GPU just after."""
 
     h2d_gbps: float
     d2h_gbps: float
+    pid: int = 0
 
 
 @runtime_checkable
 class BandwidthProbe(Protocol):
-    """Measures host<->device bandwidth of one GPU. Blocking: the check calls it in a
-    worker thread, one GPU at a time."""
+    """Measures host<->device bandwidth of one GPU (`checks.pciebw_probe`'s child
+    process is the real one). The check awaits it one GPU at a time, under a
+    deadline: cancelled, it must leave nothing running."""
 
-    def measure(self, pci_bus_id: str, size_bytes: int, iterations: int) -> Bandwidth: ...
+    async def measure(self, pci_bus_id: str, size_bytes: int, iterations: int) -> Bandwidth: ...
 
 
 # -- ICMP echo (the ping check) --------------------------------------------------------

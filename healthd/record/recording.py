@@ -32,12 +32,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio.to_thread
-
 from checks.base import boot_uptime
 from checks.kernel_log import LogUnavailable
 from checks.nvml_reader import ECC_DISABLED
-from checks.pciebw import ProbeError
+from checks.pciebw_probe import ProbeError, measure_within
 from checks.power import CLOCK_EVENT_BITS, GPU_IDLE
 from checks.probes import Bandwidth, BandwidthProbe, KernelLogSource, Probes, RdmaPort, RdmaReader
 from checks.processes import ProgramNotFound, ProgramNotRunnable, run_process
@@ -92,8 +90,9 @@ async def read_machine(
     xid_window_s: float,
     expected_gpus: int | None = None,
     probes: Probes | None = None,
-    bandwidth_size_bytes: int = 256 * 2**20,
+    bandwidth_size_bytes: int = 64 * 2**20,
     bandwidth_iterations: int = 5,
+    bandwidth_timeout_s: float = 30.0,
     dcgm_command: Sequence[str] | None = None,
 ) -> Recording:
     """One NVML pass, the XIDs of the window, and what was asked for besides: what
@@ -114,7 +113,8 @@ async def read_machine(
                           rdma=_rdma_ports(probes.rdma))
     if probes.bandwidth is not None:
         recording.bandwidth = await _measure_all(snapshot, probes.bandwidth,
-                                                 bandwidth_size_bytes, bandwidth_iterations)
+                                                 bandwidth_size_bytes, bandwidth_iterations,
+                                                 bandwidth_timeout_s)
     if dcgm_command is not None:
         recording.dcgm = await read_dcgm(dcgm_command)
     return recording
@@ -143,7 +143,7 @@ def _rdma_ports(reader: RdmaReader | None) -> list[RdmaPort] | None:
 
 
 async def _measure_all(snapshot: NodeSnapshot, probe: BandwidthProbe, size_bytes: int,
-                       iterations: int) -> dict[int, Bandwidth]:
+                       iterations: int, timeout_s: float) -> dict[int, Bandwidth]:
     """What the pciebw probe measures per GPU; GPUs it cannot measure are left out
     (a lost or MIG GPU fails the same way again on replay)."""
     measured: dict[int, Bandwidth] = {}
@@ -151,8 +151,8 @@ async def _measure_all(snapshot: NodeSnapshot, probe: BandwidthProbe, size_bytes
         if gpu.lost or gpu.mig_enabled:
             continue
         try:
-            measured[gpu.index] = await anyio.to_thread.run_sync(
-                probe.measure, gpu.pci_bus_id, size_bytes, iterations)
+            measured[gpu.index] = await measure_within(probe, gpu.pci_bus_id, size_bytes,
+                                                       iterations, timeout_s)
         except ProbeError:
             continue
     return measured

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from checks.pciebw import PcieBwCheck
+from checks.pciebw import PcieBwCheck, PcieBwParams
 from healthd.capacity.quantities import parse_quantity
 from healthd.config import Config, load_config
 from tests.deploy.manifests import OVERLAYS, Obj, find, one, render
@@ -56,7 +56,7 @@ def test_the_agent_memory_limit_covers_what_it_uses(flavour: str, tmp_path: Path
     limit_mib = parse_quantity(agent["resources"]["limits"]["memory"]) / MIB
     request_mib = parse_quantity(agent["resources"]["requests"]["memory"]) / MIB
     buffer_mib = pinned_buffer_mib(agent_config(objects, tmp_path))
-    assert buffer_mib >= 256  # the shipped config keeps the default bandwidth test
+    assert buffer_mib >= PcieBwParams().size_mib  # the shipped config keeps the default
 
     needed = (BASELINE_RSS_MIB + buffer_mib + CUDA_CONTEXT_MIB + DCGMI_MIB
               + memory_volumes_mib(pod_spec)) * MARGIN

@@ -1,5 +1,5 @@
 """Test doubles for the pciebw check: a bandwidth probe that answers from a table,
-and a fake `libcuda` that keeps count of every resource the real probe takes.
+and a fake `libcuda` that keeps count of every resource the real child takes.
 
 Both sit at our own seams: `BandwidthProbe` (what the check calls) and the loaded
 driver library (what checks.cuda calls through ctypes).
@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
+
+import anyio
 
 from checks.probes import Bandwidth
 
@@ -26,7 +28,7 @@ class FakeProbe:
     default: Any = HEALTHY
     calls: list[tuple[str, int, int]] = field(default_factory=list)
 
-    def measure(self, pci_bus_id: str, size_bytes: int, iterations: int) -> Bandwidth:
+    async def measure(self, pci_bus_id: str, size_bytes: int, iterations: int) -> Bandwidth:
         self.calls.append((pci_bus_id, size_bytes, iterations))
         answer = self.answers.get(pci_bus_id, self.default)
         if isinstance(answer, BaseException):
@@ -36,12 +38,13 @@ class FakeProbe:
 
 @dataclass
 class BlockingProbe:
-    """Hangs like a copy to a broken GPU, until released."""
+    """Hangs like a copy to a broken GPU, until released or cancelled."""
 
     release: threading.Event = field(default_factory=threading.Event)
 
-    def measure(self, pci_bus_id: str, size_bytes: int, iterations: int) -> Bandwidth:
-        self.release.wait(10)
+    async def measure(self, pci_bus_id: str, size_bytes: int, iterations: int) -> Bandwidth:
+        while not self.release.is_set():
+            await anyio.sleep(0.01)
         return HEALTHY
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from checks.base import CheckResult, Severity
 from checks.nvml_reader import NvmlReader
-from checks.pciebw import PcieBwCheck, ProbeError, ProbeUnavailable
+from checks.pciebw import PcieBwCheck
+from checks.pciebw_probe import ProbeError, ProbeUnavailable
 from checks.probes import Probes
 from checks.snapshot import NodeSnapshot
 from healthd.sim.cuda import SimBandwidthProbe
@@ -32,7 +33,7 @@ def spec(faults: list[dict[str, object]] | None = None, **gpus: object) -> Machi
 
 
 def measure(machine: MachineSpec, index: int, t: float = 0.0) -> tuple[float, float]:
-    got = SimBandwidthProbe(machine, clock=lambda: t).measure(
+    got = SimBandwidthProbe(machine, clock=lambda: t).rates(
         machine.pci_bus_id(index), 256 * MIB, 5
     )
     return round(got.h2d_gbps, 2), round(got.d2h_gbps, 2)
@@ -93,16 +94,16 @@ def test_faults_can_come_from_a_live_source() -> None:
     machine = spec()
     injected = [GpuFault.model_validate({"gpu": 2, "pcie_bandwidth_gbps": {"h2d": 3.0}})]
     probe = SimBandwidthProbe(machine, lambda: 0.0, faults=lambda i: injected if i == 2 else [])
-    assert probe.measure(machine.pci_bus_id(2), MIB, 1).h2d_gbps == 3.0
+    assert probe.rates(machine.pci_bus_id(2), MIB, 1).h2d_gbps == 3.0
 
 
 def test_unknown_bus_id_and_absent_driver() -> None:
     probe = SimBandwidthProbe(spec())
     with pytest.raises(ProbeError, match="no CUDA device"):
-        probe.measure("00000000:FF:00.0", MIB, 1)
+        probe.rates("00000000:FF:00.0", MIB, 1)
     absent = SimBandwidthProbe(parse_machine_spec({"driver_present": False}))
     with pytest.raises(ProbeUnavailable, match="CUDA driver not found"):
-        absent.measure(spec().pci_bus_id(0), MIB, 1)
+        absent.rates(spec().pci_bus_id(0), MIB, 1)
 
 
 @pytest.mark.anyio
