@@ -6,12 +6,13 @@ A check gets its stand-ins when it is built (`BaseCheck(params, probes=...)`), n
 through the per-round context: the agent, `healthd check`, `healthd record` and the
 simulator each build their checks with the probes they have. A field left None is
 the real thing, which the check that uses it opens itself (netlink, ICMP, the CUDA
-driver in a child process, sysfs, the clock since boot).
+driver in a child process, NVML, sysfs, the clock since boot).
 
 The real implementations live beside the check that uses them (`checks.nic`'s
 `NetlinkReader`, `checks.ping`'s `IcmpProber`, `checks.pciebw_probe`'s
-`ChildBandwidthProbe`, `checks.rdma`'s `SysfsRdmaReader`, `checks.kernel_log`'s
-`KernelLog`, `checks.snapshot`'s `NvmlGpuSource`), or in healthd (the pvc check's
+`ChildBandwidthProbe`, `checks.nvml_reader`'s `NvmlReader`, `checks.rdma`'s
+`SysfsRdmaReader`, `checks.kernel_log`'s `KernelLog`, `checks.snapshot`'s
+`NvmlGpuSource`), or in healthd (the pvc check's API, the node's GPU pods:
 Kubernetes API). A check that needs a new stand-in adds its protocol and a `Probes`
 field here and reads it in its own module: the check contract (checks.base) does
 not change.
@@ -22,7 +23,7 @@ snapshot's types appear in annotations only (an import-linter contract keeps it 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -94,6 +95,32 @@ class BandwidthProbe(Protocol):
     deadline: cancelled, it must leave nothing running."""
 
     async def measure(self, pci_bus_id: str, size_bytes: int, iterations: int) -> Bandwidth: ...
+
+
+@dataclass(frozen=True)
+class GpuActivity:
+    """What NVML says is using one GPU now (checks.busy judges it): the processes
+    holding a context on it, compute and graphics (`pids`; None: NVML could not list
+    them), and the bytes its PCIe link carries per second, as KB/s over NVML's 20 ms
+    sample: received by the GPU (`rx_kbps`, host-to-device) and sent (`tx_kbps`);
+    None: unreadable. `problem` says what could not be read."""
+
+    pids: tuple[int, ...] | None
+    rx_kbps: int | None
+    tx_kbps: int | None
+    problem: str = ""
+
+
+class ActivityReader(Protocol):
+    """Reads a GPU's activity by its PCI bus id (`checks.nvml_reader.NvmlReader` is
+    the real one). Blocking: the check calls it in a worker thread."""
+
+    def activity(self, pci_bus_id: str) -> GpuActivity: ...
+
+
+GpuPods = Callable[[], Awaitable[Sequence[str]]]
+"""The pods on this node that hold GPUs (`namespace/name`); raises when it cannot
+tell. healthd lists them through the Kubernetes API (healthd.kube.pods)."""
 
 
 # -- ICMP echo (the ping check) --------------------------------------------------------
@@ -282,10 +309,13 @@ Uptime = Callable[[], float]
 @dataclass(frozen=True)
 class Probes:
     """The stand-ins checks are built with; None: the real thing (the CUDA bandwidth
-    probe, netlink, ICMP, the boot clock, sysfs), or, for the kernel log and the pvc
-    API, nothing: the check says it cannot tell rather than invent a result."""
+    probe, NVML's view of a GPU's activity, netlink, ICMP, the boot clock, sysfs), or,
+    for the kernel log, the pvc API and the node's GPU pods, nothing: the check says it
+    cannot tell rather than invent a result."""
 
     bandwidth: BandwidthProbe | None = None  # pciebw
+    gpu_activity: ActivityReader | None = None  # pciebw: NVML, read around each copy
+    gpu_pods: GpuPods | None = None  # pciebw's free_gpus_only: None, not known here
     links: LinkReader | None = None  # nic
     ping: Prober | None = None  # ping
     uptime: Uptime | None = None  # fabric

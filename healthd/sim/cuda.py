@@ -11,7 +11,10 @@ direction, the reported GB/s is, in order of precedence:
 1. the last active fault's `pcie_bandwidth_gbps` for that direction;
 2. the spec's `gpus.pcie_bandwidth_gbps` for that direction;
 3. 85% of what the GPU's CURRENT link carries (after any active `pcie` link fault),
-   which is what healthy hardware achieves with pinned copies.
+   which is what healthy hardware achieves with pinned copies;
+
+less, on a GPU with an active `busy` fault, the traffic that workload makes in that
+direction (the two share the link), never below 5% of it.
 
 Faults are active between `at` and `until` seconds after the machine starts (the
 rules live in healthd.sim.gpustate). A GPU that is lost or missing, or a machine
@@ -32,6 +35,7 @@ from healthd.sim.gpustate import GpuState, gpu_state, is_active
 from healthd.sim.machine import GpuFault, MachineSpec
 
 HEALTHY_EFFICIENCY = 0.85
+LEAST_SHARE = 0.05  # a busy link still moves this much of the probe's copies
 CHILD_MODULE = "healthd.sim.cuda_child"
 _CUDA_ERROR_UNKNOWN = 999  # what CUDA answers for a GPU that fell off the bus
 
@@ -96,7 +100,11 @@ class SimBandwidthProbe(ChildBandwidthProbe):
                 h2d = fault.pcie_bandwidth_gbps.h2d or h2d
                 d2h = fault.pcie_bandwidth_gbps.d2h or d2h
         healthy = HEALTHY_EFFICIENCY * link_rate_gbps(state.pcie_gen, state.pcie_width)
-        return Bandwidth(h2d or healthy, d2h or healthy)
+        h2d, d2h = h2d or healthy, d2h or healthy
+        if state.busy is not None:  # the workload's copies share the link with ours
+            h2d = max(h2d - state.busy.pcie_rx_gbps, h2d * LEAST_SHARE)
+            d2h = max(d2h - state.busy.pcie_tx_gbps, d2h * LEAST_SHARE)
+        return Bandwidth(h2d, d2h)
 
 
 def _fail_like_cuda(state: GpuState) -> None:

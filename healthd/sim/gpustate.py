@@ -9,7 +9,7 @@ from the ctypes plumbing, makes them easy to read and to document:
 - a fault is active while `at <= t < until` (no `until`: for ever);
 - several active faults on one GPU: flags (`lost`, `missing`, `mig`) are OR-ed, lists
   (clock event reasons, NVLinks down) are joined, and for the structured fields
-  (remapped rows, power, PCIe link, ECC, bandwidth) the fault listed last wins;
+  (remapped rows, power, PCIe link, ECC, bandwidth, busy) the fault listed last wins;
 - the PCIe replay counter is a monotonic counter: it rises at `pcie_replay_rate`
   from `at` and keeps its last value after `until` (a counter never goes back).
 """
@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from healthd.sim.machine import (
+    BusyFault,
     ClockReason,
     EccFault,
     FabricSpec,
@@ -76,6 +77,7 @@ class GpuState:
     ecc: EccFault = _NO_ECC_ERRORS
     nvlinks_down: frozenset[int] = field(default_factory=frozenset)
     fabric: FabricSpec | None = None  # None: no NVLink fabric (NOT_SUPPORTED)
+    busy: BusyFault | None = None  # another workload's processes and PCIe traffic
 
 
 def is_active(fault: GpuFault, t: float) -> bool:
@@ -139,6 +141,8 @@ def _merge(state: GpuState, active: Sequence[GpuFault]) -> GpuState:
             changes["power"] = fault.power
         if fault.ecc is not None:
             changes["ecc"] = fault.ecc
+        if fault.busy is not None:
+            changes["busy"] = fault.busy
         if fault.fabric is not None and state.fabric is not None:
             changes["fabric"] = state.fabric.model_copy(
                 update=fault.fabric.model_dump(exclude_none=True))

@@ -21,6 +21,8 @@ from healthd.sim.cuda import SimBandwidthProbe
 from healthd.sim.machine import parse_machine_spec
 from tests.checks.gpufakes import context, entity_status, node
 
+from .fakes import FakeActivity
+
 pytestmark = pytest.mark.anyio
 MIB = 1 << 20
 
@@ -33,7 +35,7 @@ def shell(script: str) -> ChildBandwidthProbe:
 
 
 async def judge(probe: ChildBandwidthProbe, count: int = 1, **params: object) -> CheckResult:
-    check = PcieBwCheck(params, probes=Probes(bandwidth=probe))
+    check = PcieBwCheck(params, probes=Probes(bandwidth=probe, gpu_activity=FakeActivity()))
     return await run_check(check, context(node(count=count)), timeout_s=20)
 
 

@@ -19,9 +19,10 @@ from checks.cuda import CUDA_NOT_FOUND, CudaDriver, cu_result_name, parse_bus_id
 from checks.cuda_child import Answer, decode, encode, measure
 from checks.pciebw import PcieBwCheck
 from checks.pciebw_probe import cuda_child_command
+from checks.probes import Probes
 from tests.checks.gpufakes import context, node, run
 
-from .fakes import FakeCuda
+from .fakes import FakeActivity, FakeCuda
 
 NVML_BUS_0 = "00000000:18:00.0"
 MIB = 1 << 20
@@ -43,7 +44,7 @@ def child_measure(fake: FakeCuda, bus_id: str = NVML_BUS_0, size: int = MIB,
 @pytest.mark.anyio
 @pytest.mark.skipif(libcuda_present(), reason="this machine has a CUDA driver")
 async def test_without_a_cuda_driver_the_real_child_makes_the_check_unknown() -> None:
-    check = PcieBwCheck()  # the real child
+    check = PcieBwCheck(probes=Probes(gpu_activity=FakeActivity()))  # the real child
     result = await run(check, context(node(count=2)))
     assert (result.status, result.reason) == (Severity.UNKNOWN, CUDA_NOT_FOUND)
 
