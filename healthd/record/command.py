@@ -141,7 +141,7 @@ async def _record(args: argparse.Namespace, includes: Includes, config: Config) 
             expected_gpus=expected, probes=probes,
             bandwidth_size_bytes=bandwidth.size_mib * MIB,
             bandwidth_iterations=bandwidth.iterations,
-            bandwidth_timeout_s=bandwidth.probe_timeout_s,
+            bandwidth_timeout_s=bandwidth.probe_timeout_s, busy_gbps=bandwidth.busy_gbps,
             dcgm_command=dcgm_command if includes.dcgm else None)
     spec = machine_spec(recording, redact=args.redact)
     _validate(spec)

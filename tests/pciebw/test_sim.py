@@ -244,3 +244,20 @@ def test_healthd_check_sim_says_busy(tmp_path: Path) -> None:
     rows = pciebw_rows(proc.stdout)
     assert rows["1"] == ("SKIPPED", "busy: 1 process, 24.8 GB/s other H2D traffic; not judged")
     assert rows["0"][0] == "PASS"
+
+
+def test_a_recording_of_a_busy_machine_replays_busy(tmp_path: Path) -> None:
+    machine, config = write_busy_machine(tmp_path)
+    recording = tmp_path / "recorded.yaml"
+    proc = healthd("record", "--sim", str(machine), "--include", "pciebw", "--include",
+                   "xid-window=0s", "--output", str(recording))
+    assert proc.returncode == 0, proc.stderr
+    recorded = yaml.safe_load(recording.read_text())
+    (busy,) = [f for f in recorded["faults"] if "busy" in f]
+    assert (busy["gpu"], busy["busy"]) == (
+        1, {"processes": 1, "pcie_rx_gbps": 24.8, "pcie_tx_gbps": 0.0})
+    assert "pcie_bandwidth_gbps" not in busy  # a busy GPU is not measured
+    assert "pciebw" in recorded["recorded"]
+    replay = healthd("check", "--sim", str(recording), "--checks", "pciebw", "--config",
+                     str(config), "--output", "json")
+    assert pciebw_rows(replay.stdout)["1"][0] == "SKIPPED"
