@@ -35,6 +35,7 @@ EXPECTED: dict[str, tuple[list[str], set[str], set[str]]] = {
     "flapping": ([], {"blips", "oscillating", "ping_loss", "release_bound_runs"},
                  {"blips_label_changes_per_1000", "oscillating_label_changes_per_1000",
                   "ping_loss_label_changes_per_1000", "ping_loss_raise_runs"}),
+    "pciebw_child": ([], {"size_mib", "cuda_child", "sim_child"}, set()),
     "memory_soak": (["--minutes", "0.5", "--agents", "1"],
                     {"processes", "churn", "agent_slope_tail_median"},
                     {"controller_slope_kib_per_min_tail", "agent-0_slope_kib_per_min_tail"}),
