@@ -65,10 +65,10 @@ def runs() -> Iterator[dict[str, subprocess.CompletedProcess[str]]]:
 
 def test_every_benchmark_is_covered() -> None:
     # real_gpu, the real-GPU acceptance run, has its own tests (test_real_gpu.py);
-    # reset_cluster is label_to_reset's cluster and real_api the real control plane's
-    # plumbing, not benchmarks
+    # reset_cluster is label_to_reset's cluster, real_api the real control plane's
+    # plumbing and gpu_load the load real_gpu runs beside pciebw, not benchmarks
     scripts = {p.stem for p in BENCH.glob("*.py")} - {"common", "real_gpu", "reset_cluster",
-                                                       "real_api"}
+                                                       "real_api", "gpu_load"}
     assert scripts == set(EXPECTED)
 
 
