@@ -18,6 +18,7 @@ reported apart).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -136,7 +137,21 @@ def footprint(minutes: float, config: str | None, spec: str | None = SPEC,
         finally:
             code = stop(proc)
         writes = len(api.writes())
-    return figures_of(samples, launched, to_verdict, code, writes), goals_of(samples)
+        statuses = published_statuses(api)
+    figures = {**figures_of(samples, launched, to_verdict, code, writes),
+               "check_statuses": statuses}
+    return figures, goals_of(samples)
+
+
+def published_statuses(api: ThreadedEmulator) -> dict[str, str]:
+    """Each check's status as the agent published it on the Node (`pciebw`: PASS when
+    it measured and judged)."""
+    annotations = ((api.get("Node", NODE) or {}).get("metadata") or {}).get("annotations") or {}
+    try:
+        checks = json.loads(annotations.get(Keys().health, "{}")).get("checks") or {}
+    except ValueError:
+        return {}
+    return {name: str(entry.get("status")) for name, entry in checks.items()}
 
 
 def steady_cpu_pct(samples: list[Sample]) -> float:

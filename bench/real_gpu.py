@@ -12,13 +12,19 @@
 4. the NVML round through the agent's runner (bench/nvml_round.py), goal <= 50 ms
    for 8 GPUs;
 5. the PCIe bandwidth `healthd check` measured per GPU, next to the link's
-   theoretical rate and the ratio;
-6. `healthd agent` on the real NVML against the API emulator for a few minutes
-   (bench/agent_footprint.py): RSS and CPU.
+   theoretical rate and the ratio; what the check's child costs per measurement
+   (bench/pciebw_child.py: start to exit, its peak RSS);
+6. `healthd check --checks pciebw` beside a busy job on GPU 0 (bench/gpu_load.py,
+   `h2d`, `compute` and `both`, when PyTorch is there): what the check said, which
+   must be no finding (GPU 0 SKIPPED "busy");
+7. `healthd agent` on the real NVML against the API emulator for a few minutes
+   (bench/agent_footprint.py): RSS (steady and peak, with pciebw measured at start,
+   its copies in a child) and CPU.
 
 Without a GPU (no driver, or NVML sees none) it says so on stderr, prints one JSON
 object whose figures hold `skipped`, and exits 0. `--sim SPEC` runs the same steps
-on a simulated machine instead (a rehearsal of the script itself, no GPU needed).
+on a simulated machine instead (a rehearsal of the script itself, no GPU needed; the
+busy job is a `busy` fault on GPU 0, as the load shows NVML).
 
     python bench/real_gpu.py            # agent sampled 3 minutes, 300 NVML rounds
     python bench/real_gpu.py --quick    # 0.5 minute, 30 rounds
@@ -28,6 +34,7 @@ on a simulated machine instead (a rehearsal of the script itself, no GPU needed)
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import re
 import shutil
@@ -36,16 +43,21 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+import yaml
 from agent_footprint import footprint
 from common import REPO, Goal, main, parser
 from nvml_round import GOAL_MS, real, round_config, simulated
+from pciebw_child import costs
 
 from checks.kernel_log import KernelLog, LogUnavailable, pci_key
 from checks.nvml_reader import NvmlReader
+from checks.pciebw import MIB, PcieBwParams
+from checks.pciebw_probe import cuda_child_command
 from checks.probes import LoggedSxid, LoggedXid
 from checks.snapshot import NodeSnapshot, Ok, Unsupported
 
@@ -54,6 +66,18 @@ RECORDED_CHECKS = "gpus,remapped,recovery,power,pcie,aer,ecc,nvlink,fabric,xid,s
 PCIE_MIN_RATIO = 0.7  # the pciebw check's default min_fraction
 PROPERTIES = ("mig_mode", "remapped", "clock_event_reasons", "power", "pcie", "pcie_replays",
               "ecc", "retired_pages_pending", "nvlinks", "fabric", "recovery_action")
+TIMES = {"last_judged"}  # values that are a time: they move between any two runs
+LOADS = ("h2d", "compute", "both")  # bench/gpu_load.py's modes
+LOAD_S = 120  # the load ends itself; pciebw on every GPU ends well before
+# What each load shows NVML, for the rehearsal on a simulated machine: its process and,
+# when it copies, the host-to-device traffic the H200 showed beside the probe.
+SIM_LOADS: dict[str, dict[str, Any]] = {
+    "h2d": {"processes": 1, "pcie_rx_gbps": 24.8},
+    "compute": {"processes": 1},
+    "both": {"processes": 1, "pcie_rx_gbps": 24.8},
+}
+# One look per GPU: a busy GPU is SKIPPED at once rather than tried again 30 s later.
+NO_RETRY = "checks: {pciebw: {params: {busy_retries: 0}}}\n"
 
 
 def inventory(sim: str | None) -> NodeSnapshot:
@@ -198,7 +222,8 @@ def compare(machine: dict[str, Any], replay: dict[str, Any]) -> dict[str, Any]:
                   if key not in seen or key not in replayed or seen[key][:2] != replayed[key][:2]]
     moved = [f"{key}.{name}: {value} -> {replayed[key][2].get(name)}"
              for key in sorted(set(seen) & set(replayed))
-             for name, value in seen[key][2].items() if replayed[key][2].get(name) != value]
+             for name, value in seen[key][2].items()
+             if name not in TIMES and replayed[key][2].get(name) != value]
     return {"rows_compared": len(seen), "status_or_code_mismatches": mismatches,
             "values_moved": moved[:40], "values_moved_count": len(moved)}
 
@@ -218,6 +243,74 @@ def pcie_bandwidth(machine_report: dict[str, Any]) -> list[dict[str, Any]]:
                          "link_gbps": link, "max_link_gbps": values.get("max_link_gbps"),
                          "ratio": round(min(measured) / link, 3) if link and measured else None})
     return rows
+
+
+def child_costs(snapshot: NodeSnapshot, runs: int) -> dict[str, Any]:
+    """What the pciebw child costs measuring GPU 0 (without CUDA: its interpreter)."""
+    size = PcieBwParams().size_mib * MIB
+    return {"size_mib": size // MIB,
+            **costs(cuda_child_command(snapshot.gpus[0].pci_bus_id, size, 5), runs)}
+
+
+def busy_runs(workdir: Path, sim: str | None) -> dict[str, Any]:
+    """`healthd check --checks pciebw` beside each load on GPU 0: what the check said."""
+    if sim is None and importlib.util.find_spec("torch") is None:
+        return {"skipped": "PyTorch is not installed: no load to run beside pciebw"}
+    config = workdir / "no-retry.yaml"
+    config.write_text(NO_RETRY)
+    said: dict[str, Any] = {}
+    for mode in LOADS:
+        if sim is not None:
+            machine = ["--sim", str(busy_machine(workdir, sim, mode))]
+            report = pciebw_report(machine, config)
+        else:
+            with gpu_load(mode):
+                report = pciebw_report([], config)
+        said[mode] = what_pciebw_said(report)
+    return said
+
+
+def busy_machine(workdir: Path, sim: str, mode: str) -> Path:
+    """The simulated machine `sim` with the load `mode` on GPU 0."""
+    from healthd.sim.machine import load_machine_spec
+
+    spec = load_machine_spec(sim).model_dump(mode="json", exclude_none=True)
+    spec["faults"] = [*spec["faults"], {"gpu": 0, "busy": SIM_LOADS[mode]}]
+    path = workdir / f"busy-{mode}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@contextmanager
+def gpu_load(mode: str) -> Iterator[None]:
+    """bench/gpu_load.py running `mode` on GPU 0, from when it says it started."""
+    proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "gpu_load.py"), mode,
+                             str(LOAD_S)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        while not (line := proc.stdout.readline()).startswith("busy: started"):
+            if not line:
+                raise RuntimeError(f"gpu_load.py {mode} ended before it started "
+                                   f"(exit {proc.wait()})")
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def pciebw_report(machine: list[str], config: Path) -> dict[str, Any]:
+    proc = healthd("check", "--checks", "pciebw", "--config", str(config), "--output", "json",
+                   *machine)
+    return dict(json.loads(proc.stdout))
+
+
+def what_pciebw_said(report: dict[str, Any]) -> dict[str, Any]:
+    """The check's status, its findings, and GPU 0's row."""
+    (check,) = [c for c in report["checks"] if c["check"] == "pciebw"]
+    gpu0 = next((row for row in check["entities"] if row["entity"].get("name") == "0"), {})
+    return {"status": check["status"], "codes": [f["code"] for f in check["findings"]],
+            "gpu0_status": gpu0.get("status"), "gpu0_reason": gpu0.get("reason", ""),
+            "gpu0_values": gpu0.get("values", {})}
 
 
 def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Goal], list[str]]:
@@ -241,19 +334,29 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Goal], 
     machine_report = replay.pop("machine_report", {})
     figures["record_replay"] = replay
     figures["pciebw"] = pcie_bandwidth(machine_report)
+    figures["pciebw_child"] = child_costs(snapshot, 3 if args.quick else 10)
+    with tempfile.TemporaryDirectory() as tmp:
+        figures["pciebw_busy"] = busy_runs(Path(tmp), args.sim)
     rounds = 30 if args.quick else 300
     figures["nvml_round"] = (simulated(round_config(), rounds) if args.sim
                              else real(round_config(), rounds))
     minutes = args.agent_minutes or (0.5 if args.quick else 3.0)
     agent, agent_goals = footprint(minutes, None, spec=args.sim, gpus=len(snapshot.gpus))
     figures["agent"] = agent
+    figures["agent_memory"] = {"rss_mib_steady": agent["rss_mib_last"],
+                               "rss_mib_peak": agent["rss_mib_peak"],
+                               "pciebw": agent["check_statuses"].get("pciebw")}
     return figures, goals_of(figures, agent_goals), [
         "nvml_readings: per property, GPUs that read ok or the NVML function:error they got",
         "fabric: GPUs per NVLink fabric state/status ('none': not in a fabric); kernel_log: "
         "what /dev/kmsg holds for the xid and sxid checks, or why it cannot be read",
         "record_replay compares healthd check on the machine with healthd check --sim on its "
         "recording; values_moved lists readings that changed between the two runs",
-        "agent: healthd agent on the real NVML, default schedule, against the API emulator",
+        "agent: healthd agent on the real NVML, default schedule, against the API emulator; "
+        "agent_memory: its last RSS sample (steady) and VmHWM (peak), and what pciebw, run "
+        "at start, published (PASS: measured and judged; the copies ran in its child)",
+        "pciebw_busy: healthd check --checks pciebw beside bench/gpu_load.py on GPU 0 "
+        "(--sim: a busy fault on GPU 0); pciebw_child: bench/pciebw_child.py on GPU 0",
     ]
 
 
@@ -269,6 +372,9 @@ def goals_of(figures: dict[str, Any], agent_goals: dict[str, Goal]) -> dict[str,
     ratios = [row["ratio"] for row in figures["pciebw"] if row["ratio"] is not None]
     if ratios:
         goals["pciebw_min_ratio"] = Goal(min(ratios), PCIE_MIN_RATIO, ">=")
+    busy = figures["pciebw_busy"]
+    if "skipped" not in busy:  # beside a busy job: never a finding
+        goals["pciebw_busy_findings"] = Goal(sum(len(run["codes"]) for run in busy.values()), 0)
     return {**goals, **{f"agent_{name}": goal for name, goal in agent_goals.items()}}
 
 

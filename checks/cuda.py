@@ -13,8 +13,11 @@ Errors, translated here once:
                           failed): nothing on this node can be measured
 
 Every resource a measurement takes (primary context, pinned and device memory,
-stream, events) is released on every path, errors included. Every call blocks:
-callers run them in a worker thread.
+stream, events) is released on every path, errors included. Every call blocks: the
+pciebw check makes them in a short-lived child process (checks.cuda_child), never in
+the agent, so what the driver keeps after a release (the context's host memory, a
+thread hung in a copy) ends with the child. Only the standard library is imported
+here: the child loads nothing else.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The NVML pass: reads every GPU once through the real `pynvml` and maps each outcome
-to a plain value (see checks.snapshot for the rules), plus the XID event subscription.
+to a plain value (see checks.snapshot for the rules), plus the XID event subscription
+and, for the pciebw check, what uses one GPU now (`activity`: processes, PCIe traffic).
 
 This module and healthd's simulator are the only code that imports pynvml. The
 reader is synchronous and thread-safe; checks.snapshot.NvmlGpuSource runs it in a worker
@@ -23,6 +24,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
+from checks.probes import GpuActivity
 from checks.snapshot import (
     DRIVER_NOT_FOUND,
     Ecc,
@@ -246,6 +248,33 @@ def _field_refused(error: str) -> Unsupported:
                        "nvmlDeviceGetFieldValues", error)
 
 
+def _pids(h: Handle) -> tuple[int, ...]:
+    """Every process holding a context on the GPU: compute, then graphics."""
+    compute = _call(pynvml.nvmlDeviceGetComputeRunningProcesses, h)
+    graphics = _call(pynvml.nvmlDeviceGetGraphicsRunningProcesses, h)
+    return tuple(int(p.pid) for p in [*compute, *graphics])
+
+
+def _throughput(counter: int) -> Callable[[Handle], int]:
+    """One direction of the GPU's PCIe throughput (KB/s over a 20 ms sample)."""
+    def read(h: Handle) -> int:
+        return int(_call(pynvml.nvmlDeviceGetPcieThroughput, h, counter))
+    return read
+
+
+def _or_none(read: Callable[[Handle], T], handle: Handle, problems: list[str]) -> T | None:
+    """`read(handle)`, or None with the reason appended to `problems`."""
+    try:
+        return read(handle)
+    except (_Lost, _Unreadable) as exc:
+        problems.append(_reason(exc))
+        return None
+
+
+def _reason(exc: _Lost | _Unreadable) -> str:
+    return exc.reading.reason if isinstance(exc, _Unreadable) else str(exc)
+
+
 _PROPERTIES: dict[str, Callable[[Handle], Any]] = {
     "mig_mode": _mig_mode,
     "remapped": _remapped,
@@ -413,6 +442,25 @@ class NvmlReader:
         if all(found):  # cache only a complete identity; retry the rest next pass
             self._identity[index] = found
         return found
+
+    # -- what uses a GPU now (the pciebw check's busy test, checks.busy) -------------
+
+    def activity(self, pci_bus_id: str) -> GpuActivity:
+        """The processes on the GPU at `pci_bus_id` and its PCIe traffic, now. Never
+        raises: what cannot be read is None, `problem` saying why."""
+        with self._lock:
+            error = self._ensure_init()
+            if error:
+                return GpuActivity(None, None, None, error)
+            try:
+                handle = _call(pynvml.nvmlDeviceGetHandleByPciBusId, pci_bus_id)
+            except (_Lost, _Unreadable) as exc:
+                return GpuActivity(None, None, None, _reason(exc))
+            problems: list[str] = []
+            pids = _or_none(_pids, handle, problems)
+            rx = _or_none(_throughput(pynvml.NVML_PCIE_UTIL_RX_BYTES), handle, problems)
+            tx = _or_none(_throughput(pynvml.NVML_PCIE_UTIL_TX_BYTES), handle, problems)
+            return GpuActivity(pids, rx, tx, "; ".join(dict.fromkeys(problems)))
 
     # -- XID events ----------------------------------------------------------------
 

@@ -16,21 +16,33 @@ Theoretical unidirectional rate = GT/s per lane x lanes x encoding efficiency / 
     PCI-SIG publishes, 128 and 256 GB/s at x16; FLIT framing costs a few percent,
     which `min_fraction` absorbs).
 
-The measurement sits behind `BandwidthProbe`: `CudaBandwidthProbe` drives the CUDA
-driver (checks.cuda); tests and the simulator build the check with another
-(`Probes.bandwidth`, checks.probes).
+The measurement runs in a short-lived child process per GPU (checks.pciebw_probe,
+`Probes.bandwidth`), under `probe_timeout_s`: the agent never holds a CUDA context.
 A probe error is UNKNOWN for that GPU, a driver that cannot be used at all is
 UNKNOWN for the whole check: never a PASS.
+
+Never a finding from a disturbed measurement (checks.busy): NVML is asked what uses
+the GPU before the copy (a busy GPU is not measured at all, so the job is not
+disturbed either) and after it (a GPU that became busy meanwhile: the measurement is
+discarded). Either way the GPU is SKIPPED "busy: <evidence>; not judged". A busy GPU
+is tried again within the run, `busy_retry_s` later, then twice that, up to
+`busy_retries` times while the run's deadline leaves room; a GPU still busy waits
+for the next scheduled run. Each GPU's row carries `last_judged`, when this process
+last judged a measurement of it, so a GPU that stays busy for a day shows. With
+`free_gpus_only`, nothing is measured while any pod on the node holds a GPU.
 """
 
 from __future__ import annotations
 
-import ctypes
-from collections.abc import Callable, Mapping
+import math
+import time
+from collections.abc import Mapping, Sequence
 from contextlib import suppress
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import anyio
+import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
 
 from checks.base import (
@@ -40,15 +52,18 @@ from checks.base import (
     Entity,
     Measure,
     ResultBuilder,
+    Severity,
     measures,
 )
-from checks.cuda import CUDA_LIBRARY, CudaDriver, CudaError, CudaUnavailable
+from checks.busy import Assessment, assess
 from checks.gpucheck import GpuCheck, gpu_entity, unwrap
-from checks.probes import Bandwidth, BandwidthProbe, Probes
+from checks.nvml_reader import NvmlReader
+from checks.pciebw_probe import ChildBandwidthProbe, ProbeError, ProbeUnavailable, measure_within
+from checks.probes import ActivityReader, Bandwidth, BandwidthProbe, GpuActivity, Probes
 from checks.snapshot import GpuSnapshot, NodeSnapshot, PcieLink
 
-GB = 1e9  # PCIe rates are decimal gigabytes per second
 MIB = 1 << 20
+NOT_JUDGED = "no GPU judged (each GPU's row says why)"
 
 # Generation -> (GT/s per lane, encoding efficiency). See the module docstring.
 PCIE_GENERATIONS: dict[int, tuple[float, float]] = {
@@ -72,55 +87,27 @@ def link_rate_gbps(gen: int, width: int) -> float:
     return gts * width * encoding / 8
 
 
-class ProbeError(Exception):
-    """This GPU could not be measured; `reason` says why."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class ProbeUnavailable(ProbeError):
-    """No GPU on this node can be measured (no CUDA driver, cuInit failed)."""
-
-
-class CudaBandwidthProbe:
-    """The real probe: pinned copies through the CUDA driver API (checks.cuda).
-
-    The driver is opened on first use, in the worker thread, and kept; a driver that
-    could not be opened is tried again on the next measurement."""
-
-    def __init__(
-        self, library: str = CUDA_LIBRARY, loader: Callable[[str], Any] = ctypes.CDLL
-    ) -> None:
-        self._library = library
-        self._loader = loader
-        self._driver: CudaDriver | None = None
-
-    def measure(self, pci_bus_id: str, size_bytes: int, iterations: int) -> Bandwidth:
-        try:
-            h2d_s, d2h_s = self._open().copy_seconds(pci_bus_id, size_bytes, iterations)
-        except CudaUnavailable as exc:
-            raise ProbeUnavailable(str(exc)) from exc
-        except CudaError as exc:
-            raise ProbeError(str(exc)) from exc
-        moved = size_bytes * iterations / GB
-        return Bandwidth(moved / h2d_s, moved / d2h_s)
-
-    def _open(self) -> CudaDriver:
-        if self._driver is None:
-            self._driver = CudaDriver(self._library, self._loader)
-        return self._driver
-
-
 class PcieBwParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     min_fraction: float = Field(
         0.7, gt=0, le=1, description="pass when both directions reach this share of the link"
     )
-    size_mib: int = Field(256, ge=1, le=4096, description="bytes per copy, in MiB")
+    size_mib: int = Field(64, ge=1, le=4096, description="bytes per copy, in MiB")
     iterations: int = Field(5, ge=1, le=100, description="timed copies per direction")
+    probe_timeout_s: float = Field(
+        30.0, gt=0, le=600, description="one GPU's measurement, child start to answer; "
+        "past it the child is killed and the GPU is UNKNOWN")
+    busy_gbps: float = Field(
+        1.0, gt=0, description="PCIe traffic of others, in either direction, that makes a "
+        "GPU busy (not judged)")
+    busy_retries: int = Field(
+        2, ge=0, le=10, description="times a busy GPU is tried again within one run")
+    busy_retry_s: float = Field(
+        10.0, ge=0, le=600, description="wait before the first try again; doubles each time")
+    free_gpus_only: bool = Field(
+        False, description="measure nothing while any pod on the node holds a GPU (pods "
+        "do not say which GPU they hold)")
 
 
 class PcieBwCheck(GpuCheck[PcieBwParams]):
@@ -133,29 +120,39 @@ class PcieBwCheck(GpuCheck[PcieBwParams]):
                   "in GB/s.", "direction", {"h2d": "h2d_gbps", "d2h": "d2h_gbps"}),
         Measure("healthd_gpu_pcie_link_bandwidth_gbps", "GB/s the current PCIe link can carry.",
                 "link_gbps"),
+        Measure("healthd_gpu_pcie_bandwidth_last_judged_timestamp_seconds",
+                "When pciebw last judged a measurement of the GPU (Unix time); a busy GPU "
+                "is not judged.", "last_judged"),
     )
     AUTOPILOT: ClassVar[AutopilotGauge | None] = AutopilotGauge("pciebw", value="h2d_gbps")
     CODES: ClassVar[tuple[str, ...]] = ("PCIE_BW_LOW", "GPU_MISSING")
     Params: ClassVar[type[BaseModel]] = PcieBwParams
     DEFAULT_INTERVAL_S: ClassVar[float] = 3600.0
     INPUTS: ClassVar[frozenset[str] | None] = frozenset({"nvml", "pciebw"})
-    DEFAULT_TIMEOUT_S: ClassVar[float] = 120.0  # ~2 s per GPU; slack for a slow link
+    # ~2 s per GPU in its child, plus the busy retries' waits (10 + 20 s by default)
+    DEFAULT_TIMEOUT_S: ClassVar[float] = 120.0
 
     def __init__(self, params: BaseModel | Mapping[str, Any] | None = None, *,
                  probes: Probes | None = None) -> None:
         super().__init__(params, probes=probes)
-        self._cuda_probe: CudaBandwidthProbe | None = None
+        self._nvml: NvmlReader | None = None  # opened on first use, kept across runs
+        self._last_judged: dict[str, float] = {}  # GPU UUID -> when last judged
 
     async def run(self, ctx: CheckContext) -> CheckResult:
         try:
-            return await super().run(ctx)
+            result = await super().run(ctx)
         except ProbeUnavailable as exc:
             return CheckResult.unknown(self.NAME, exc.reason)
+        if result.status is Severity.SKIPPED and result.entities and not result.reason:
+            return replace(result, reason=NOT_JUDGED)  # a SKIPPED check says why
+        return result
 
     async def examine(
         self, snapshot: NodeSnapshot, ctx: CheckContext, builder: ResultBuilder
     ) -> None:
         probe = self._probe()
+        holders = await self._gpu_holders()
+        links: dict[int, PcieLink | None] = {}
         for gpu in snapshot.gpus:
             entity = gpu_entity(gpu)
             if gpu.lost:
@@ -163,8 +160,18 @@ class PcieBwCheck(GpuCheck[PcieBwParams]):
             elif gpu.mig_enabled:
                 builder.skip(entity, "MIG enabled: the whole GPU cannot be measured")
                 builder.seen(entity, mig=True)
+            elif holders:
+                builder.skip(entity, f"{holders}; not measured (free_gpus_only)")
             else:
-                await self._examine_gpu(probe, gpu, entity, builder)
+                links[gpu.index] = self._link(gpu, entity, builder)
+        busy = await self._measure_while_idle(
+            probe, [g for g in snapshot.gpus if g.index in links], links, builder)
+        for gpu, seen in busy:
+            self._skip_busy(gpu, seen, builder)
+        for gpu in snapshot.gpus:
+            self._report_last_judged(gpu, builder)
+
+    # -- the stand-ins --------------------------------------------------------------
 
     def _probe(self) -> BandwidthProbe:
         given = self.probes.bandwidth
@@ -172,33 +179,104 @@ class PcieBwCheck(GpuCheck[PcieBwParams]):
             return given
         if given is not None:
             raise ProbeUnavailable(f"bandwidth probe {type(given).__name__} has no measure()")
-        if self._cuda_probe is None:  # kept across runs: the driver opens once
-            self._cuda_probe = CudaBandwidthProbe()
-        return self._cuda_probe
+        return ChildBandwidthProbe()
 
-    async def _examine_gpu(
-        self, probe: BandwidthProbe, gpu: GpuSnapshot, entity: Entity, builder: ResultBuilder
-    ) -> None:
+    def _activity_reader(self) -> ActivityReader:
+        if self.probes.gpu_activity is not None:
+            return self.probes.gpu_activity
+        if self._nvml is None:
+            self._nvml = NvmlReader()
+        return self._nvml
+
+    async def _activity(self, gpu: GpuSnapshot) -> GpuActivity:
+        return await anyio.to_thread.run_sync(self._activity_reader().activity, gpu.pci_bus_id)
+
+    async def _gpu_holders(self) -> str:
+        """With free_gpus_only: why nothing may be measured ("" when it may)."""
+        if not self.settings.free_gpus_only:
+            return ""
+        if self.probes.gpu_pods is None:
+            return "which pods hold GPUs is not known here"
+        try:
+            pods: Sequence[str] = await self.probes.gpu_pods()
+        except Exception as exc:  # any failure to list: not proven free, so not measured
+            return f"cannot list the pods holding GPUs: {exc}"
+        if not pods:
+            return ""
+        shown = ", ".join(list(pods)[:3]) + (", ..." if len(pods) > 3 else "")
+        return f"pods hold GPUs on this node ({len(pods)}: {shown})"
+
+    # -- measuring ------------------------------------------------------------------
+
+    def _link(self, gpu: GpuSnapshot, entity: Entity, builder: ResultBuilder) -> PcieLink | None:
         builder.seen(entity)
         link = unwrap(gpu.pcie, "PCIe link", entity, builder)
         if link is not None and not _describe_link(link, entity, builder):
-            link = None
+            return None
+        return link
+
+    async def _measure_while_idle(
+        self, probe: BandwidthProbe, gpus: list[GpuSnapshot],
+        links: Mapping[int, PcieLink | None], builder: ResultBuilder,
+    ) -> list[tuple[GpuSnapshot, Assessment]]:
+        """Measure every GPU; those found busy are tried again after a wait that
+        doubles, while the retries and the run's deadline allow. Returns the GPUs still
+        busy at the end, with what made them busy."""
+        wait = self.settings.busy_retry_s
+        busy: list[tuple[GpuSnapshot, Assessment]] = []
+        for attempt in range(self.settings.busy_retries + 1):
+            if attempt:
+                if not self._time_left_for(wait):
+                    break
+                await anyio.sleep(wait)
+                wait *= 2
+            busy = []
+            for gpu in gpus:
+                seen = await self._examine_gpu(probe, gpu, links[gpu.index], builder)
+                if seen is not None:
+                    busy.append((gpu, seen))
+            gpus = [gpu for gpu, _ in busy]
+            if not gpus:
+                break
+        return busy
+
+    def _time_left_for(self, wait: float) -> bool:
+        """Whether the run's deadline leaves room to wait and measure once more."""
+        deadline = anyio.current_effective_deadline()
+        return math.isinf(deadline) or (
+            deadline - anyio.current_time() > wait + self.settings.probe_timeout_s)
+
+    async def _examine_gpu(self, probe: BandwidthProbe, gpu: GpuSnapshot,
+                           link: PcieLink | None, builder: ResultBuilder) -> Assessment | None:
+        """Measure one GPU unless it is busy; judge what was measured. Returns what
+        made the GPU busy (before or during the copy), None when it was not."""
+        before = self._assess(await self._activity(gpu))
+        if before.busy:
+            return before
+        entity = gpu_entity(gpu)
         measured = await self._measure(probe, gpu, entity, builder)
         if measured is None:
-            return
+            return None
+        after = self._assess(await self._activity(gpu), measured.pid)
+        if after.busy:
+            return after
         builder.seen(entity, h2d_gbps=_r(measured.h2d_gbps), d2h_gbps=_r(measured.d2h_gbps))
         if link is not None:
-            self._judge_bandwidth(measured, link, entity, builder)
+            unsure = before.unsure or after.unsure
+            if self._judge_bandwidth(measured, link, entity, builder, unsure):
+                self._last_judged[gpu.uuid or gpu.pci_bus_id] = time.time()
+        return None
+
+    def _assess(self, activity: GpuActivity, probe_pid: int = 0) -> Assessment:
+        return assess(activity, traffic_gbps=self.settings.busy_gbps, probe_pid=probe_pid)
 
     async def _measure(
         self, probe: BandwidthProbe, gpu: GpuSnapshot, entity: Entity, builder: ResultBuilder
     ) -> Bandwidth | None:
         size = self.settings.size_mib * MIB
         try:
-            measured = await anyio.to_thread.run_sync(
-                probe.measure, gpu.pci_bus_id, size, self.settings.iterations,
-                abandon_on_cancel=True,  # a copy hung on a broken GPU must not outlive the deadline
-            )
+            measured = await measure_within(probe, gpu.pci_bus_id, size, self.settings.iterations,
+                                            self.settings.probe_timeout_s)
         except ProbeUnavailable:
             raise
         except ProbeError as exc:
@@ -212,14 +290,21 @@ class PcieBwCheck(GpuCheck[PcieBwParams]):
             return None
         return measured
 
-    def _judge_bandwidth(
-        self, measured: Bandwidth, link: PcieLink, entity: Entity, builder: ResultBuilder
-    ) -> None:
+    # -- judging --------------------------------------------------------------------
+
+    def _judge_bandwidth(self, measured: Bandwidth, link: PcieLink, entity: Entity,
+                         builder: ResultBuilder, unsure: str) -> bool:
+        """PASS or PCIE_BW_LOW; True when judged. A low rate from a GPU NVML could not
+        say was idle is not judged: another workload may have shared the link."""
         rate = link_rate_gbps(link.gen, link.width)
         expected = self.settings.min_fraction * rate
         directions = {"H2D": measured.h2d_gbps, "D2H": measured.d2h_gbps}
         if all(value >= expected for value in directions.values()):
-            return
+            return True
+        if unsure:
+            builder.skip(entity, f"measured low, but whether another workload shared the link "
+                         f"cannot be told ({unsure}); not judged")
+            return False
         shown = ", ".join(
             f"{name} {value:.1f} GB/s{' (low)' if value < expected else ''}"
             for name, value in directions.items()
@@ -235,6 +320,18 @@ class PcieBwCheck(GpuCheck[PcieBwParams]):
             expected_d2h_gbps=_r(expected),
             link_gbps=_r(rate),
         )
+        return True
+
+    def _skip_busy(self, gpu: GpuSnapshot, seen: Assessment, builder: ResultBuilder) -> None:
+        entity = gpu_entity(gpu)
+        builder.skip(entity, f"busy: {seen.evidence()}; not judged")
+        builder.seen(entity, other_processes=seen.processes,
+                     other_h2d_gbps=_r(seen.h2d_gbps), other_d2h_gbps=_r(seen.d2h_gbps))
+
+    def _report_last_judged(self, gpu: GpuSnapshot, builder: ResultBuilder) -> None:
+        when = self._last_judged.get(gpu.uuid or gpu.pci_bus_id)
+        if when is not None:
+            builder.seen(gpu_entity(gpu), last_judged=when)
 
 
 def _describe_link(link: PcieLink, entity: Entity, builder: ResultBuilder) -> bool:

@@ -6,13 +6,14 @@ A check gets its stand-ins when it is built (`BaseCheck(params, probes=...)`), n
 through the per-round context: the agent, `healthd check`, `healthd record` and the
 simulator each build their checks with the probes they have. A field left None is
 the real thing, which the check that uses it opens itself (netlink, ICMP, the CUDA
-driver, sysfs, the clock since boot).
+driver in a child process, NVML, sysfs, the clock since boot).
 
 The real implementations live beside the check that uses them (`checks.nic`'s
-`NetlinkReader`, `checks.ping`'s `IcmpProber`, `checks.pciebw`'s
-`CudaBandwidthProbe`, `checks.rdma`'s `SysfsRdmaReader`, `checks.aer`'s
-`SysfsAerReader`, `checks.kernel_log`'s `KernelLog`, `checks.snapshot`'s
-`NvmlGpuSource`), or in healthd (the pvc check's
+`NetlinkReader`, `checks.ping`'s `IcmpProber`, `checks.pciebw_probe`'s
+`ChildBandwidthProbe`, `checks.nvml_reader`'s `NvmlReader`, `checks.rdma`'s
+`SysfsRdmaReader`, `checks.aer`'s `SysfsAerReader`, `checks.kernel_log`'s
+`KernelLog`, `checks.snapshot`'s `NvmlGpuSource`), or in healthd (the pvc check's
+API, the node's GPU pods:
 Kubernetes API). A check that needs a new stand-in adds its protocol and a `Probes`
 field here and reads it in its own module: the check contract (checks.base) does
 not change.
@@ -23,7 +24,7 @@ snapshot's types appear in annotations only (an import-linter contract keeps it 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -80,18 +81,47 @@ class LinkReader(Protocol):
 
 @dataclass(frozen=True)
 class Bandwidth:
-    """Measured copy bandwidth in GB/s, each direction."""
+    """Measured copy bandwidth in GB/s, each direction; `pid`: the process that made
+    the copies (0: not known), which NVML may still list on the GPU just after."""
 
     h2d_gbps: float
     d2h_gbps: float
+    pid: int = 0
 
 
 @runtime_checkable
 class BandwidthProbe(Protocol):
-    """Measures host<->device bandwidth of one GPU. Blocking: the check calls it in a
-    worker thread, one GPU at a time."""
+    """Measures host<->device bandwidth of one GPU (`checks.pciebw_probe`'s child
+    process is the real one). The check awaits it one GPU at a time, under a
+    deadline: cancelled, it must leave nothing running."""
 
-    def measure(self, pci_bus_id: str, size_bytes: int, iterations: int) -> Bandwidth: ...
+    async def measure(self, pci_bus_id: str, size_bytes: int, iterations: int) -> Bandwidth: ...
+
+
+@dataclass(frozen=True)
+class GpuActivity:
+    """What NVML says is using one GPU now (checks.busy judges it): the processes
+    holding a context on it, compute and graphics (`pids`; None: NVML could not list
+    them), and the bytes its PCIe link carries per second, as KB/s over NVML's 20 ms
+    sample: received by the GPU (`rx_kbps`, host-to-device) and sent (`tx_kbps`);
+    None: unreadable. `problem` says what could not be read."""
+
+    pids: tuple[int, ...] | None
+    rx_kbps: int | None
+    tx_kbps: int | None
+    problem: str = ""
+
+
+class ActivityReader(Protocol):
+    """Reads a GPU's activity by its PCI bus id (`checks.nvml_reader.NvmlReader` is
+    the real one). Blocking: the check calls it in a worker thread."""
+
+    def activity(self, pci_bus_id: str) -> GpuActivity: ...
+
+
+GpuPods = Callable[[], Awaitable[Sequence[str]]]
+"""The pods on this node that hold GPUs (`namespace/name`); raises when it cannot
+tell. healthd lists them through the Kubernetes API (healthd.kube.pods)."""
 
 
 # -- ICMP echo (the ping check) --------------------------------------------------------
@@ -327,10 +357,13 @@ Uptime = Callable[[], float]
 @dataclass(frozen=True)
 class Probes:
     """The stand-ins checks are built with; None: the real thing (the CUDA bandwidth
-    probe, netlink, ICMP, the boot clock, sysfs), or, for the kernel log and the pvc
-    API, nothing: the check says it cannot tell rather than invent a result."""
+    probe, NVML's view of a GPU's activity, netlink, ICMP, the boot clock, sysfs), or,
+    for the kernel log, the pvc API and the node's GPU pods, nothing: the check says it
+    cannot tell rather than invent a result."""
 
     bandwidth: BandwidthProbe | None = None  # pciebw
+    gpu_activity: ActivityReader | None = None  # pciebw: NVML, read around each copy
+    gpu_pods: GpuPods | None = None  # pciebw's free_gpus_only: None, not known here
     links: LinkReader | None = None  # nic
     ping: Prober | None = None  # ping
     uptime: Uptime | None = None  # fabric

@@ -170,10 +170,12 @@ class Agent:
 
     async def _run_with(self, kube: Kube, gpus: NvmlGpuSource) -> None:
         self.inputs.gpus = gpus
-        # The pvc check's API needs the live client, which exists only from here: every
-        # check is planned below (the schedule, events, on-demand requests), so each is
-        # built with it, and no context or check changes after it is built.
-        self.probes = replace(self.probes, pvc_api=KubeProbeApi.factory(kube, self.keys))
+        # The pvc check's API and the node's GPU pods (pciebw's free_gpus_only) need the
+        # live client, which exists only from here: every check is planned below (the
+        # schedule, events, on-demand requests), so each is built with them, and no
+        # context or check changes after it is built.
+        self.probes = replace(self.probes, pvc_api=KubeProbeApi.factory(kube, self.keys),
+                              gpu_pods=partial(gpu_pods, kube, self.node, self.keys))
         self.parts = parts = self._build(kube)
         jobs = self._jobs()
         activities = self._activities(parts, gpus, jobs)

@@ -33,6 +33,7 @@ dcgm-exporter's labels so joins with it work: `gpu` (index), `UUID`, `pci_bus_id
 | `healthd_node_flaps_total` | counter | node | findings that came back after one or more clean runs (each makes the finding's hold four times as long, up to the cap) |
 | `healthd_gpu_pcie_bandwidth_gbps` | gauge | GPU labels, direction | measured copy bandwidth in GB/s, `h2d` / `d2h` (pciebw) |
 | `healthd_gpu_pcie_link_bandwidth_gbps` | gauge | GPU labels | GB/s the current PCIe link can carry (pciebw) |
+| `healthd_gpu_pcie_bandwidth_last_judged_timestamp_seconds` | gauge | GPU labels | when pciebw last judged a measurement of the GPU (Unix time); a busy GPU is not judged, so `time() - this` shows one not judged for a day; absent until this agent has judged the GPU (pciebw) |
 | `healthd_gpu_pcie_link_generation` | gauge | GPU labels, link | PCIe generation, `current` / `max` (pcie) |
 | `healthd_gpu_pcie_link_width` | gauge | GPU labels, link | PCIe lanes, `current` / `max` (pcie) |
 | `healthd_gpu_pcie_aer_errors` | gauge | GPU labels, kind, where | PCIe AER errors the kernel counted since boot, `kind` `correctable` / `nonfatal` / `fatal`, `where` `gpu` (the GPU's own function) or `upstream` (the bridges above it, summed) (aer) |

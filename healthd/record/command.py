@@ -26,7 +26,8 @@ from checks.aer import AerParams, SysfsAerReader
 from checks.base import boot_uptime
 from checks.dcgm import DcgmCheck, DcgmParams
 from checks.kernel_log import KernelLog
-from checks.pciebw import MIB, CudaBandwidthProbe, PcieBwCheck
+from checks.pciebw import MIB, PcieBwCheck
+from checks.pciebw_probe import ChildBandwidthProbe
 from checks.probes import Probes
 from checks.rdma import RdmaParams, SysfsRdmaReader
 from healthd import __version__
@@ -118,7 +119,7 @@ async def _record(args: argparse.Namespace, includes: Includes, config: Config) 
     dcgm_params = cast(DcgmParams, cast(DcgmCheck, config.build_check("dcgm", "1")).params)
     dcgm_command: list[str] = list(dcgm_params.command)
     node, expected = config.node_name or "", config.expected_gpus
-    probes = Probes(bandwidth=CudaBandwidthProbe(), uptime=boot_uptime, kernel_log=KernelLog(),
+    probes = Probes(bandwidth=ChildBandwidthProbe(), uptime=boot_uptime, kernel_log=KernelLog(),
                     rdma=SysfsRdmaReader(Path(
                         cast(RdmaParams, config.build_check("rdma").params).sysfs_root)),
                     aer=SysfsAerReader(Path(
@@ -143,6 +144,7 @@ async def _record(args: argparse.Namespace, includes: Includes, config: Config) 
             expected_gpus=expected, probes=probes,
             bandwidth_size_bytes=bandwidth.size_mib * MIB,
             bandwidth_iterations=bandwidth.iterations,
+            bandwidth_timeout_s=bandwidth.probe_timeout_s, busy_gbps=bandwidth.busy_gbps,
             dcgm_command=dcgm_command if includes.dcgm else None)
     spec = machine_spec(recording, redact=args.redact)
     _validate(spec)

@@ -15,6 +15,9 @@ How readings map to the spec:
   `nvlinks: 0`, `ecc_enabled: false`);
 - XIDs seen during the window are `xid` entries at `REPLAYED_XID_AT_S`; fewer GPUs
   than expected are `missing` GPUs at the end;
+- what else uses a GPU (the processes NVML lists on it, its PCIe traffic) is a
+  `busy` entry; a busy GPU's bandwidth is not measured (the check would not judge
+  it, and the copies would disturb the job);
 - NVLink fabric info is the `fabric` section (the first registered GPU's) plus
   per-GPU `fabric` faults; the time since boot, in whole minutes, is `uptime_s`;
 - the kernel log's XID and SXID lines are `kernel_log`, the RDMA ports' sysfs
@@ -38,9 +41,10 @@ import anyio.to_thread
 
 from checks.aer import sysfs_address
 from checks.base import boot_uptime
+from checks.busy import KB, assess
 from checks.kernel_log import LogUnavailable
-from checks.nvml_reader import ECC_DISABLED, RECOVERY_ACTION_FIELD
-from checks.pciebw import ProbeError
+from checks.nvml_reader import ECC_DISABLED, RECOVERY_ACTION_FIELD, NvmlReader
+from checks.pciebw_probe import ProbeError, measure_within
 from checks.power import CLOCK_EVENT_BITS, GPU_IDLE
 from checks.probes import (
     AER_KINDS,
@@ -49,6 +53,7 @@ from checks.probes import (
     AerReader,
     Bandwidth,
     BandwidthProbe,
+    GpuActivity,
     KernelLogSource,
     PciPath,
     Probes,
@@ -100,6 +105,8 @@ class Recording:
     snapshot: NodeSnapshot
     xids: list[XidEvent] = field(default_factory=list)
     bandwidth: dict[int, Bandwidth] = field(default_factory=dict)
+    activity: dict[int, GpuActivity] = field(default_factory=dict)  # what else uses each GPU
+    busy_not_measured: list[int] = field(default_factory=list)  # GPUs too busy to measure
     dcgm: DcgmRecording | None = None
     expected_gpus: int | None = None
     uptime_s: float | None = None  # seconds since boot when read (the fabric's grace)
@@ -114,30 +121,38 @@ async def read_machine(
     xid_window_s: float,
     expected_gpus: int | None = None,
     probes: Probes | None = None,
-    bandwidth_size_bytes: int = 256 * 2**20,
+    bandwidth_size_bytes: int = 64 * 2**20,
     bandwidth_iterations: int = 5,
+    bandwidth_timeout_s: float = 30.0,
+    busy_gbps: float = 1.0,
     dcgm_command: Sequence[str] | None = None,
 ) -> Recording:
-    """One NVML pass, the XIDs of the window, and what was asked for besides: what
-    the checks' `probes` read (the bandwidth only with a probe; the kernel log and
-    the RDMA ports only with a source for them)."""
+    """One NVML pass, what else uses each GPU, the XIDs of the window, and what was
+    asked for besides: what the checks' `probes` read (the bandwidth only with a
+    probe, and only of GPUs not busy by `busy_gbps`; the kernel log and the RDMA ports
+    only with a source for them)."""
     probes = probes or Probes()
     gpus = NvmlGpuSource()
     try:
         snapshot = await gpus.snapshot()
         if snapshot.driver_error:
             raise NothingToRecord(snapshot.driver_error)
+        activity = await _activity(snapshot, gpus.reader)
         xids = await gpus.xid_events(xid_window_s)
     finally:
         await gpus.aclose()
-    recording = Recording(node, snapshot, xids, expected_gpus=expected_gpus,
+    recording = Recording(node, snapshot, xids, activity=activity, expected_gpus=expected_gpus,
                           uptime_s=(probes.uptime or boot_uptime)(),
                           kernel_log=_logged_lines(probes.kernel_log),
                           rdma=_rdma_ports(probes.rdma),
                           aer=_pci_paths(probes.aer, snapshot))
     if probes.bandwidth is not None:
-        recording.bandwidth = await _measure_all(snapshot, probes.bandwidth,
-                                                 bandwidth_size_bytes, bandwidth_iterations)
+        recording.busy_not_measured = [
+            index for index, seen in activity.items()
+            if assess(seen, traffic_gbps=busy_gbps).busy]
+        idle = [gpu for gpu in snapshot.gpus if gpu.index not in recording.busy_not_measured]
+        recording.bandwidth = await _measure_all(idle, probes.bandwidth, bandwidth_size_bytes,
+                                                 bandwidth_iterations, bandwidth_timeout_s)
     if dcgm_command is not None:
         recording.dcgm = await read_dcgm(dcgm_command)
     return recording
@@ -175,17 +190,23 @@ def _pci_paths(reader: AerReader | None, snapshot: NodeSnapshot) -> dict[str, Pc
     return paths if any(not path.missing for path in paths.values()) else None
 
 
-async def _measure_all(snapshot: NodeSnapshot, probe: BandwidthProbe, size_bytes: int,
-                       iterations: int) -> dict[int, Bandwidth]:
+async def _activity(snapshot: NodeSnapshot, reader: NvmlReader) -> dict[int, GpuActivity]:
+    """What NVML says uses each readable GPU now (processes, PCIe traffic)."""
+    return {gpu.index: await anyio.to_thread.run_sync(reader.activity, gpu.pci_bus_id)
+            for gpu in snapshot.gpus if not gpu.lost}
+
+
+async def _measure_all(gpus: Sequence[GpuSnapshot], probe: BandwidthProbe, size_bytes: int,
+                       iterations: int, timeout_s: float) -> dict[int, Bandwidth]:
     """What the pciebw probe measures per GPU; GPUs it cannot measure are left out
     (a lost or MIG GPU fails the same way again on replay)."""
     measured: dict[int, Bandwidth] = {}
-    for gpu in snapshot.gpus:
+    for gpu in gpus:
         if gpu.lost or gpu.mig_enabled:
             continue
         try:
-            measured[gpu.index] = await anyio.to_thread.run_sync(
-                probe.measure, gpu.pci_bus_id, size_bytes, iterations)
+            measured[gpu.index] = await measure_within(probe, gpu.pci_bus_id, size_bytes,
+                                                       iterations, timeout_s)
         except ProbeError:
             continue
     return measured
@@ -258,7 +279,7 @@ def sources(recording: Recording) -> list[str]:
     """What the recording holds, by the names checks give their INPUTS: a replay
     runs only the checks whose inputs are all here (healthd.sim.recorded)."""
     held = ["nvml", "xid"]  # one NVML pass and the window's XIDs, always
-    if recording.bandwidth:
+    if recording.bandwidth or recording.busy_not_measured:  # busy GPUs replay as busy
         held.append("pciebw")
     if recording.dcgm is not None and recording.dcgm.stdout is not None:
         held.append("dcgm")
@@ -363,11 +384,27 @@ def _gpu_entry(gpu: GpuSnapshot, base: dict[str, Any], errors: list[dict[str, st
     measured = recording.bandwidth.get(gpu.index)
     if measured is not None:
         entry["pcie_bandwidth_gbps"] = {"h2d": measured.h2d_gbps, "d2h": measured.d2h_gbps}
+    busy = _busy_entry(recording.activity.get(gpu.index))
+    if busy:
+        entry["busy"] = busy
     xids = [{"code": e.xid, "at": REPLAYED_XID_AT_S} for e in recording.xids
             if _event_on(e, gpu)]
     if xids:
         entry["xid"] = xids
     return {"gpu": gpu.index, **entry} if entry else {}
+
+
+def _busy_entry(activity: GpuActivity | None) -> dict[str, Any]:
+    """The `busy` fault that makes NVML show this again: the processes it listed and
+    the traffic, to 0.1 GB/s (an idle link's housekeeping rounds away). Unreadable
+    parts replay as idle."""
+    if activity is None:
+        return {}
+    rx, tx = (round((kbps or 0) * KB / 1e9, 1) for kbps in (activity.rx_kbps, activity.tx_kbps))
+    processes = len(activity.pids or ())
+    if not (processes or rx or tx):
+        return {}
+    return {"processes": processes, "pcie_rx_gbps": rx, "pcie_tx_gbps": tx}
 
 
 def _readings(gpu: GpuSnapshot) -> list[tuple[str, Reading[Any]]]:

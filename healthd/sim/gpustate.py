@@ -10,7 +10,7 @@ from the ctypes plumbing, makes them easy to read and to document:
 - several active faults on one GPU: flags (`lost`, `missing`, `mig`) are OR-ed, lists
   (clock event reasons, NVLinks down) are joined, field errors are merged over the
   machine's, and for the structured fields (remapped rows, power, PCIe link, ECC,
-  bandwidth, recovery action) the fault listed last wins;
+  bandwidth, recovery action, busy) the fault listed last wins;
 - the PCIe replay counter is a monotonic counter: it rises at `pcie_replay_rate`
   from `at` and keeps its last value after `until` (a counter never goes back).
 """
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 import pynvml
 
 from healthd.sim.machine import (
+    BusyFault,
     ClockReason,
     EccFault,
     FabricSpec,
@@ -81,6 +82,7 @@ class GpuState:
     fabric: FabricSpec | None = None  # None: no NVLink fabric (NOT_SUPPORTED)
     recovery_action: int = pynvml.NVML_GPU_RECOVERY_ACTION_NONE  # NVML field 230
     field_errors: Mapping[int, str] = field(default_factory=dict)  # field id -> NVML error
+    busy: BusyFault | None = None  # another workload's processes and PCIe traffic
 
 
 def is_active(fault: GpuFault, t: float) -> bool:
@@ -147,6 +149,8 @@ def _merge(state: GpuState, active: Sequence[GpuFault]) -> GpuState:
             changes["power"] = fault.power
         if fault.ecc is not None:
             changes["ecc"] = fault.ecc
+        if fault.busy is not None:
+            changes["busy"] = fault.busy
         if fault.fabric is not None and state.fabric is not None:
             changes["fabric"] = state.fabric.model_copy(
                 update=fault.fabric.model_dump(exclude_none=True))

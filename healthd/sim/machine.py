@@ -196,6 +196,16 @@ class BandwidthSpec(Frozen):
     d2h: float | None = Field(None, gt=0)
 
 
+class BusyFault(Frozen):
+    """Another workload on the GPU, as NVML shows it: the processes holding a context
+    on it, and the PCIe traffic it makes. The simulated copy probe shares the link
+    with that traffic, so it measures less."""
+
+    processes: int = Field(1, ge=0, le=64, description="processes NVML lists on the GPU")
+    pcie_rx_gbps: float = Field(0.0, ge=0, description="host-to-device traffic, GB/s")
+    pcie_tx_gbps: float = Field(0.0, ge=0, description="device-to-host traffic, GB/s")
+
+
 class GpuDefaults(Frozen):
     count: int = Field(8, ge=0, le=64)
     model: str = "NVIDIA H100 80GB HBM3"
@@ -272,6 +282,7 @@ class GpuFault(Frozen):
     pcie_replays: int | None = Field(None, ge=0, description="replay counter value")
     pcie_replay_rate: float = Field(0.0, ge=0, description="replay counter rise per second")
     pcie_bandwidth_gbps: BandwidthSpec | None = None
+    busy: BusyFault | None = Field(None, description="another workload uses the GPU")
     ecc: EccFault | None = None
     nvlink_down: list[int] = []
     lost: bool = Field(False, description="every call on this GPU returns GPU_IS_LOST")

@@ -226,6 +226,43 @@ def _memory(_lib: FakeNvmlLibrary, gpu: GpuState, out: Any) -> None:
     memory.total, memory.used, memory.free = total, used, total - used
 
 
+# -- processes on a GPU: another workload's (a `busy` fault) --------------------------
+
+BUSY_PID_BASE = 40000  # a busy fault's processes: pid 40000 + 100 x GPU + n
+_BUSY_PROCESS_BYTES = 8 << 30
+_NOT_A_MIG_INSTANCE = 0xFFFFFFFF
+
+
+def busy_pids(gpu: GpuState) -> list[int]:
+    """The pids NVML lists on `gpu`: a busy fault's processes, none when idle."""
+    count = gpu.busy.processes if gpu.busy is not None else 0
+    return [BUSY_PID_BASE + 100 * gpu.index + n for n in range(count)]
+
+
+def _list_processes(pids: list[int], count: Any, infos: Any) -> int:
+    """NVML's two-call protocol: too small a `count` answers INSUFFICIENT_SIZE with the
+    number needed; else the array is filled and `count` set."""
+    room = count._obj.value
+    count._obj.value = len(pids)
+    if len(pids) > room or (pids and not infos):
+        return code("INSUFFICIENT_SIZE")
+    for n, pid in enumerate(pids):
+        infos[n].pid = pid
+        infos[n].usedGpuMemory = _BUSY_PROCESS_BYTES
+        infos[n].gpuInstanceId = infos[n].computeInstanceId = _NOT_A_MIG_INSTANCE
+    return SUCCESS
+
+
+@symbol("nvmlDeviceGetComputeRunningProcesses_v3")
+def _compute_processes(_lib: FakeNvmlLibrary, gpu: GpuState, count: Any, infos: Any) -> int:
+    return _list_processes(busy_pids(gpu), count, infos)
+
+
+@symbol("nvmlDeviceGetGraphicsRunningProcesses_v3")
+def _graphics_processes(_lib: FakeNvmlLibrary, _gpu: GpuState, count: Any, infos: Any) -> int:
+    return _list_processes([], count, infos)  # a compute node draws nothing
+
+
 # -- health ------------------------------------------------------------------------
 
 @symbol("nvmlDeviceGetRemappedRows")
@@ -280,6 +317,18 @@ def _pcie_max_gen(_lib: FakeNvmlLibrary, gpu: GpuState, out: Any) -> None:
 @symbol("nvmlDeviceGetMaxPcieLinkWidth")
 def _pcie_max_width(_lib: FakeNvmlLibrary, gpu: GpuState, out: Any) -> None:
     _out(out, gpu.pcie_max_width)
+
+
+@symbol("nvmlDeviceGetPcieThroughput")
+def _pcie_throughput(_lib: FakeNvmlLibrary, gpu: GpuState, counter: Any, out: Any) -> int:
+    """KB/s a busy fault's workload moves (RX: received by the GPU); 0 when idle."""
+    busy = gpu.busy
+    rates = {pynvml.NVML_PCIE_UTIL_RX_BYTES: busy.pcie_rx_gbps if busy else 0.0,
+             pynvml.NVML_PCIE_UTIL_TX_BYTES: busy.pcie_tx_gbps if busy else 0.0}
+    if val(counter) not in rates:
+        return code("INVALID_ARGUMENT")
+    _out(out, round(rates[val(counter)] * 1e6))  # GB/s -> KB/s
+    return SUCCESS
 
 
 @symbol("nvmlDeviceGetPcieReplayCounter")

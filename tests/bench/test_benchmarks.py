@@ -35,6 +35,7 @@ EXPECTED: dict[str, tuple[list[str], set[str], set[str]]] = {
     "flapping": ([], {"blips", "oscillating", "ping_loss", "release_bound_runs"},
                  {"blips_label_changes_per_1000", "oscillating_label_changes_per_1000",
                   "ping_loss_label_changes_per_1000", "ping_loss_raise_runs"}),
+    "pciebw_child": ([], {"size_mib", "cuda_child", "sim_child"}, set()),
     "memory_soak": (["--minutes", "0.5", "--agents", "1"],
                     {"processes", "churn", "agent_slope_tail_median"},
                     {"controller_slope_kib_per_min_tail", "agent-0_slope_kib_per_min_tail"}),
@@ -64,10 +65,10 @@ def runs() -> Iterator[dict[str, subprocess.CompletedProcess[str]]]:
 
 def test_every_benchmark_is_covered() -> None:
     # real_gpu, the real-GPU acceptance run, has its own tests (test_real_gpu.py);
-    # reset_cluster is label_to_reset's cluster and real_api the real control plane's
-    # plumbing, not benchmarks
+    # reset_cluster is label_to_reset's cluster, real_api the real control plane's
+    # plumbing and gpu_load the load real_gpu runs beside pciebw, not benchmarks
     scripts = {p.stem for p in BENCH.glob("*.py")} - {"common", "real_gpu", "reset_cluster",
-                                                       "real_api"}
+                                                       "real_api", "gpu_load"}
     assert scripts == set(EXPECTED)
 
 

@@ -1,6 +1,7 @@
 """bench/real_gpu.py, the real-GPU acceptance run: without a GPU it skips cleanly
 (one JSON object saying why, exit 0); rehearsed on a simulated machine, every step
-runs and the replay of the recording matches the machine."""
+runs, the replay of the recording matches the machine, and pciebw beside a busy GPU 0
+finds nothing."""
 
 from __future__ import annotations
 
@@ -51,8 +52,20 @@ def test_rehearsal_on_a_simulated_vm_runs_every_step() -> None:
     assert [row["ratio"] for row in figures["pciebw"]] == [0.85] * 8  # the sim's 85 %
     assert figures["nvml_round"]["round_ms"]["n"] == 30
     assert figures["agent"]["rss_mib_peak"] > 0
+    # pciebw beside each load on GPU 0: never a finding, GPU 0 not judged
+    for mode in ("h2d", "compute", "both"):
+        said = figures["pciebw_busy"][mode]
+        assert said["codes"] == [] and said["gpu0_status"] == "SKIPPED"
+        assert said["gpu0_reason"].startswith("busy: 1 process")
+    assert goals["pciebw_busy_findings"]["value"] == 0
+    # the agent's memory with pciebw measured (its child: the interpreter, no CUDA here)
+    assert figures["agent_memory"]["pciebw"] == "PASS"
+    assert figures["agent_memory"]["rss_mib_steady"] > 0
+    if not gpu_present():  # the real child, started for real: no driver here
+        assert figures["pciebw_child"]["answers"] == ["CUDA driver not found"]
     assert set(goals) >= {"gpu_tests_failed", "nvml_round_p99_ms", "pciebw_min_ratio",
-                          "agent_rss_mib_peak", "agent_cpu_pct_of_core_steady"}
+                          "pciebw_busy_findings", "agent_rss_mib_peak",
+                          "agent_cpu_pct_of_core_steady"}
 
 
 def test_rehearsal_reads_fabric_state_and_the_kernel_log() -> None:

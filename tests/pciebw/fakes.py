@@ -1,21 +1,31 @@
 """Test doubles for the pciebw check: a bandwidth probe that answers from a table,
-and a fake `libcuda` that keeps count of every resource the real probe takes.
+NVML's view of what uses each GPU, and a fake `libcuda` that keeps count of every
+resource the real child takes.
 
-Both sit at our own seams: `BandwidthProbe` (what the check calls) and the loaded
-driver library (what checks.cuda calls through ctypes).
+All sit at our own seams: `BandwidthProbe` and `ActivityReader` (what the check
+calls) and the loaded driver library (what checks.cuda calls through ctypes).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from checks.probes import Bandwidth
+import anyio
+
+from checks.probes import Bandwidth, GpuActivity
 
 HEALTHY = Bandwidth(52.0, 53.0)  # a Gen5 x16 GPU on a good day
+IDLE = GpuActivity(pids=(), rx_kbps=0, tx_kbps=0)
+
+
+def busy(processes: int = 1, h2d_gbps: float = 0.0, d2h_gbps: float = 0.0) -> GpuActivity:
+    """What NVML shows for a GPU a job uses: its processes and PCIe traffic."""
+    return GpuActivity(pids=tuple(7000 + n for n in range(processes)),
+                       rx_kbps=round(h2d_gbps * 1e6), tx_kbps=round(d2h_gbps * 1e6))
 
 
 @dataclass
@@ -26,7 +36,7 @@ class FakeProbe:
     default: Any = HEALTHY
     calls: list[tuple[str, int, int]] = field(default_factory=list)
 
-    def measure(self, pci_bus_id: str, size_bytes: int, iterations: int) -> Bandwidth:
+    async def measure(self, pci_bus_id: str, size_bytes: int, iterations: int) -> Bandwidth:
         self.calls.append((pci_bus_id, size_bytes, iterations))
         answer = self.answers.get(pci_bus_id, self.default)
         if isinstance(answer, BaseException):
@@ -36,13 +46,29 @@ class FakeProbe:
 
 @dataclass
 class BlockingProbe:
-    """Hangs like a copy to a broken GPU, until released."""
+    """Hangs like a copy to a broken GPU, until released or cancelled."""
 
     release: threading.Event = field(default_factory=threading.Event)
 
-    def measure(self, pci_bus_id: str, size_bytes: int, iterations: int) -> Bandwidth:
-        self.release.wait(10)
+    async def measure(self, pci_bus_id: str, size_bytes: int, iterations: int) -> Bandwidth:
+        while not self.release.is_set():
+            await anyio.sleep(0.01)
         return HEALTHY
+
+
+@dataclass
+class FakeActivity:
+    """NVML's view per PCI bus id: one reading per call, the last one repeated
+    (IDLE when none given). Records every bus id asked about."""
+
+    readings: dict[str, Sequence[GpuActivity]] = field(default_factory=dict)
+    calls: list[str] = field(default_factory=list)
+
+    def activity(self, pci_bus_id: str) -> GpuActivity:
+        seen = self.readings.get(pci_bus_id) or [IDLE]
+        asked = self.calls.count(pci_bus_id)
+        self.calls.append(pci_bus_id)
+        return seen[min(asked, len(seen) - 1)]
 
 
 # Which resource kind each creating call makes, and which call destroys it.

@@ -1,6 +1,6 @@
-"""Judging with a fake probe: pass, low bandwidth on exactly one GPU, probe errors as
-UNKNOWN (never PASS), a degraded link judged against what it carries now, lost and
-MIG GPUs, bad parameters, a hung measurement."""
+"""Judging with a fake probe on idle GPUs: pass, low bandwidth on exactly one GPU,
+probe errors as UNKNOWN (never PASS), a degraded link judged against what it carries
+now, lost and MIG GPUs, bad parameters, a hung measurement. Busy GPUs: test_busy.py."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ import pytest
 
 from checks.base import CheckContext, CheckResult, Severity, run_check
 from checks.catalog import Catalog
-from checks.pciebw import PcieBwCheck, ProbeError, ProbeUnavailable
+from checks.pciebw import PcieBwCheck
+from checks.pciebw_probe import ProbeError, ProbeUnavailable
 from checks.probes import Bandwidth, Probes
 from checks.snapshot import DRIVER_NOT_FOUND, Failed, NodeSnapshot, Ok, PcieLink, Unsupported
 from tests.checks.gpufakes import codes_by_gpu, context, entity_status, healthy_gpu, node, run
 
-from .fakes import BlockingProbe, FakeProbe
+from .fakes import BlockingProbe, FakeActivity, FakeProbe
 
 pytestmark = pytest.mark.anyio
 MIB = 1 << 20
@@ -28,7 +29,8 @@ def bus(index: int) -> str:
 async def judge(
     probe: object, snapshot: NodeSnapshot | None = None, **params: object
 ) -> CheckResult:
-    check = PcieBwCheck(params, probes=Probes(bandwidth=probe))  # type: ignore[arg-type]
+    check = PcieBwCheck(params, probes=Probes(bandwidth=probe,  # type: ignore[arg-type]
+                                              gpu_activity=FakeActivity()))
     return await run(check, context(snapshot or node(count=8)))
 
 
@@ -37,7 +39,7 @@ async def test_healthy_node_passes_with_measured_and_link_rates() -> None:
     result = await judge(probe)
     assert result.status is Severity.PASS and not result.findings
     assert [c[0] for c in probe.calls] == [bus(i) for i in range(8)]  # one GPU at a time
-    assert {c[1:] for c in probe.calls} == {(256 * MIB, 5)}
+    assert {c[1:] for c in probe.calls} == {(64 * MIB, 5)}
     values = entity_status(result, 3).values
     assert (values["h2d_gbps"], values["d2h_gbps"]) == (52.0, 53.0)
     assert values["link_gbps"] == values["max_link_gbps"] == 63.02
@@ -151,7 +153,8 @@ async def test_lost_and_mig_gpus_are_not_measured() -> None:
 
 async def test_no_driver_is_unknown_without_measuring() -> None:
     probe = FakeProbe()
-    no_source = await run(PcieBwCheck(probes=Probes(bandwidth=probe)),
+    no_source = await run(PcieBwCheck(probes=Probes(bandwidth=probe,
+                                                    gpu_activity=FakeActivity())),
                           CheckContext(catalog=Catalog()))
     driver_error = await judge(probe, replace(node(count=2), driver_error=DRIVER_NOT_FOUND))
     for result in (no_source, driver_error):
@@ -167,7 +170,7 @@ async def test_a_probe_without_measure_is_unknown() -> None:
 async def test_hung_measurement_ends_at_the_deadline_as_unknown() -> None:
     probe = BlockingProbe()
     try:
-        check = PcieBwCheck(probes=Probes(bandwidth=probe))
+        check = PcieBwCheck(probes=Probes(bandwidth=probe, gpu_activity=FakeActivity()))
         result = await run_check(check, context(node(count=1)), timeout_s=0.2)
     finally:
         probe.release.set()
@@ -175,9 +178,24 @@ async def test_hung_measurement_ends_at_the_deadline_as_unknown() -> None:
     assert result.duration_s < 5
 
 
+async def test_a_measurement_past_probe_timeout_is_unknown_for_that_gpu_only() -> None:
+    probe = BlockingProbe()
+    try:
+        check = PcieBwCheck({"probe_timeout_s": 0.1},
+                            probes=Probes(bandwidth=probe, gpu_activity=FakeActivity()))
+        result = await run_check(check, context(node(count=2)), timeout_s=5)
+    finally:
+        probe.release.set()
+    for gpu in (0, 1):
+        row = entity_status(result, gpu)
+        assert row.status is Severity.UNKNOWN and "did not finish within 0.1 s" in row.reason
+    assert result.status is Severity.UNKNOWN and not result.findings
+
+
 @pytest.mark.parametrize(
     "params",
-    [{"min_fraction": 0}, {"min_fraction": 1.5}, {"size_mib": 0}, {"iterations": 0}, {"x": 1}],
+    [{"min_fraction": 0}, {"min_fraction": 1.5}, {"size_mib": 0}, {"iterations": 0}, {"x": 1},
+     {"probe_timeout_s": 0}, {"busy_gbps": 0}, {"busy_retries": -1}, {"busy_retry_s": -1}],
 )
 def test_bad_params_are_refused(params: dict[str, object]) -> None:
     with pytest.raises(ValueError):
@@ -187,4 +205,6 @@ def test_bad_params_are_refused(params: dict[str, object]) -> None:
 def test_defaults() -> None:
     check = PcieBwCheck()
     assert (check.NAME, check.DEFAULT_INTERVAL_S) == ("pciebw", 3600)
-    assert check.params.model_dump() == {"min_fraction": 0.7, "size_mib": 256, "iterations": 5}
+    assert check.params.model_dump() == {
+        "min_fraction": 0.7, "size_mib": 64, "iterations": 5, "probe_timeout_s": 30.0,
+        "busy_gbps": 1.0, "busy_retries": 2, "busy_retry_s": 10.0, "free_gpus_only": False}

@@ -36,13 +36,23 @@ def record(capsys: pytest.CaptureFixture[str], spec: str, out: Path, *extra: str
 NOT_RECORDED = {"ping", "nic", "pvc"}
 
 
+# Values that are a time (when pciebw last judged a GPU), like a check's started_at.
+TIMES = {"last_judged"}
+
+
 def comparable(report: dict[str, Any]) -> dict[str, Any]:
     """What a user compares: everything but when the checks ran and how long they took,
     and why a check that a recording cannot hold was skipped."""
-    checks = [{k: v for k, v in check.items() if k not in ("started_at", "duration_s")
+    checks = [{k: _timeless(v) if k == "entities" else v for k, v in check.items()
+               if k not in ("started_at", "duration_s")
                and not (k == "reason" and check["check"] in NOT_RECORDED)}
               for check in report["checks"]]
     return {**report, "checks": checks}
+
+
+def _timeless(entities: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**row, "values": {k: v for k, v in row["values"].items() if k not in TIMES}}
+            for row in entities]
 
 
 @pytest.mark.parametrize("spec", sorted(set(bundled_specs()) - {NO_DRIVER}))
