@@ -3,9 +3,11 @@ evidence, for tests that replace healthd's processes under it (a rollout, a Helm
 upgrade) and check that nobody can tell from the cluster.
 
 Each `Held` node reaches its state the way a real node does: a fault its machine keeps
-showing (a spec fault: remap failure, fabric, RDMA, slowdown, a failing DCGM
-diagnostic), or evidence that comes once (an XID that NVML reports live, an XID or a
-fatal SXID the driver writes to the kernel log) and that no later agent will see again.
+showing (from its start: a remap failure, a fabric registration failed, a slow RDMA
+port, a hardware slowdown, a failing DCGM diagnostic; or from a moment while the agent
+runs: an RDMA port going down), or evidence that comes once (an XID that NVML reports
+live, an XID or a fatal SXID the driver writes to the kernel log) and that no later
+agent will see again.
 `watching` records everything the cluster shows meanwhile; `assert_nothing_moved` says
 what moved: a label or condition that changed (even for a moment), a write to healthd's
 keys on a Node, a move of the slack queue's lendingLimit, an Event about the nodes or
@@ -97,7 +99,7 @@ class Held:
     verdict: str
     code: str | None  # None: a healthy node
     spec: MachineSpec
-    evidence: Callable[[Machine], None] | None = None  # what happens once, while it runs
+    evidence: Callable[[Machine], None] | None = None  # what happens while the agent runs
 
 
 XID_NVML = Held("xid-nvml", "EVICT", "XID_79", hgx(), partial(Machine.emit_xid, gpu=2, code=79))
@@ -109,8 +111,9 @@ REMAP = Held("remap", "EVICT", "REMAP_FAILURE", _gpu_fault(
     gpu=2, remapped_rows=RemappedRowsFault(uncorrectable=8, failure=True)))
 FABRIC = Held("fabric", "ERR", "FABRIC_REGISTRATION_FAILED",
               _gpu_fault(gpu=1, fabric=FabricFault(status="UNKNOWN")))
-RDMA_DOWN = Held("rdma-down", "ERR", "RDMA_PORT_DOWN",
-                 _rdma_port(state="DOWN", phys_state="Disabled"))
+RDMA_DOWN = Held("rdma-down", "ERR", "RDMA_PORT_DOWN", hgx(),
+                 partial(Machine.rdma_port, device="mlx5_3", state="DOWN",
+                         phys_state="Disabled"))
 RDMA_SLOW = Held("rdma-slow", "WARN", "RDMA_RATE_LOW", _rdma_port(rate_gbps=200))
 SLOWDOWN = Held("slowdown", "WARN", "HW_SLOWDOWN",
                 _gpu_fault(gpu=1, clock_event_reasons=["hw_slowdown"]))

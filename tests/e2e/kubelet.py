@@ -10,10 +10,10 @@ token, as on a cluster. Like a real kubelet it keeps a deleted Pod until its pro
 has stopped (a finalizer of its own; kwok would remove the Pod at once), so what an
 agent writes while it shuts down is written with a token that is still valid.
 
-A `Machine` outlives the processes on it, as a node outlives its agent Pods: its spec,
-its kernel log and the agent's position in that log (on the node's disk). An NVML
-event reaches only the process running when it happens: the real NVML delivers it
-once, to whoever listens then.
+A `Machine` outlives the processes on it, as a node outlives its agent Pods: its
+clock, its kernel log and the agent's position in it, its RDMA ports. An NVML event
+reaches only the process running when it happens: the real NVML delivers it once, to
+whoever listens then.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ from kubernetes import client as k8s
 
 from healthd.sim.kernellog import SimKernelLog
 from healthd.sim.machine import MachineSpec
+from healthd.sim.shared import SUFFIX
 from tests.e2e.healthd import HEALTHD, NAMESPACE, Healthd, eventually, merge
-from tests.realcluster.processes import Program, free_port, http_ok
+from tests.realcluster.processes import Program, free_port, http_ok, log_tail
 
 Obj = dict[str, Any]
 FINALIZER = "e2e.healthd.io/container-running"  # the Pod's process has not stopped yet
@@ -42,40 +43,41 @@ SYNC_S = 0.3  # how often the Pods are looked at
 
 
 class Machine:
-    """The simulated GPU node `node` (see the module docstring), its files in `root`."""
+    """The simulated GPU node `node` (see the module docstring), its files in `root`.
+    Every agent process on it is started with one control file, which names one
+    machine across processes (healthd.sim.shared): its clock, its kernel log and the
+    agent's position in it, its RDMA ports. A change written to the control file
+    reaches the process running now; a later process finds the machine as it was
+    left, and an XID that fired before it listened never reaches it."""
 
     def __init__(self, node: str, spec: MachineSpec, root: Path) -> None:
-        self.node, self.spec, self.root = node, spec, root
+        self.node, self.spec = node, spec
         root.mkdir(parents=True, exist_ok=True)
         self.spec_file = root / "machine.yaml"
         self.spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json",
                                                                  exclude_defaults=True)))
-        self._booted = time.monotonic() - spec.uptime_s
-        self.kernel_log = SimKernelLog(root / "kmsg", lambda: time.monotonic() - self._booted)
-        self.control: Path | None = None  # the running agent's control file
-
-    def config(self) -> Obj:
-        """The agent config's part about this machine: its kernel log, and where the
-        agent keeps its position in it (kept across restarts, as on the node)."""
-        return {"agent": {"kernel_log": {"path": str(self.kernel_log.path),
-                                         "state_file": str(self.root / "kmsg-position.json")}}}
-
-    def new_control(self, pod_uid: str) -> Path:
-        """A control file for the process of Pod `pod_uid`: empty, so that nothing an
-        earlier process was told (an event) is told again."""
-        self.control = self.root / f"control-{pod_uid}.jsonl"
+        self.control = root / "control.jsonl"
         self.control.touch()
-        return self.control
+        self._files = self.control.with_name(self.control.name + SUFFIX)
+
+    def _command(self, **command: Any) -> None:
+        with open(self.control, "a") as handle:
+            handle.write(json.dumps(command) + "\n")
 
     def emit_xid(self, gpu: int, code: int) -> None:
-        """An XID that NVML reports now, to the agent process running now."""
-        assert self.control is not None, f"no agent runs on {self.node}"
-        with open(self.control, "a") as handle:
-            handle.write(json.dumps({"op": "emit_xid", "gpu": gpu, "code": code}) + "\n")
+        """An XID that NVML reports now, to the agent process listening now."""
+        self._command(op="emit_xid", gpu=gpu, code=code)
+
+    def rdma_port(self, device: str, **changes: Any) -> None:
+        """An RDMA port that shows `changes` from now on (a cable pulled, ...)."""
+        self._command(op="rdma_port", device=device, **changes)
 
     def log(self, message: str) -> None:
-        """A line the driver writes to the kernel log now."""
-        self.kernel_log.append(message)
+        """A line the driver writes to the machine's kernel log now (after the
+        lines already there, dated by the machine's clock)."""
+        started = float((self._files / "started").read_text())
+        SimKernelLog(self._files / "kmsg",
+                     lambda: self.spec.uptime_s + time.time() - started).append(message)
 
 
 @dataclass
@@ -122,7 +124,7 @@ class Container:
 @dataclass
 class Kubelet:
     """See the module docstring. `config` goes over the config each Pod mounts (the
-    test's short clocks), each machine's own part over that."""
+    test's short clocks)."""
 
     healthd: Healthd
     machines: dict[str, Machine]
@@ -221,14 +223,13 @@ class Kubelet:
         port = free_port()
         token = self.healthd.token_for(pod, pod["spec"]["serviceAccountName"])
         kubeconfig = self.healthd.token_kubeconfig(token, self.root / f"{meta['name']}.kubeconfig")
-        config = self._config_file(pod, machine.config() if machine else {})
+        config = self._config_file(pod)
         common = ["--kubeconfig", str(kubeconfig), "--config", str(config),
                   "--http-port", str(port)]
         env = {"POD_NAME": meta["name"], "POD_NAMESPACE": NAMESPACE}
         if machine is not None:
-            control = machine.new_control(meta["uid"])
             argv = [*HEALTHD, "agent", "--sim", str(machine.spec_file),
-                    "--sim-control", str(control), *common]
+                    "--sim-control", str(machine.control), *common]
             env["NODE_NAME"] = node
         else:
             argv = [*HEALTHD, "controller", *common]
@@ -237,16 +238,16 @@ class Kubelet:
         with self._lock:
             self.containers[meta["uid"]] = Container(pod, program, port)
 
-    def _config_file(self, pod: Obj, machine: Obj) -> Path:
+    def _config_file(self, pod: Obj) -> Path:
         """The config the Pod mounts (its ConfigMap, as the cluster has it now), with
-        the kubelet's `config` and the machine's part over it."""
+        the kubelet's `config` over it."""
         (volume,) = [v for v in pod["spec"].get("volumes", []) if "configMap" in v]
         configmap = self.healthd.core.read_namespaced_config_map(
             volume["configMap"]["name"], NAMESPACE)
         (text,) = (configmap.data or {}).values()
         mounted = yaml.safe_load(text) or {}
         path = self.root / f"{pod['metadata']['name']}.config.yaml"
-        path.write_text(yaml.safe_dump(merge(merge(mounted, self.config), machine)))
+        path.write_text(yaml.safe_dump(merge(mounted, self.config)))
         return path
 
     def _stop_soon(self, uid: str) -> None:
@@ -324,6 +325,10 @@ def agents_replaced(kubelet: Kubelet, before: dict[str, Container],
     def settled() -> dict[str, Container] | None:
         now = kubelet.agents()
         fresh = {node: c for node, c in now.items() if c.uid != before[node].uid}
+        for node, container in fresh.items():
+            if not container.program.running():  # a kubelet would restart it: no point
+                raise AssertionError(f"the new agent on {node} exited:\n"
+                                     f"{log_tail(container.program.log, 2000)}")
         if set(fresh) != set(before):
             return None
         for container in fresh.values():
