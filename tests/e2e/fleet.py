@@ -160,8 +160,14 @@ class Fleet:
         return str(GPUS)
 
     def agents(self) -> dict[str, Container]:
-        agents = self.kubelet.agents()
-        return {node: agents[node] for node in self.nodes}
+        """node -> the agent process running there (every node has one)."""
+        def running() -> dict[str, Container] | None:
+            agents = self.kubelet.agents()
+            if all(n in agents and agents[n].program.running() for n in self.nodes):
+                return {node: agents[node] for node in self.nodes}
+            return None
+        found: dict[str, Container] = eventually(running, 90, "an agent running on every node")
+        return found
 
 
 @contextlib.contextmanager
