@@ -133,6 +133,9 @@ class Healthd:
     agents: dict[str, Process] = field(default_factory=dict)
     controller: Process | None = None
     nodes: list[str] = field(default_factory=list)  # what add_nodes made, removed at the end
+    # Annotations of the nodes add_nodes makes, e.g. how kwok keeps them alive
+    # (tests.realcluster.cluster.KUBELET_HEARTBEAT).
+    node_annotations: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.client = api_client(self.kubeconfig)
@@ -180,7 +183,10 @@ class Healthd:
     # -- nodes and pods -----------------------------------------------------------------
 
     def add_nodes(self, *names: str, gpus: int = 8) -> None:
-        self.applier.apply(gpu_node(n, gpus) for n in names)
+        nodes = [gpu_node(n, gpus) for n in names]
+        for node in nodes:
+            node["metadata"]["annotations"].update(self.node_annotations)
+        self.applier.apply(nodes)
         self.nodes += names
         for name in names:
             eventually(lambda n=name: self._ready(n), 60, f"node {name} Ready (kwok)")

@@ -4,8 +4,9 @@ kube-controller-manager, kube-scheduler, kwok, Kueue and the AppWrapper operator
 
 `ControlPlane(root).start()` brings everything up in `root` (certificates, data,
 logs, kubeconfigs) and waits until each part answers; `stop()` ends them all. Restarts
-of single parts (`restart("kube-apiserver")`, `restart("etcd", wipe=True)`) let tests
-try what a control plane does to its clients.
+of single parts (`restart("kube-apiserver")`, `restart("etcd", wipe=True)`) and an etcd
+backup put back (`backup_etcd`, `restore_etcd`) let tests try what a control plane does
+to its clients.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import shutil
 import signal
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,14 @@ from tests.realcluster.processes import Program, StartError, free_port, http_ok
 
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 START_S = 120.0  # a busy 2-core machine starts the API server in 10-40 s
+# kwok keeps its nodes alive by rewriting their status every 20-45 s: each rewrite is a
+# watch event for whoever watches the Node. A node annotated so is kept alive as a
+# kubelet keeps its own: a Lease renewed every few seconds, the status reported every
+# 5 minutes; nothing else writes the Node meanwhile.
+KUBELET_HEARTBEAT = ("e2e.healthd.io/heartbeat", "lease")
+NODE_LEASE_S = 40  # the kubelet's default nodeLeaseDurationSeconds
+# The parts that cache the API server's objects (besides healthd's own processes).
+CACHING_COMPONENTS = ("kube-controller-manager", "kube-scheduler", "kwok", "kueue", "appwrapper")
 
 
 def kubeconfig(server: str, ca: Path, *, user: dict[str, str], name: str = "realcluster") -> str:
@@ -144,6 +154,7 @@ class ControlPlane:
             f"--config={self._kwok_stages()}",
             "--manage-all-nodes=false",
             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            f"--node-lease-duration-seconds={NODE_LEASE_S}",
             "--cidr=10.244.0.0/16", "--node-ip=10.0.0.1",
             f"--server-address=127.0.0.1:{self.ports.kwok}"])
 
@@ -154,10 +165,12 @@ class ControlPlane:
         stages = programs.module_dir("sigs.k8s.io/kwok",
                                      programs.pinned_version("kwok", "sigs.k8s.io/kwok"))
         stages = stages / "kustomize/stage"
-        files = ["node/fast/node-initialize.yaml", "node/heartbeat/node-heartbeat.yaml",
-                 "pod/fast/pod-ready.yaml", "pod/fast/pod-delete.yaml"]
+        files = ["node/fast/node-initialize.yaml", "pod/fast/pod-ready.yaml",
+                 "pod/fast/pod-delete.yaml"]
+        docs = [(stages / f).read_text() for f in files]
+        docs += [yaml.safe_dump(stage) for stage in _heartbeats(stages / "node")]
         path = self.root / "kwok-stages.yaml"
-        path.write_text("\n---\n".join((stages / f).read_text() for f in files))
+        path.write_text("\n---\n".join(docs))
         return path
 
     # -- life cycle --------------------------------------------------------------------
@@ -214,6 +227,35 @@ class ControlPlane:
         _post(f"{base}/compaction", {"revision": str(revision), "physical": True})
         return revision
 
+    def backup_etcd(self, to: Path) -> Path:
+        """A backup of etcd's data taken as an SRE can without etcdutl: the member
+        stopped, its data directory copied to `to`, the member started again (the API
+        server rides through, as through any etcd restart)."""
+        etcd = self.programs["etcd"]
+        etcd.stop()
+        shutil.copytree(self.root / "etcd", to)
+        self._start(etcd)
+        return to
+
+    def restore_etcd(self, backup: Path, *, restart: Sequence[str] = ()) -> float:
+        """Put `backup` back: stop the API server and etcd, put the backup's data in
+        place, start etcd and the API server; then restart the parts named in
+        `restart` (the Kubernetes docs advise restarting what caches the API server's
+        objects, e.g. `CACHING_COMPONENTS`). What is not restarted keeps running
+        through it, as healthd's agents and controller do, and must notice the
+        change itself. Returns when (time.monotonic()) the API server answered again."""
+        apiserver, etcd = self.programs["kube-apiserver"], self.programs["etcd"]
+        apiserver.stop()
+        etcd.stop()
+        shutil.rmtree(self.root / "etcd")
+        shutil.copytree(backup, self.root / "etcd")
+        self._start(etcd)
+        self._start(apiserver)
+        back = time.monotonic()
+        for name in restart:
+            self.restart(name)
+        return back
+
     def stop_program(self, name: str) -> None:
         self.programs[name].stop()
 
@@ -236,6 +278,22 @@ class ControlPlane:
         path = self.root / "state.json"
         path.write_text(json.dumps(self.state(), indent=2))
         return path
+
+
+def _heartbeats(stages: Path) -> list[dict[str, Any]]:
+    """kwok's two node heartbeat stages, each for its nodes (see KUBELET_HEARTBEAT):
+    the status rewritten every 20-45 s, or a Lease renewed and the status reported
+    every 5 minutes, as a kubelet does (its nodeStatusReportFrequency)."""
+    key, value = KUBELET_HEARTBEAT
+    selected = {"key": f'.metadata.annotations["{key}"]', "values": [value]}
+    status = yaml.safe_load((stages / "heartbeat/node-heartbeat.yaml").read_text())
+    status["spec"]["selector"]["matchExpressions"].append({**selected, "operator": "NotIn"})
+    lease = yaml.safe_load(
+        (stages / "heartbeat-with-lease/node-heartbeat-with-lease.yaml").read_text())
+    lease["spec"]["selector"]["matchExpressions"].append({**selected, "operator": "In"})
+    lease["spec"]["delay"] = {"durationMilliseconds": 300_000,
+                              "jitterDurationMilliseconds": 310_000}
+    return [status, lease]
 
 
 def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
