@@ -24,6 +24,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import anyio
+
 from checks.base import CheckResult, Severity
 from healthd.agent.metrics import AgentMetrics
 from healthd.agent.node_status import DesiredNode, NodePublisher, desired_from
@@ -70,6 +72,7 @@ class NodeHealth:
         self._deep: dict[str, int | None] = {}  # deep runs in TESTING -> their DCGM level
         self.resumed = False  # what the Node showed has been taken back
         self._round_done = False  # every check due at start has ended its first turn
+        self._shown: anyio.Event | None = None  # set once the verdict may be shown
 
     @property
     def verdict(self) -> Verdict:
@@ -139,9 +142,14 @@ class NodeHealth:
 
     async def label_shown(self, detected_at: float) -> None:
         """Measure the time from a fault detected at `detected_at` to the Node showing
-        it (once the node's verdict is shown; given up after LABEL_WAIT_S)."""
-        if self.showing and self.state.judged and await self.publisher.flush(LABEL_WAIT_S):
-            self.metrics.observe_fault_to_label(self.clock() - detected_at)
+        it: a fault found before the node is judged waits for its verdict to be shown
+        (given up after LABEL_WAIT_S)."""
+        with anyio.move_on_after(LABEL_WAIT_S):
+            if not self.showing:
+                self._shown = self._shown or anyio.Event()
+                await self._shown.wait()
+            if self.state.judged and await self.publisher.flush(LABEL_WAIT_S):
+                self.metrics.observe_fault_to_label(self.clock() - detected_at)
 
     def set_state(self, state: HealthState) -> None:
         """Adopt a new state: metrics, and the desired Node to the publisher."""
@@ -158,6 +166,8 @@ class NodeHealth:
                 self.publisher.want(DesiredNode(annotations={self.keys.last_run: self.last_run}),
                                     None)
             return
+        if self._shown is not None:
+            self._shown.set()
         desired = desired_from(self.state, self.keys, node=self.node,
                                dcgm_levels=self.dcgm_levels, last_run=self.last_run)
         self.publisher.want(desired, self.state)

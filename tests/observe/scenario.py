@@ -5,7 +5,9 @@ query and alert expression is evaluated in.
   running AppWrappers on gpu-node-b;
 - `healthd agent` runs (as processes, over a kubeconfig) on gpu-node-a, a simulated
   machine with a row remap pending, a slow PCIe link and a power brake (ERR), and on
-  gpu-node-b, where GPU 5 reports XID 79 (EVICT), and on gpu-node-h, healthy, whose
+  gpu-node-b, where NVML delivers an XID 79 on GPU 5 while the agent listens (EVICT,
+  through its control file, as a real driver does: once, to whoever listens when it
+  fires; so it fires again until the label shows it), and on gpu-node-h, healthy, whose
   Node writes the API refuses; a fourth agent target answers nothing (an agent that
   is down);
 - `healthd controller` (beside a replica target that answers nothing) resets one
@@ -55,8 +57,10 @@ GPU = "nvidia.com/gpu"
 NS = "team-a"
 QUEUE = "slack-cluster-queue"
 REFUSED = "gpu-node-h"  # healthy, but the API refuses its agent's Node writes
-AGENTS = {"gpu-node-a": str(HERE / "machines" / "gpu-node-a.yaml"), "gpu-node-b": "xid79",
-          REFUSED: "healthy-8xh100"}
+XID_NODE = "gpu-node-b"  # NVML delivers it an XID 79 on GPU 5 at run time
+AGENTS = {"gpu-node-a": str(HERE / "machines" / "gpu-node-a.yaml"),
+          XID_NODE: "healthy-8xh100", REFUSED: "healthy-8xh100"}
+XID_RETRY_S = 2.0  # an XID fired before the agent listened reaches no one: fire again
 IDLE_NODES = tuple(f"gpu-node-{c}" for c in "cdefg")
 DOOMED = "train-doomed"  # the AppWrapper whose reset the API refuses
 DOOMED_STATUS = (rf"/apis/workload\.codeflare\.dev/v1beta2/namespaces/{NS}"
@@ -272,6 +276,7 @@ BEFORE_BREAKER = (
     'healthd_controller_resets_total{result="reset"} > 0',
     'increase(healthd_controller_resets_total{result="error"}[1m]) > 0',
     "healthd_controller_label_to_reset_seconds_count > 0",
+    "healthd_agent_fault_to_label_seconds_count > 0",
     "healthd_controller_shortfall > 0",
     f'up{{job="{AGENT_JOB}"}} == 0',
     f'up{{job="{CONTROLLER_JOB}"}} == 0',
@@ -303,6 +308,23 @@ def wait_for(live: Live, step: str, exprs: Iterable[str], deadline: float) -> No
                 f"{step}: still awaiting {missing} (of {awaited}) after the {HANG_S:.0f} s "
                 f"guard against a hang\n{logs}")
         time.sleep(0.25)
+
+
+def fire_xid_until_shown(live: Live, control: Path, deadline: float) -> None:
+    """Fire XID 79 on GPU 5 of XID_NODE through its control file until its label is
+    EVICT (one fired before its agent listens reaches no one, as on a real node)."""
+    shown = f'healthd_node_verdict{{node="{XID_NODE}", verdict="EVICT"}} == 1'
+    line = json.dumps({"op": "emit_xid", "gpu": 5, "code": 79}) + "\n"
+    while not live.prometheus.query(shown):
+        live.processes.check_alive()
+        if time.monotonic() > deadline:
+            raise ScenarioError(f"XID 79 on {XID_NODE} not shown after the {HANG_S:.0f} s "
+                                f"guard against a hang\n{live.processes.tail(XID_NODE)}")
+        with control.open("a") as out:
+            out.write(line)
+        again = time.monotonic() + XID_RETRY_S
+        while time.monotonic() < again and not live.prometheus.query(shown):
+            time.sleep(0.25)
 
 
 @contextmanager
@@ -338,10 +360,13 @@ def running_scenario(workdir: Path, prometheus_bin: str) -> Iterator[Live]:
                 raise ScenarioError(f"Prometheus not ready after the {HANG_S:.0f} s guard")
             time.sleep(0.1)
         wait_for(live, "the controller leading", CONTROLLER_READY, deadline)
+        control = workdir / "xid-node.control.jsonl"
         for node, port in agent_ports.items():
+            extra = ["--sim-control", str(control)] if node == XID_NODE else []
             procs.start(node, [*HEALTHD, "agent", "--kubeconfig", kubeconfig, "--config",
                                str(config), "--sim", AGENTS[node], "--node", node,
-                               "--http-port", str(port)])
+                               "--http-port", str(port), *extra])
+        fire_xid_until_shown(live, control, deadline)
         wait_for(live, "the agents' faults and the controller's answers", BEFORE_BREAKER,
                  deadline)
         for node in IDLE_NODES[:2]:  # 4 of 8 GPU nodes bad: more than 30%
