@@ -52,6 +52,13 @@ def fast_config(**agent: Any) -> Config:
     })
 
 
+def with_intervals(config: Config, **intervals: float) -> Config:
+    """`config` with the named checks on, each at its interval (seconds)."""
+    sections = {**config.checks, **{name: config.checks["xid"].model_copy(
+        update={"interval": seconds, "enabled": True}) for name, seconds in intervals.items()}}
+    return config.model_copy(update={"checks": sections})
+
+
 class Harness:
     """One running agent and what tests look at: the node, events, metrics."""
 

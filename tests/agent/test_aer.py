@@ -10,7 +10,14 @@ import pytest
 
 from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.machine import AerFault, GpuFault, parse_machine_spec
-from tests.agent.harness import NODE, ROUND_S, eventually, fast_config, running_agent
+from tests.agent.harness import (
+    NODE,
+    ROUND_S,
+    eventually,
+    fast_config,
+    running_agent,
+    with_intervals,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -18,11 +25,8 @@ pytestmark = pytest.mark.anyio
 async def test_a_fatal_error_above_a_gpu_makes_the_node_evict(
         api: ApiEmulator, tmp_path: Path) -> None:
     spec = parse_machine_spec({"node": NODE})
-    config = fast_config()
-    checks = {**config.checks, "aer": config.checks["remapped"].model_copy(
-        update={"interval": ROUND_S})}
-    async with running_agent(api, tmp_path, spec=spec,
-                             config=config.model_copy(update={"checks": checks})) as h:
+    config = with_intervals(fast_config(), aer=ROUND_S)
+    async with running_agent(api, tmp_path, spec=spec, config=config) as h:
         await eventually(lambda: h.verdict() == "PASS", what="PASS label before the error")
         h.sim.nvml.inject(GpuFault(gpu=3, aer=[AerFault(level=3, fatal={"SDES": 1})]))
         await eventually(lambda: h.verdict() == "EVICT", what="EVICT label")

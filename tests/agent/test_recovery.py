@@ -10,7 +10,14 @@ import pytest
 
 from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.machine import parse_machine_spec
-from tests.agent.harness import NODE, ROUND_S, eventually, fast_config, running_agent
+from tests.agent.harness import (
+    NODE,
+    ROUND_S,
+    eventually,
+    fast_config,
+    running_agent,
+    with_intervals,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -19,11 +26,8 @@ async def test_a_gpu_whose_driver_asks_for_a_reboot_makes_the_node_evict(
         api: ApiEmulator, tmp_path: Path) -> None:
     spec = parse_machine_spec({"node": NODE, "faults": [
         {"gpu": 5, "recovery_action": "NODE_REBOOT"}]})
-    config = fast_config()
-    checks = {**config.checks, "recovery": config.checks["remapped"].model_copy(
-        update={"interval": ROUND_S})}
-    async with running_agent(api, tmp_path, spec=spec,
-                             config=config.model_copy(update={"checks": checks})) as h:
+    config = with_intervals(fast_config(), recovery=ROUND_S)
+    async with running_agent(api, tmp_path, spec=spec, config=config) as h:
         await eventually(lambda: h.verdict() == "EVICT", what="EVICT label")
         condition = h.condition()
         assert condition is not None and condition["reason"] == "RECOVERY_NODE_REBOOT"

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
-from healthd.config import Config
 from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.machine import MachineSpec, load_machine_spec
 from tests.agent.harness import (
@@ -31,6 +31,7 @@ from tests.agent.harness import (
     fast_config,
     node_object,
     running_agent,
+    with_intervals,
 )
 
 pytestmark = pytest.mark.anyio
@@ -50,13 +51,6 @@ def _spec(**fields: Any) -> MachineSpec:
     return MachineSpec.model_validate({**base, **fields})
 
 
-def _checks(config: Config, **intervals: float) -> Config:
-    """`config` with the named checks on at the given intervals (seconds)."""
-    sections = {**config.checks, **{name: config.checks["xid"].model_copy(
-        update={"interval": seconds, "enabled": True}) for name, seconds in intervals.items()}}
-    return config.model_copy(update={"checks": sections})
-
-
 HGX = {"fabric": {"state": "completed"}}
 
 
@@ -71,11 +65,11 @@ class Family:
     label: str
     code: str
     intervals: dict[str, float] = field(default_factory=dict)
+    live_xid: bool = False  # NVML delivers XID 79 on GPU 5 while the agent listens
 
 
 FAMILIES = [
-    Family("xid-nvml", _spec(faults=[{"gpu": 5, "xid": [{"code": 79, "at": 0.1}]}]),
-           _spec(), "EVICT", "XID_79"),
+    Family("xid-nvml", _spec(), _spec(), "EVICT", "XID_79", live_xid=True),
     Family("xid-kernel-log", _spec(kernel_log=[XID79_LINE]), _spec(kernel_log=[]),
            "EVICT", "XID_79"),
     Family("sxid-kernel-log", _spec(**HGX, kernel_log=[SXID_LINE]), _spec(**HGX, kernel_log=[]),
@@ -122,6 +116,19 @@ def _writes(api: ApiEmulator) -> list[Any]:
     return api.writes(None, rf"/api/v1/nodes/{NODE}(/status)?")
 
 
+async def _held(h: Harness, family: Family) -> None:
+    """Wait until the family's fault holds the node; a live XID fires every second
+    until it does (one fired before the agent listened reaches no one, as on a real
+    node)."""
+    for tick in range(200):
+        if family.live_xid and tick % 10 == 0:
+            h.sim.nvml.emit_xid(5, 79)
+        if h.verdict() == family.label:
+            return
+        await anyio.sleep(0.1)
+    raise AssertionError(f"{family.label} label not reached")
+
+
 async def _rounds(h: Harness, rounds: int) -> None:
     """Wait until the xid check (in every round) has completed `rounds` more runs."""
     def runs() -> float:
@@ -134,9 +141,9 @@ async def _rounds(h: Harness, rounds: int) -> None:
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
 async def test_restarts_change_nothing_on_a_held_node(
         api: ApiEmulator, tmp_path: Path, family: Family) -> None:
-    config = _checks(fast_config(), **family.intervals)
+    config = with_intervals(fast_config(), **family.intervals)
     async with running_agent(api, tmp_path, spec=family.faulty, config=config) as h:
-        await eventually(lambda: h.verdict() == family.label, 20, f"{family.label} label")
+        await _held(h, family)
         await _rounds(h, 2)
         before = Shown.of(h)
         assert (family.code in {code for code, _ in before.held}), before
@@ -168,7 +175,7 @@ async def test_a_fresh_node_is_shown_only_once_judged(api: ApiEmulator, tmp_path
     """The first write carries a judged verdict: never the condition Unknown of a
     round still in progress, and never a verdict from part of the round (the slow
     remapped check ends its first turn last)."""
-    config = _checks(fast_config(), remapped=3.0)
+    config = with_intervals(fast_config(), remapped=3.0)
     async with running_agent(api, tmp_path, spec="remap-pending", config=config) as h:
         await eventually(lambda: h.verdict() == "ERR", what="ERR label")
         assert await h.parts.publisher.flush(10)
@@ -205,7 +212,7 @@ async def test_an_evict_label_nothing_explains_stays_evict_until_cleared(
 async def test_a_resumed_sticky_holding_is_released_only_by_a_clear(
         api: ApiEmulator, tmp_path: Path) -> None:
     async with running_agent(api, tmp_path, spec=FAMILIES[0].faulty) as h:
-        await eventually(lambda: h.verdict() == "EVICT", what="EVICT label")
+        await _held(h, FAMILIES[0])
     async with running_agent(api, tmp_path, seed=False) as h:
         await _rounds(h, ROUNDS_AFTER_START)
         assert h.verdict() == "EVICT"
@@ -217,7 +224,7 @@ async def test_a_resumed_sticky_holding_is_released_only_by_a_clear(
 
 async def test_a_resumed_damped_holding_is_released_by_clean_runs(
         api: ApiEmulator, tmp_path: Path) -> None:
-    config = _checks(fast_config(min_hold=3), rdma=ROUND_S)
+    config = with_intervals(fast_config(min_hold=3), rdma=ROUND_S)
     family = next(f for f in FAMILIES if f.name == "rdma")
     async with running_agent(api, tmp_path, spec=family.faulty, config=config) as h:
         await eventually(lambda: h.verdict() == "ERR", what="ERR label")
