@@ -30,6 +30,7 @@ async def test_a_fatal_error_above_a_gpu_makes_the_node_evict(
         await eventually(lambda: h.verdict() == "PASS", what="PASS label before the error")
         h.sim.nvml.inject(GpuFault(gpu=3, aer=[AerFault(level=3, fatal={"SDES": 1})]))
         await eventually(lambda: h.verdict() == "EVICT", what="EVICT label")
+        assert await h.parts.publisher.flush(10)  # the condition goes out after the label
         condition = h.condition()
         assert condition is not None and condition["reason"] == "PCIE_AER_FATAL"
         gpu3 = {"node": NODE, "gpu": "3", "UUID": spec.uuid(3),

@@ -29,6 +29,7 @@ async def test_a_gpu_whose_driver_asks_for_a_reboot_makes_the_node_evict(
     config = with_intervals(fast_config(), recovery=ROUND_S)
     async with running_agent(api, tmp_path, spec=spec, config=config) as h:
         await eventually(lambda: h.verdict() == "EVICT", what="EVICT label")
+        assert await h.parts.publisher.flush(10)  # the condition goes out after the label
         condition = h.condition()
         assert condition is not None and condition["reason"] == "RECOVERY_NODE_REBOOT"
         assert h.metric("healthd_check_runs_total", node=NODE, check="recovery",
