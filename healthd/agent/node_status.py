@@ -56,6 +56,7 @@ from healthd.kube.errors import Conflict, KubeError, TooLarge, Unavailable
 from healthd.kube.events import EventRecorder
 from healthd.kube.objects import NODES, annotations_of, condition_of, labels_of, meta
 from healthd.kube.shapes import Node, view
+from healthd.kube.watching import older_version
 from healthd.published import CheckStatus, Health
 from healthd.util.times import rfc3339
 
@@ -96,12 +97,6 @@ def _ours(node: _Observed, keys: Keys) -> tuple[Any, ...]:
     return ({k: v for k, v in node.labels.items() if keys.owns_label(k)},
             {k: v for k, v in node.annotations.items() if keys.owns_annotation(k)},
             node.condition)
-
-
-def _older(rv: str, than: str) -> bool:
-    """Whether resourceVersion `rv` is older than `than` (both numeric in practice;
-    opaque ones are never called older)."""
-    return rv.isdigit() and than.isdigit() and int(rv) < int(than)
 
 
 class NodePublisher:
@@ -165,7 +160,7 @@ class NodePublisher:
         if not isinstance(node_obj, dict):
             return
         seen = _Observed.of(node_obj)
-        if self._observed is not None and _older(seen.resource_version,
+        if self._observed is not None and older_version(seen.resource_version,
                                                  self._observed.resource_version):
             if _ours(seen, self._keys) != _ours(self._observed, self._keys):
                 self._observed = None  # which copy is right? the server says, once

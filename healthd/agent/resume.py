@@ -31,8 +31,9 @@ from typing import Any
 
 from checks.base import Severity
 from healthd.agent.verdict import RESUMED, CheckState, Held, Trigger
+from healthd.capacity.health import verdict_of
 from healthd.kube.conventions import Keys, Verdict
-from healthd.kube.objects import labels_of
+from healthd.kube.shapes import Node, view
 from healthd.published import CheckStatus, Health, Holding, Undecodable, read_health
 from healthd.util.times import parse_time
 
@@ -58,7 +59,7 @@ def resumed_from(node: Mapping[str, Any], keys: Keys, *, known: Callable[[str], 
     """What to resume from `node` (its label and `health` annotation). `known(key)`:
     whether this agent can run check `key` (a holding of another is refused); `at`:
     now, for times the Node does not give."""
-    shown = _verdict(labels_of(node).get(keys.gpuhealth))
+    shown = verdict_of(view(Node, node), keys)
     doc = read_health(node, keys)
     notes: list[str] = []
     held: list[Held] = []
@@ -126,12 +127,5 @@ def _unexplained(shown: Verdict | None, held: list[Held], doc: Health | Undecoda
 def _severity(value: str) -> Severity | None:
     try:
         return Severity(value)
-    except ValueError:
-        return None
-
-
-def _verdict(value: str | None) -> Verdict | None:
-    try:
-        return Verdict(value) if value else None
     except ValueError:
         return None
