@@ -19,7 +19,14 @@ from healthd.config import Config
 from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.kernellog import SimKernelLog
 from healthd.sim.machine import FabricSpec, load_machine_spec
-from tests.agent.harness import KEYS, NODE, eventually, fast_config, running_agent
+from tests.agent.harness import (
+    KEYS,
+    NODE,
+    eventually,
+    fast_config,
+    running_agent,
+    with_intervals,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -35,9 +42,7 @@ def findings(h: Any) -> list[dict[str, Any]]:
 
 def with_log(log: SimKernelLog, state: Path, **intervals: float) -> Config:
     config = fast_config(kernel_log={"path": str(log.path), "state_file": str(state)})
-    checks = {**config.checks, **{name: config.checks["xid"].model_copy(
-        update={"interval": seconds}) for name, seconds in intervals.items()}}
-    return config.model_copy(update={"checks": checks})
+    return with_intervals(config, **intervals)
 
 
 async def test_an_xid_logged_while_the_agent_was_stopped_is_evict_after_it_starts(

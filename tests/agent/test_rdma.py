@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from healthd.sim.apiserver import ApiEmulator
-from tests.agent.harness import NODE, eventually, fast_config, running_agent
+from tests.agent.harness import NODE, eventually, fast_config, running_agent, with_intervals
 
 pytestmark = pytest.mark.anyio
 RDMA_ROUND_S = 0.5
@@ -17,10 +17,7 @@ RDMA_ROUND_S = 0.5
 
 async def test_a_port_going_down_is_seen_within_one_round_and_recovers_damped(
         api: ApiEmulator, tmp_path: Path) -> None:
-    config = fast_config(min_hold=3)
-    checks = {**config.checks, "rdma": config.checks["xid"].model_copy(
-        update={"interval": RDMA_ROUND_S})}
-    config = config.model_copy(update={"checks": checks})
+    config = with_intervals(fast_config(min_hold=3), rdma=RDMA_ROUND_S)
     async with running_agent(api, tmp_path, config=config) as h:
         await eventually(lambda: h.verdict() == "PASS", what="PASS label")
         assert h.sim.rdma is not None
