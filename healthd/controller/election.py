@@ -10,7 +10,9 @@ and one `Conflict`):
   `leaseDurationSeconds` as the candidate observed it on its own monotonic clock
   (the record stopped changing), not `renewTime` compared with the candidate's wall
   clock: a leader whose clock runs behind must not look dead to the others;
-- the leader renews every `retry_s`; when no renew has succeeded for `renew_s`
+- the leader renews every `retry_s`, each try cut short after `renew_s / 2` and
+  retried at once over a fresh connection (a silent connection must not use up the
+  deadline); when no renew has succeeded for `renew_s`
   (shorter than the lease), counted from when the last good renew was *sent*, it
   stops acting at once: the leader work is cancelled before any standby can have
   seen the Lease unchanged for a whole lease, so two replicas never act together;
@@ -139,24 +141,33 @@ class LeaseElector:
         return lost
 
     async def _keep_renewing(self) -> None:
-        """Renew every retry period; return when leadership is lost."""
+        """Renew every retry period; return when leadership is lost.
+
+        One try waits at most half the renew deadline (client-go's leader clients do
+        the same): a try stuck on a connection gone silent is cut short and the next
+        goes out at once over a fresh connection, while the deadline still leaves
+        time for it, instead of letting the deadline pass and taking the Lease back."""
+        retry_now = False
         while True:
-            await anyio.sleep(self.retry_s)
+            if not retry_now:
+                await anyio.sleep(self.retry_s)
+            retry_now = False
             left = self.renew_s - (anyio.current_time() - self._sent_at)
             if left <= 0:
-                log.error("%s: could not renew the Lease for %.1f s", self.identity, self.renew_s)
+                log.error("%s: could not renew the Lease for %.1f s; stopping work",
+                          self.identity, self.renew_s)
                 return
             try:
-                with anyio.fail_after(left):
+                with anyio.fail_after(min(left, self.renew_s / 2)):
                     await self._renew()
             except LostLease as exc:
                 log.error("%s: %s", self.identity, exc)
                 return
             except TimeoutError:
-                log.warning("%s: renewing the Lease got no answer", self.identity)
-                # A connection gone silent: the next try (or taking the Lease back)
-                # must go out over a fresh one.
+                log.warning("%s: renewing the Lease got no answer; trying again over a "
+                            "fresh connection", self.identity)
                 await self._kube.drop_connections()
+                retry_now = True
             except KubeError as exc:
                 log.warning("%s: renewing the Lease failed: %s", self.identity, exc)
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import pytest
 
 from healthd.kube.client import Kube
@@ -63,3 +64,27 @@ async def test_after_a_freeze_the_lease_is_renewed_and_resets_still_happen(
         set_verdict(api, "n1", "EVICT", "XID_79")
         await eventually(lambda: phase(api, "a") == "Resetting", 8)
         assert lease(api)["holderIdentity"] == "ctl"
+
+
+async def test_a_renew_stuck_on_a_frozen_connection_is_retried_before_the_deadline(
+        api: ApiEmulator, proxy: FreezingProxy, caplog: pytest.LogCaptureFixture) -> None:
+    """The client's own request deadline (10 s) is longer than the renew deadline
+    (4 s): the leader must not wait on the silent connection until the deadline has
+    passed and then take its own Lease back, logging a loss that never was."""
+    api.seed(node("n1"), default_flavor(), slack_queue())
+    kube = Kube(async_api_client(proxy.url, user="ctl"), timeout_s=10)
+    config = settings(election={"lease_duration": "6s", "renew_deadline": "4s",
+                                "retry_period": "1s"})
+    async with kube, controllers(lambda name: kube, config, "ctl") as (ctl,):
+        await settled(ctl)
+        leading: list[float] = []
+        await anyio.sleep(2)  # renews have left a connection idle in the pool
+        assert proxy.freeze() >= 6  # the watches of the five caches and that one
+        frozen_at = time.time()
+        for _ in range(300):  # 6 s: past the renew deadline, every 20 ms
+            leading.append(ctl.sample("healthd_controller_leader"))
+            await anyio.sleep(0.02)
+        assert min(leading) == 1.0
+        assert (parse_time(lease(api).get("renewTime")) or 0) > frozen_at + 1
+    assert not [r for r in caplog.records if "lost the Lease" in r.getMessage()
+                or "could not renew" in r.getMessage()]
