@@ -61,7 +61,7 @@ dcgm-exporter's labels so joins with it work: `gpu` (index), `UUID`, `pci_bus_id
 | `healthd_agent_fault_to_label_seconds` | histogram | node | from a fault's detection to the node label carrying it |
 | `healthd_agent_api_in_sync` | gauge | node | 1 when the Node shows everything the agent wants it to |
 | `healthd_agent_api_failing` | gauge | node | 1 when the latest write to the API server failed |
-| `healthd_kube_undecodable_objects_total` | counter | node, kind | objects left out of what the agent watches because they are nested too deep to decode, by resource (`pods`, ...); each version counted and logged once (healthd.kube.decoding) |
+| `healthd_kube_undecodable_objects_total` | counter | node, kind | objects left out of what the agent watches because they are nested too deep to decode, by resource (`pods`, ...); each object counted and logged once (healthd.kube.decoding) |
 
 Peers cost five series each on every node (status, loss, two RTTs, Autopilot's);
 `AgentMetrics(peer_detail=False)` keeps only Autopilot's on very large fleets.

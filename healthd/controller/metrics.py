@@ -17,7 +17,7 @@ state the controller acts on.
 | `healthd_controller_label_to_reset_seconds` | histogram | | from the watch event that made a node EVICT to the reset written |
 | `healthd_controller_cache_synced` | gauge | kind | 1 once the cache of `kind` (`nodes`, `pods`, `appwrappers`, `clusterqueues`, `resourceflavors`) has its first full list; 0 while not leading |
 | `healthd_controller_leader` | gauge | | 1 while this replica holds the Lease |
-| `healthd_kube_undecodable_objects_total` | counter | kind | objects left out of what the controller sees because they are nested too deep to decode (an AppWrapper's free-form template, say), by resource (`appwrappers`, ...); each version counted and logged once (healthd.kube.decoding) |
+| `healthd_kube_undecodable_objects_total` | counter | kind | objects left out of what the controller sees because they are nested too deep to decode (an AppWrapper's free-form template, say), by resource (`appwrappers`, ...); each object counted and logged once (healthd.kube.decoding) |
 | `healthd_network_blamed` | gauge | node, network | 1 while most of its peers cannot reach the node by ping on that network (`pod` or a secondary network's name; healthd.blame.announce); no series otherwise |
 | `healthd_network_partitioned` | gauge | network | 1 while pings on that network fail between groups of nodes or most nodes reach almost nobody (nobody is blamed for those) |
 

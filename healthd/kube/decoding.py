@@ -16,7 +16,7 @@ taken out (`sift_answer`, `sift_event`): to healthd they do not exist.
 - one object (a GET or a write's answer): `Undecodable`, never a lossy copy that
   could be written back.
 
-Each skipped object is named in a warning, once per version, and counted by kind
+Each skipped object is named in a warning and counted by kind, once,
 in an `UndecodableObjects` tally that the agent's and the controller's metrics
 read at scrape time.
 """
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 MAX_DEPTH = 400  # values nested deeper are cut in the second pass (Python's decoder: ~1,000)
 TOO_DEEP = "\x00healthd: nested too deep to decode"
-_REMEMBERED = 4096  # object versions already warned about (a relist repeats them)
+_REMEMBERED = 4096  # objects already warned about (relists and updates repeat them)
 # A JSON string, or one bracket: what a depth count needs to see.
 _TOKENS = re.compile(r'"(?:[^"\\]+|\\.)*"|[\[\]{}]')
 
@@ -95,7 +95,8 @@ def carries_marker(value: Any) -> bool:
 
 class UndecodableObjects:
     """The objects skipped as undecodable, counted by kind (the resource's plural);
-    each object version is logged once, however often relists bring it back."""
+    each object (by uid) is counted and logged once, however often relists and its
+    own updates bring it back."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # a scrape may read from another thread
@@ -119,7 +120,7 @@ class UndecodableObjects:
 
     def _first(self, kind: str, obj: Mapping[str, Any]) -> bool:
         meta = _meta(obj)
-        key = (kind, _name(obj), str(meta.get("resourceVersion") or ""))
+        key = (kind, _name(obj), str(meta.get("uid") or ""))
         with self._lock:
             if key in self._told:
                 return False
