@@ -258,6 +258,26 @@ class SkippedLinesCollector:
         yield skipped
 
 
+class UndecodableCollector:
+    """A prometheus_client collector: the objects the agent's client left out as too
+    deeply nested to decode, by resource (healthd.kube.decoding), read at scrape time."""
+
+    def __init__(self, read: Callable[[], Mapping[str, int]], *, node: str) -> None:
+        self._read = read
+        self._node = node
+
+    def describe(self) -> list[Metric]:
+        return list(self.collect())
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "healthd_kube_undecodable_objects", "Objects left out because they are "
+            "nested too deep to decode, by resource.", labels=("node", "kind"))
+        for kind, count in sorted(self._read().items()):
+            family.add_metric((self._node, kind), float(count))
+        yield family
+
+
 def check_name(key: str) -> str:
     """The check NAME of a check KEY (`dcgm:3` -> `dcgm`)."""
     return key.partition(":")[0]

@@ -61,6 +61,7 @@ dcgm-exporter's labels so joins with it work: `gpu` (index), `UUID`, `pci_bus_id
 | `healthd_agent_fault_to_label_seconds` | histogram | node | from a fault's detection to the node label carrying it |
 | `healthd_agent_api_in_sync` | gauge | node | 1 when the Node shows everything the agent wants it to |
 | `healthd_agent_api_failing` | gauge | node | 1 when the latest write to the API server failed |
+| `healthd_kube_undecodable_objects_total` | counter | node, kind | objects left out of what the agent watches because they are nested too deep to decode, by resource (`pods`, ...); each object counted and logged once (healthd.kube.decoding) |
 
 Peers cost five series each on every node (status, loss, two RTTs, Autopilot's);
 `AgentMetrics(peer_detail=False)` keeps only Autopilot's on very large fleets.
@@ -87,9 +88,11 @@ from healthd.agent.metric_families import (
     SkippedLinesCollector,
     Snapshot,
     SnapshotCollector,
+    UndecodableCollector,
     entity_labels,
     number,
 )
+from healthd.kube.decoding import UNDECODABLE, UndecodableObjects
 
 if TYPE_CHECKING:
     from healthd.agent.verdict import HealthState
@@ -132,6 +135,7 @@ class AgentMetrics:
         gpu_model: str = "",
         peer_detail: bool = True,
         skipped_lines: kernel_log.SkippedLines | None = None,
+        undecodable: UndecodableObjects | None = None,
         clock: Callable[[], float] = time.time,
         known: Mapping[str, type[BaseCheck]] | None = None,
     ) -> None:
@@ -178,6 +182,9 @@ class AgentMetrics:
         # each scrape.
         lines = skipped_lines or kernel_log.SKIPPED
         registry.register(SkippedLinesCollector(lines.counts, node=node))
+        # The client's tally of undecodable objects (the process's when none is given).
+        tally = undecodable or UNDECODABLE
+        registry.register(UndecodableCollector(tally.counts, node=node))
 
     def observe_result(self, key: str, result: CheckResult) -> None:
         """Count one completed run of check `key` (result, duration, XIDs) and make it

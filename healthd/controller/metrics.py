@@ -17,6 +17,7 @@ state the controller acts on.
 | `healthd_controller_label_to_reset_seconds` | histogram | | from the watch event that made a node EVICT to the reset written |
 | `healthd_controller_cache_synced` | gauge | kind | 1 once the cache of `kind` (`nodes`, `pods`, `appwrappers`, `clusterqueues`, `resourceflavors`) has its first full list; 0 while not leading |
 | `healthd_controller_leader` | gauge | | 1 while this replica holds the Lease |
+| `healthd_kube_undecodable_objects_total` | counter | kind | objects left out of what the controller sees because they are nested too deep to decode (an AppWrapper's free-form template, say), by resource (`appwrappers`, ...); each object counted and logged once (healthd.kube.decoding) |
 | `healthd_network_blamed` | gauge | node, network | 1 while most of its peers cannot reach the node by ping on that network (`pod` or a secondary network's name; healthd.blame.announce); no series otherwise |
 | `healthd_network_partitioned` | gauge | network | 1 while pings on that network fail between groups of nodes or most nodes reach almost nobody (nobody is blamed for those) |
 
@@ -26,10 +27,13 @@ Quantities are exported as plain numbers (`500m` is 0.5, `2000G` is 2e12).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from decimal import Decimal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, Metric
+
+from healthd.kube.decoding import UNDECODABLE, UndecodableObjects
 
 # A reset is meant to follow a label change within a second; the tail shows a
 # breaker, a rate limit or an API server that was away.
@@ -44,7 +48,8 @@ class ControllerMetrics:
     prometheus_client surface; the methods cover what the controller records.
     """
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry,
+                 undecodable: UndecodableObjects | None = None) -> None:
         self.registry = registry
         self._reasons: dict[tuple[str, ...], set[str]] = {}  # lending series -> reasons shown
         self.resets = Counter(
@@ -93,6 +98,8 @@ class ControllerMetrics:
         self._partitioned: set[str] = set()
         for result in ("reset", "dry-run", "breaker-open", "error"):
             self.resets.labels(result=result)  # visible at 0 before the first decision
+        # The client's tally (the process's when none is given), read at each scrape.
+        registry.register(UndecodableCollector(undecodable or UNDECODABLE))
 
     # -- resets --------------------------------------------------------------------
 
@@ -186,3 +193,22 @@ def _remove(family: Gauge, labels: Mapping[str, str]) -> None:
     names = (*_QUEUE_LABELS, "reason") if "reason" in labels else _QUEUE_LABELS
     with contextlib.suppress(KeyError):  # no such series: nothing to remove
         family.remove(*(labels[name] for name in names))
+
+
+class UndecodableCollector:
+    """A prometheus_client collector: the objects the client left out as too deeply
+    nested to decode, by resource, as the tally holds them at scrape time."""
+
+    def __init__(self, tally: UndecodableObjects) -> None:
+        self._tally = tally
+
+    def describe(self) -> list[Metric]:
+        return list(self.collect())
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "healthd_kube_undecodable_objects", "Objects left out because they are "
+            "nested too deep to decode, by resource.", labels=("kind",))
+        for kind, count in sorted(self._tally.counts().items()):
+            family.add_metric((kind,), float(count))
+        yield family

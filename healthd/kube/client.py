@@ -29,7 +29,6 @@ Usage::
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from collections.abc import AsyncGenerator, Mapping
@@ -44,6 +43,14 @@ import yaml
 from aiohttp.helpers import get_env_proxy_for_url
 from yarl import URL
 
+from healthd.kube.decoding import (
+    UNDECODABLE,
+    UndecodableObjects,
+    loads,
+    plural_of,
+    sift_answer,
+    sift_event,
+)
 from healthd.kube.errors import KubeError, Unavailable, from_status
 from healthd.kube.narrow import (
     ApiClient,
@@ -77,14 +84,18 @@ class Kube:
     `timeout_s` is the default deadline of one request (connect, send, read the
     answer); a request that passes it raises `Unavailable`. `watch_timeout_s` is
     each watch's server-side timeout; a watch silent `watch_read_margin_s` longer
-    than that is a dead connection (see the module docstring).
+    than that is a dead connection (see the module docstring). Objects too deeply
+    nested to decode are left out of answers and counted in `undecodable` (the
+    process's tally unless given; healthd.kube.decoding).
     """
 
     def __init__(self, api_client: ApiClient, *, timeout_s: float = 10,
                  watch_timeout_s: int = WATCH_TIMEOUT_S,
-                 watch_read_margin_s: float = WATCH_READ_MARGIN_S) -> None:
+                 watch_read_margin_s: float = WATCH_READ_MARGIN_S,
+                 undecodable: UndecodableObjects | None = None) -> None:
         _environment_once(api_client)
         self._client = api_client
+        self.undecodable = UNDECODABLE if undecodable is None else undecodable
         self.timeout_s = timeout_s
         self.watch_timeout_s = watch_timeout_s
         self.watch_read_margin_s = watch_read_margin_s
@@ -160,7 +171,10 @@ class Kube:
                 raw = await _read(resp)
         except TimeoutError as exc:
             raise await self._timed_out(generation, f"{method} {path}", deadline) from exc
-        return _decode(method, path, raw)
+        value, pruned = _decode(method, path, raw)
+        if pruned:
+            return sift_answer(value, f"{method} {path}", plural_of(path), self.undecodable)
+        return value
 
     async def stream(self, path: str, *, query: Query | None = None,
                      timeout_s: float | None = None,
@@ -188,7 +202,11 @@ class Kube:
                 await _read(resp)  # raises the translated error
             async with aclosing(_lines(resp, path)) as lines:
                 async for line in lines:
-                    yield _decode("GET", path, line)
+                    event, pruned = _decode("GET", path, line)
+                    if pruned:
+                        event = sift_event(event, f"GET {path}", plural_of(path),
+                                           self.undecodable)
+                    yield event
         except _Silent as exc:
             raise await self._timed_out(generation, f"GET {path}", read_timeout_s or 0) from exc
         finally:
@@ -399,19 +417,21 @@ async def _lines(resp: RESTResponse, path: str) -> AsyncGenerator[bytes, None]:
         yield pending
 
 
-def _decode(method: str, path: str, raw: bytes) -> dict[str, Any]:
+def _decode(method: str, path: str, raw: bytes) -> tuple[dict[str, Any], bool]:
+    """The answer's JSON object, and whether values nested too deep were cut from it
+    (healthd.kube.decoding: the caller takes out the objects that carried them)."""
     if not raw.strip():
-        return {}
+        return {}, False
     try:
-        value = json.loads(raw)
-    except ValueError as exc:
+        value, pruned = loads(raw)
+    except (ValueError, RecursionError) as exc:
         # A proxy or load balancer answering HTML: the real server is not reachable.
         raise Unavailable(f"{method} {path}: the answer is not JSON: {raw[:120]!r}",
                           reason="BadResponse") from exc
     if not isinstance(value, dict):
         raise Unavailable(f"{method} {path}: the answer is not a JSON object",
                           reason="BadResponse")
-    return value
+    return value, pruned
 
 
 def _unreachable(method: str, path: str, exc: BaseException) -> Unavailable:

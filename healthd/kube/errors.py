@@ -11,6 +11,7 @@ caller ever imports `kubernetes` or `aiohttp` to handle an error. The tree::
     ├── Invalid               422, including a failed JSON-patch `test`
     │   └── TooLarge          422 for a field too long (all annotations over 256 KiB)
     ├── Forbidden             401 and 403
+    ├── Undecodable           an answer holding one object nested too deep to decode
     └── Gone                  410: a watch or list resourceVersion too old (or, with
                               504, too large: a restored or replaced server); relist
 """
@@ -78,6 +79,14 @@ class Forbidden(KubeError):
 
 class Gone(KubeError):
     """410: the resourceVersion is older than the server's history; relist."""
+
+
+class Undecodable(KubeError):
+    """The answer is one object nested deeper than healthd can decode (what the API
+    server stores, it may nest 10,000 levels deep); asking again will not help."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="Undecodable")
 
 
 _BY_STATUS: dict[int, type[KubeError]] = {

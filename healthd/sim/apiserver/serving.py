@@ -10,7 +10,6 @@ code, so the official client raises the `ApiException` it would raise on a clust
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from healthd.sim.apiserver import discovery, tables
+from healthd.sim.apiserver import deep, discovery, tables
 from healthd.sim.apiserver.errors import ApiError, status_body
 from healthd.sim.apiserver.recording import Fault, RecordedRequest, Recorder, now
 from healthd.sim.apiserver.resources import ResourceTable, ResourceType
@@ -67,7 +66,7 @@ def _user(request: web.Request) -> str:
 
 
 def _json(body: Any, status: int = 200) -> web.Response:
-    return web.json_response(body, status=status)
+    return web.json_response(body, status=status, dumps=deep.dumps)
 
 
 class ApiHandler:
@@ -113,7 +112,7 @@ class ApiHandler:
         if not text.strip():
             return None
         try:
-            return json.loads(text)
+            return deep.loads(text)  # too-deep values kept as the real server keeps them
         except ValueError:
             return text
 

@@ -15,12 +15,12 @@ mid-stream.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass
 
 from aiohttp import web
 
+from healthd.sim.apiserver import deep
 from healthd.sim.apiserver.errors import ApiError, status_body
 from healthd.sim.apiserver.resources import Obj, ResourceType
 from healthd.sim.apiserver.selectors import Selector
@@ -85,7 +85,7 @@ class WatchRequest:
 
 
 async def _send(resp: web.StreamResponse, event: dict[str, object]) -> None:
-    await resp.write(json.dumps(event).encode() + b"\n")
+    await resp.write(deep.dumps(event).encode() + b"\n")
 
 
 async def _open_stream(request: web.Request) -> web.StreamResponse:
