@@ -15,6 +15,8 @@ the field). Durations accept `30s`, `5m`, `1h` and are stored as seconds::
       breaker: {max_unhealthy: 30%, min_allowed: 1, window: 5m, hold: 5m}
       election: {lease_name: healthd-controller, namespace: healthd-system,
                  lease_duration: 15s, renew_deadline: 10s, retry_period: 2s}
+      repair: {enabled: false, max_gpu_resets: 2, max_reboots: 2, window: 24h,
+               remedies: {}}                  # e.g. {XID_48: reboot, NIC_DOWN: humans}
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from checks.catalog import is_known_code
 from healthd.kube.conventions import CONTROLLER_COMPONENT, GPU_RESOURCE, Verdict
 from healthd.util.durations import Duration, Interval
 from healthd.util.models import Frozen
@@ -115,6 +118,33 @@ class ElectionSettings(Frozen):
         return self
 
 
+RemedyName = Literal["reset", "reboot", "humans", "none"]
+
+
+class RepairSettings(Frozen):
+    """Repairs after the AppWrapper reset (healthd.repair.decision): what each finding
+    needs, and how often a node may be repaired before it goes to humans."""
+
+    enabled: bool = Field(False, description="repair nodes (GPU resets, reboot requests)")
+    remedies: dict[str, RemedyName] = Field(
+        {}, description="per finding code, overriding the default table: reset, reboot, "
+        "humans (hardware inspection) or none (healthd does not repair it)")
+    max_gpu_resets: int = Field(2, ge=0, description="GPU resets per node in the window "
+                                "before a reboot is asked instead")
+    max_reboots: int = Field(2, ge=0, description="reboot requests per node in the window "
+                             "before hardware inspection")
+    window: Duration = Field(86400.0, description="how far back repairs count")
+
+    @field_validator("remedies")
+    @classmethod
+    def _known_codes(cls, remedies: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(c for c in remedies if not is_known_code(c))
+        if unknown:
+            raise ValueError(f"unknown finding code(s) {', '.join(unknown)}: use a code "
+                             "from the catalog (e.g. REMAP_PENDING, XID_79)")
+        return remedies
+
+
 class ControllerSettings(Frozen):
     """Everything `healthd controller` is told; built once by the config loader."""
 
@@ -138,6 +168,7 @@ class ControllerSettings(Frozen):
     resets: ResetSettings = ResetSettings()
     breaker: BreakerSettings = BreakerSettings()
     election: ElectionSettings = ElectionSettings()
+    repair: RepairSettings = RepairSettings()
 
     @field_validator("slack_queues")
     @classmethod
