@@ -8,6 +8,8 @@ console would make it on a real node (an XID, a new fault, a repair, a cable pul
     {"op": "inject", "fault": {"gpu": 2, "remapped_rows": {"pending": true}}}
     {"op": "clear_faults"}                  # every GPU; or {"op": "clear_faults", "gpu": 2}
     {"op": "driver", "present": false}
+    {"op": "gpu_reset", "gpu": 2}           # as nvidia-smi --gpu-reset (healthd.sim.repairs)
+    {"op": "reboot"}                        # the GPUs keep only what survives a reboot
     {"op": "rdma_port", "device": "mlx5_0", "state": "DOWN", "phys_state": "Disabled"}
     {"op": "rdma_port", "device": "mlx5_0", "counters": {"symbol_error": 12}}
 
@@ -66,6 +68,16 @@ def _driver(machine: Machine, command: Command) -> None:
     machine.nvml.set_driver_present(bool(command["present"]))
 
 
+def _gpu_reset(machine: Machine, command: Command) -> None:
+    gpu = int(command["gpu"])
+    if not machine.nvml.reset_gpu(gpu):
+        raise ValueError(f"the reset cannot reach gpu {gpu} (lost from the bus or missing)")
+
+
+def _reboot(machine: Machine, command: Command) -> None:
+    machine.nvml.reboot()
+
+
 def _rdma_port(machine: Machine, command: Command) -> None:
     if machine.rdma is None:
         raise ValueError("this machine has no RDMA ports (a recording that holds none)")
@@ -75,7 +87,7 @@ def _rdma_port(machine: Machine, command: Command) -> None:
 
 OPS: dict[str, Callable[[Machine, Command], None]] = {
     "emit_xid": _emit_xid, "inject": _inject, "clear_faults": _clear_faults,
-    "driver": _driver, "rdma_port": _rdma_port,
+    "driver": _driver, "rdma_port": _rdma_port, "gpu_reset": _gpu_reset, "reboot": _reboot,
 }
 
 

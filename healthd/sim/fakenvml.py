@@ -58,6 +58,7 @@ from healthd.sim.gpustate import GpuState, gpu_state, is_active
 from healthd.sim.machine import GpuFault, MachineSpec
 from healthd.sim.nvmlevents import Delivered, EventSet, ScheduledXid
 from healthd.sim.nvmlsymbols import SUCCESS, SYMBOLS, Fail, Impl, address, code, set_pointer
+from healthd.sim.repairs import after_reboot, after_reset, resettable
 
 Clock = Callable[[], float]
 _HANDLE_BASE = 0x7E57_0000  # fake device "pointers": never dereferenced, only compared
@@ -270,6 +271,36 @@ class FakeNvmlLibrary:
             self._fire(gpu, xid)
             self._cond.notify_all()
 
+    def reset_gpu(self, gpu: int) -> bool:
+        """A GPU reset of `gpu` now (healthd.sim.repairs); False when the reset cannot
+        reach it (lost from the bus, not enumerated): nothing changes then."""
+        with self._cond:
+            now = self.clock()
+            active = [(s, f) for s, f in self._faults if f.gpu == gpu and is_active(f, now)]
+            if not all(resettable(f) for _, f in active):
+                return False
+            reset = {s: after_reset(f) for s, f in active}
+            self._faults = [(s, reset.get(s, f)) for s, f in self._faults]
+            self._cond.notify_all()
+            return True
+
+    def reboot(self) -> None:
+        """The node rebooted: the driver starts again, with no session and no event set,
+        and every fault in force keeps only what survives a reboot (healthd.sim.repairs)."""
+        with self._cond:
+            now = self.clock()
+            kept: list[tuple[int, GpuFault]] = []
+            for seq, fault in self._faults:
+                after = after_reboot(fault) if is_active(fault, now) else fault
+                if after is not None:
+                    kept.append((seq, after))
+            self._faults = kept
+            seqs = {seq for seq, _ in kept}
+            self._injected_at = {s: t for s, t in self._injected_at.items() if s in seqs}
+            self.refcount = 0
+            self.event_sets.clear()
+            self._cond.notify_all()
+
     def _fire(self, gpu: int, xid: int) -> None:
         """XID `xid` on `gpu` now, to the event sets registered at this moment, each
         after the scheduled XIDs that fired before it (a set reads them in order)."""
@@ -339,6 +370,17 @@ class FakeNvml:
     def set_driver_present(self, present: bool) -> None:
         """Load or unload the simulated driver (unloading ends every NVML session)."""
         self.library.set_driver_present(present)
+
+    def reset_gpu(self, gpu: int) -> bool:
+        """Reset GPU `gpu` as `nvidia-smi --gpu-reset` would; False when the reset
+        cannot reach it (healthd.sim.repairs)."""
+        if not 0 <= gpu < self.spec.gpus.count:
+            raise ValueError(f"no gpu {gpu}: the machine has {self.spec.gpus.count}")
+        return self.library.reset_gpu(gpu)
+
+    def reboot(self) -> None:
+        """Reboot the machine's GPUs: what survives a reboot stays (healthd.sim.repairs)."""
+        self.library.reboot()
 
     def hang(self) -> None:
         """Device queries block until `respond()`, as NVML does on a wedged driver: the

@@ -297,6 +297,9 @@ class GpuFault(Frozen):
     field_errors: FieldErrors = Field(
         {}, description="this GPU's answers in nvmlDeviceGetFieldValues, by field id")
     nvml_errors: list[NvmlErrorSpec] = []
+    hardware: bool = Field(False, description="the fault survives GPU resets and reboots "
+                           "(broken hardware); otherwise a repair clears what it clears "
+                           "on a real GPU (healthd.sim.repairs)")
 
     @model_validator(mode="after")
     def _ends_after_it_starts(self) -> GpuFault:
