@@ -19,6 +19,11 @@ cel = pytest.importorskip("cel_expr_python.cel", reason="cel-expr-python is not 
 
 Obj = dict[str, Any]
 INPUTS = ("object", "oldObject", "request", "params", "namespaceObject", "variables")
+# What the API server keeps or checks itself before admission sees an update: a write
+# that changes the resourceVersion is a conflict, the uid cannot change, the creation
+# timestamp and generation are put back; `object` carries `oldObject`'s (a store's
+# states before and after a write, as tests catch them, differ there).
+SERVER_KEPT = ("uid", "creationTimestamp", "resourceVersion", "generation")
 
 
 @dataclass(frozen=True)
@@ -43,21 +48,23 @@ class Policy:
         self.validations = [(self.env.compile(v["expression"]), v.get("message", v["expression"]))
                             for v in spec["validations"]]
 
-    def _eval(self, expression: Any, data: Obj) -> Any:
+    def _eval(self, expression: Any, data: Obj, *, plain: bool = False) -> Any:
         value = expression.eval(data=data)
         if value.type() == cel.Type.ERROR:
             raise ValueError("evaluation error")
-        return value.value()
+        return value.plain_value() if plain else value.value()
 
     def review(self, *, old: Obj, new: Obj, user: str, extra: dict[str, list[str]] | None = None,
                operation: str = "UPDATE") -> Verdict:
+        new = _as_admitted(old, new) if operation == "UPDATE" else new
         request = {"operation": operation, "userInfo": {"username": user, "extra": extra or {}}}
         data: Obj = {"object": new, "oldObject": old, "request": request, "params": None,
                      "namespaceObject": None, "variables": {}}
         if not all(self._eval(m, data) is True for m in self.matches):
             return Verdict(False, ())
         for name, expression in self.variables:
-            data["variables"][name] = self._eval(expression, data)
+            # plain Python values: a variable is input to the next expressions
+            data["variables"][name] = self._eval(expression, data, plain=True)
         denials = []
         for expression, message in self.validations:
             try:
@@ -67,3 +74,11 @@ class Policy:
             if not ok:
                 denials.append(message)
         return Verdict(True, tuple(denials))
+
+
+def _as_admitted(old: Obj, new: Obj) -> Obj:
+    """`new` as admission sees it: with `old`'s SERVER_KEPT metadata."""
+    before = old.get("metadata") or {}
+    metadata = {k: v for k, v in (new.get("metadata") or {}).items() if k not in SERVER_KEPT}
+    metadata.update({k: before[k] for k in SERVER_KEPT if k in before})
+    return {**new, "metadata": metadata}

@@ -2,10 +2,13 @@
 decide, as data: a list of `Case(description, old, new, allowed)`, each an UPDATE of
 the Node `NODE` by the agent's own node-bound identity (user `AGENT`, token extra
 `OWN`). `tests/deploy/test_node_policy.py` judges them with a CEL runtime; the same
-table can be replayed against a real API server (update `old` to `new` as the agent).
+table is replayed against a real API server (update `old` to `new` as the agent),
+all but the cases of a field no Kubernetes has yet (`in_schema=False`: a real
+server drops such a field before admission, so only the CEL runtime can judge them).
 
 `node()` is a Node as a kubelet registers it (addresses, daemon endpoints, node info,
-images, volumes) with other owners' labels, annotations, taints and conditions.
+images, volumes, runtime handlers, features) with other owners' labels, annotations,
+taints and conditions.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class Case:
     old: Obj
     new: Obj
     allowed: bool
+    in_schema: bool = True  # every field of old and new is one a real API server keeps
 
 
 def node() -> Obj:
@@ -58,6 +62,12 @@ def node() -> Obj:
             "images": [{"names": ["ghcr.io/healthd/healthd:0.1.0"], "sizeBytes": 100}],
             "volumesInUse": ["kubernetes.io/csi/x^vol-1"],
             "volumesAttached": [{"name": "kubernetes.io/csi/x^vol-1", "devicePath": ""}],
+            "runtimeHandlers": [
+                {"name": "", "features": {"recursiveReadOnlyMounts": True,
+                                          "userNamespaces": True}},
+                {"name": "runc", "features": {"recursiveReadOnlyMounts": True,
+                                              "userNamespaces": True}}],
+            "features": {"supplementalGroupsPolicy": True},
         },
     }
 
@@ -123,6 +133,29 @@ FOREIGN_WRITES: dict[str, Callable[[Obj], Any]] = {
     "adds another condition": lambda n: conditions(n).append({"type": "X", "status": "True"}),
     "hides GPUs": lambda n: n["status"]["allocatable"].update({"nvidia.com/gpu": "0"}),
     "removes capacity": lambda n: n["status"].pop("capacity"),
+    # Fields no rule of the policy names: it holds every part of the Node but the
+    # agent's own to stay as it was, so these are refused like the named ones.
+    "changes runtimeHandlers": lambda n: status(n)["runtimeHandlers"][1]["features"].update(
+        {"userNamespaces": False}),
+    "adds a runtime handler": lambda n: status(n)["runtimeHandlers"].append(
+        {"name": "nvidia", "features": {"recursiveReadOnlyMounts": True,
+                                        "userNamespaces": True}}),
+    "changes features": lambda n: status(n)["features"].update(
+        {"supplementalGroupsPolicy": False}),
+    "removes features": lambda n: status(n).pop("features"),
+    "declares features": lambda n: status(n).update({"declaredFeatures": ["ExampleFeature"]}),
+    "changes generateName": lambda n: n["metadata"].update({"generateName": "gpu-"}),
+    "sets the providerID": lambda n: n["spec"].update({"providerID": "example://gpu-7"}),
+}
+
+# Fields no Kubernetes has yet, as a later one may add them: refused all the same.
+FUTURE_WRITES: dict[str, Callable[[Obj], Any]] = {
+    "adds a status field the policy does not know": lambda n: status(n).update(
+        {"futureField": {"x": 1}}),
+    "adds a metadata field the policy does not know": lambda n: n["metadata"].update(
+        {"futureField": "x"}),
+    "adds a part of the Node the policy does not know": lambda n: n.update(
+        {"futurePart": {"x": 1}}),
 }
 
 # What a stolen agent token must not do even under healthd's own prefixes.
@@ -186,6 +219,19 @@ def _cases() -> list[Case]:
     ]
     out += [Case(f"refused: {what}", node(), edited(change), False)
             for what, change in {**FOREIGN_WRITES, **OVERREACHING_WRITES}.items()]
+    out += [Case(f"refused: {what}", node(), edited(change), False, in_schema=False)
+            for what, change in FUTURE_WRITES.items()]
+    out += [
+        Case("refused: changes a status field the policy does not know",
+             edited(lambda n: status(n).update({"futureField": {"x": 1}})),
+             edited(lambda n: status(n).update({"futureField": {"x": 2}})), False,
+             in_schema=False),
+        Case("agent: leaves a field the policy does not know alone",
+             edited(lambda n: status(n).update({"futureField": {"x": 1}})),
+             edited(lambda n: (status(n).update({"futureField": {"x": 1}}),
+                               conditions(n).append(GPU_UNHEALTHY))), True,
+             in_schema=False),
+    ]
     return out
 
 

@@ -1,10 +1,12 @@
 """The ValidatingAdmissionPolicy that keeps the agent on its own Node and its own keys,
 evaluated with a real CEL runtime: what the agent writes passes; touching another
 node, another owner's label, annotation or condition, the taints, the cordon, the
-capacity, the rest of the status, finalizers or owner references, or writing its own
-keys with values it never writes is refused; other users are not judged at all. The
-cases are a table (tests/deploy/node_policy_cases.py) so a real API server can be
-held to the same decisions."""
+capacity, the rest of the status, finalizers or owner references, any other field,
+named by the policy or not (runtime handlers, features, one a later Kubernetes adds),
+or writing its own keys with values it never writes is refused, for one reason that
+says what was touched; other users are not judged at all. The cases are a table
+(tests/deploy/node_policy_cases.py) so a real API server can be held to the same
+decisions."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from tests.deploy.node_policy_cases import (
     AGENT,
     CASES,
     FOREIGN_WRITES,
+    FUTURE_WRITES,
     NODE_NAME_EXTRA,
     OWN,
     Case,
@@ -40,10 +43,25 @@ def test_the_policy_decides_each_case(policy: Policy, case: Case) -> None:
     assert verdict.allowed == case.allowed, verdict.denials
 
 
-@pytest.mark.parametrize("what", list(FOREIGN_WRITES))
+@pytest.mark.parametrize("what", [*FOREIGN_WRITES, *FUTURE_WRITES])
 def test_a_foreign_write_is_refused_for_one_reason(policy: Policy, what: str) -> None:
-    verdict = policy.review(old=node(), new=edited(FOREIGN_WRITES[what]), user=AGENT, extra=OWN)
+    change = {**FOREIGN_WRITES, **FUTURE_WRITES}[what]
+    verdict = policy.review(old=node(), new=edited(change), user=AGENT, extra=OWN)
     assert len(verdict.denials) == 1, verdict.denials
+
+
+@pytest.mark.parametrize(("what", "says"), [
+    ("changes runtimeHandlers", "a Node's status beyond its condition"),
+    ("declares features", "a Node's status beyond its condition"),
+    ("adds a status field the policy does not know", "a Node's status beyond its condition"),
+    ("changes generateName", "a Node's metadata beyond its labels and annotations"),
+    ("sets the providerID", "a Node's spec"),
+    ("adds a part of the Node the policy does not know", "any other part"),
+])
+def test_a_refusal_says_which_part_was_touched(policy: Policy, what: str, says: str) -> None:
+    change = {**FOREIGN_WRITES, **FUTURE_WRITES}[what]
+    verdict = policy.review(old=node(), new=edited(change), user=AGENT, extra=OWN)
+    assert len(verdict.denials) == 1 and says in verdict.denials[0], verdict.denials
 
 
 @pytest.mark.parametrize("extra", [{}, {NODE_NAME_EXTRA: ["gpu-8"]}, {NODE_NAME_EXTRA: []}],
