@@ -43,21 +43,27 @@ class Policy:
         self.validations = [(self.env.compile(v["expression"]), v.get("message", v["expression"]))
                             for v in spec["validations"]]
 
-    def _eval(self, expression: Any, data: Obj) -> Any:
+    def _eval(self, expression: Any, data: Obj, plain: bool = False) -> Any:
         value = expression.eval(data=data)
         if value.type() == cel.Type.ERROR:
             raise ValueError("evaluation error")
-        return value.value()
+        return value.plain_value() if plain else value.value()
 
-    def review(self, *, old: Obj, new: Obj, user: str, extra: dict[str, list[str]] | None = None,
-               operation: str = "UPDATE") -> Verdict:
-        request = {"operation": operation, "userInfo": {"username": user, "extra": extra or {}}}
+    def review(self, *, old: Obj | None, new: Obj | None, user: str,
+               extra: dict[str, list[str]] | None = None, operation: str = "UPDATE",
+               namespace: str = "") -> Verdict:
+        """`kind` and `namespace` of the request are the object's (`new`, else `old`)."""
+        subject = new or old or {}
+        group, _, version = str(subject.get("apiVersion", "")).rpartition("/")
+        request = {"operation": operation, "userInfo": {"username": user, "extra": extra or {}},
+                   "kind": {"group": group, "version": version, "kind": subject.get("kind", "")},
+                   "namespace": namespace}
         data: Obj = {"object": new, "oldObject": old, "request": request, "params": None,
                      "namespaceObject": None, "variables": {}}
         if not all(self._eval(m, data) is True for m in self.matches):
             return Verdict(False, ())
-        for name, expression in self.variables:
-            data["variables"][name] = self._eval(expression, data)
+        for name, expression in self.variables:  # plain values: a map or list goes back in
+            data["variables"][name] = self._eval(expression, data, plain=True)
         denials = []
         for expression, message in self.validations:
             try:
