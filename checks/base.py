@@ -356,7 +356,8 @@ class CheckContext:
     `gpus` serves ONE NVML pass per round to every NVML check (see checks.snapshot);
     `expected_gpus` is how many the node should have (None: as many as NVML sees);
     `peers` are the nodes the ping check probes, `attachments` this pod's secondary
-    interfaces (the nic and rdma checks); `namespace` is where the pvc probe works."""
+    interfaces (the nic and rdma checks); `namespace` is where the pvc probe works (the
+    agent's probe namespace)."""
 
     catalog: Catalog
     node_name: str = ""
@@ -364,7 +365,7 @@ class CheckContext:
     expected_gpus: int | None = None
     peers: Sequence[Peer] = ()
     attachments: Sequence[Attachment] = ()
-    namespace: str = "healthd-system"
+    namespace: str = "healthd-system-probes"
 
 
 def boot_uptime() -> float:

@@ -82,7 +82,8 @@ class PvcParams(BaseModel):
     )
     pod_image: str = Field("registry.k8s.io/pause:3.10", min_length=1)
     namespace: str | None = Field(
-        None, pattern=_DNS_LABEL, description="namespace of the test objects; default: the agent's"
+        None, pattern=_DNS_LABEL,
+        description="namespace of the test objects; default: the agent's probe namespace",
     )
 
 
@@ -173,9 +174,9 @@ class PvcCheck(BaseCheck):
         uid: str | None = None
         try:
             with anyio.move_on_after(timeout):
-                version, uid = await api.create_pvc(self._pvc_manifest(name, info.name), info.name)
+                version, uid = await api.create_pvc(self.pvc_manifest(name, info.name), info.name)
                 if consumer:
-                    await api.create_pod(self._pod_manifest(name, node), info.name)
+                    await api.create_pod(self.pod_manifest(name, node), info.name)
                 await api.wait_bound(name, version)
                 return Bound(anyio.current_time() - started)
             if uid is None:
@@ -184,7 +185,8 @@ class PvcCheck(BaseCheck):
         finally:
             await _cleanup(api, name, pod=consumer)
 
-    def _pvc_manifest(self, name: str, storage_class: str) -> dict[str, Any]:
+    def pvc_manifest(self, name: str, storage_class: str) -> dict[str, Any]:
+        """The test PVC (the probe API adds its labels)."""
         return {
             "apiVersion": "v1",
             "kind": "PersistentVolumeClaim",
@@ -196,7 +198,7 @@ class PvcCheck(BaseCheck):
             },
         }
 
-    def _pod_manifest(self, name: str, node: str) -> dict[str, Any]:
+    def pod_manifest(self, name: str, node: str) -> dict[str, Any]:
         """A pause pod that only mounts the PVC, pinned to this node through the
         scheduler, tolerating every taint (GPU nodes are usually tainted)."""
         pin = {"key": "metadata.name", "operator": "In", "values": [node]}

@@ -120,7 +120,7 @@ class Agent:
         self.metrics = AgentMetrics(self.registry, node=node, cpu_model=read_cpu_model(),
                                     skipped_lines=self.skipped_lines)
         self.inputs = RoundInputs(catalog=self.config.catalog(), node_name=node,
-                                  namespace=self.config.namespace,
+                                  namespace=self.config.probe_namespace,
                                   expected_gpus=self.config.expected_gpus)
         self.probes = probes or Probes()
         self.kernel_log = self._kernel_log(self.probes)

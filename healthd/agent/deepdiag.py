@@ -89,6 +89,17 @@ def diagnostic_command(key: str) -> list[str]:
             "--termination-log", TERMINATION_LOG]
 
 
+# The pod needs no API access and no privilege: dcgmi asks the node's host engine over
+# the network. It meets Pod Security "restricted", which its namespace enforces, and
+# the shape deploy/daemonset/base/probe-policy.yaml allows the agent to create.
+def pod_security() -> Obj:
+    return {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def container_security() -> Obj:
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
 def job_manifest(node: str, key: str, gpu_count: int, settings: DeepDiagSettings,
                  keys: Keys, env: Mapping[str, str] | None = None) -> Obj:
     """The Job that runs check `key` on `node` with all `gpu_count` GPUs reserved;
@@ -101,6 +112,9 @@ def job_manifest(node: str, key: str, gpu_count: int, settings: DeepDiagSettings
             "nodeSelectorTerms": [{"matchFields": [
                 {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}},
         "tolerations": [dict(t) for t in settings.tolerations],
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": pod_security(),
         "containers": [{
             "name": "diagnostic",
             "image": settings.image,
@@ -109,6 +123,7 @@ def job_manifest(node: str, key: str, gpu_count: int, settings: DeepDiagSettings
                      "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
                     *({"name": k, "value": v} for k, v in sorted((env or {}).items()))],
             "resources": {"requests": dict(gpus), "limits": dict(gpus)},
+            "securityContext": container_security(),
             "terminationMessagePath": TERMINATION_LOG,
             "terminationMessagePolicy": "FallbackToLogsOnError",
         }],
@@ -123,7 +138,8 @@ def job_manifest(node: str, key: str, gpu_count: int, settings: DeepDiagSettings
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"generateName": job_name_prefix(node), "namespace": settings.namespace,
-                     "labels": {**labels, keys.check: _label_value(key)}},
+                     "labels": {**labels, keys.check: _label_value(key)},
+                     "annotations": {keys.node_name: node}},
         "spec": {
             "backoffLimit": 0,
             "activeDeadlineSeconds": int(settings.schedule_deadline_s + settings.run_deadline_s),

@@ -118,7 +118,7 @@ async def _run_check(args: argparse.Namespace, simulate: Simulate | None) -> Rep
             planned = plan(config, selection, Probes(kernel_log=log))
             ctx = CheckContext(catalog=config.catalog(), node_name=node_name(config),
                                gpus=gpus, expected_gpus=config.expected_gpus, peers=peers,
-                               namespace=config.namespace)
+                               namespace=config.probe_namespace)
         snapshot = await gpus.snapshot()
         results = await run_planned(planned, ctx)
         await gpus.aclose()

@@ -106,6 +106,13 @@ class Config(Frozen):
     agent: AgentSettings = AgentSettings()
     controller: ControllerSettings = ControllerSettings()
 
+    @property
+    def probe_namespace(self) -> str:
+        """Where the agent creates what it creates (diagnostic Jobs, the pvc probe's
+        PVCs and pods): a namespace of its own, whose Roles and admission policy
+        allow exactly that (deploy/daemonset/base/probe-policy.yaml)."""
+        return self.agent.deep_diagnostics.namespace
+
     @field_validator("codes")
     @classmethod
     def _known_codes(cls, codes: dict[str, CodeOverride]) -> dict[str, CodeOverride]:

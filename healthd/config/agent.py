@@ -11,7 +11,7 @@ interval, cron, timeout, params); this section adds what only the agent needs:
       jitter: 0.1                 # fraction of each interval, spreads a fleet's checks
       diagnostics:                # deep (exclusive) diagnostics run only when listed here
         - {check: "dcgm:3", cron: "0 3 * * 0"}
-      deep_diagnostics: {namespace: healthd-system, image: ..., schedule_deadline: 5m}
+      deep_diagnostics: {namespace: healthd-system-probes, image: ..., schedule_deadline: 5m}
       peers: {namespace: healthd-system, label_selector: app.kubernetes.io/name=healthd-agent}
       kernel_log: {path: /dev/kmsg, state_file: /var/lib/healthd/kmsg-position.json}
 """
@@ -29,6 +29,8 @@ from healthd.util.models import Frozen
 
 DEFAULT_IMAGE = "ghcr.io/healthd/healthd:0.1.0"
 DEFAULT_NAMESPACE = "healthd-system"
+# What the agent creates lives apart from the agents and the controller (namespace.yaml).
+DEFAULT_PROBE_NAMESPACE = "healthd-system-probes"
 AGENT_SELECTOR = "app.kubernetes.io/name=healthd-agent"
 
 
@@ -36,7 +38,8 @@ class DeepDiagSettings(Frozen):
     """How an exclusive diagnostic runs: a Job pinned to the node that requests all
     its GPUs (so the scheduler keeps other work off them while it runs)."""
 
-    namespace: str = Field(DEFAULT_NAMESPACE, description="namespace of the diagnostic Jobs")
+    namespace: str = Field(DEFAULT_PROBE_NAMESPACE,
+                           description="namespace of the diagnostic Jobs and the pvc probe")
     image: str = Field(DEFAULT_IMAGE, description="image with `healthd` and DCGM")
     priority_class: str | None = Field(
         None, description="priorityClassName of the Job's pod (unset: none)"

@@ -64,6 +64,17 @@ async def translated(action: str) -> AsyncIterator[None]:
         raise ApiProblem(f"{action}: {describe(exc)}") from exc
 
 
+def probe_object(manifest: Mapping[str, Any], keys: Keys, node: str,
+                 storage_class: str) -> dict[str, Any]:
+    """`manifest` labelled as `node`'s probe object: what the agent creates."""
+    metadata = dict(manifest.get("metadata") or {})
+    metadata["labels"] = {**metadata.get("labels", {}), keys.probe: PROBE_VALUE,
+                          keys.node: label_value(node),
+                          keys.storage_class: label_value(storage_class)}
+    metadata["annotations"] = {**metadata.get("annotations", {}), keys.node_name: node}
+    return {**manifest, "metadata": metadata}
+
+
 def _not_found(exc: ApiProblem) -> bool:
     return isinstance(exc.__cause__, NotFound)
 
@@ -85,13 +96,7 @@ class KubeProbeApi(ProbeApi):
         return f"{self.keys.probe}={PROBE_VALUE},{self.keys.node}={label_value(self.node)}"
 
     def _labelled(self, manifest: Mapping[str, Any], storage_class: str) -> dict[str, Any]:
-        metadata = dict(manifest.get("metadata") or {})
-        metadata["labels"] = {**metadata.get("labels", {}), self.keys.probe: PROBE_VALUE,
-                              self.keys.node: label_value(self.node),
-                              self.keys.storage_class: label_value(storage_class)}
-        metadata["annotations"] = {**metadata.get("annotations", {}),
-                                   self.keys.node_name: self.node}
-        return {**manifest, "metadata": metadata}
+        return probe_object(manifest, self.keys, self.node, storage_class)
 
     async def storage_class(self, name: str) -> StorageClassInfo | None:
         try:

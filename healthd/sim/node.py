@@ -139,7 +139,7 @@ class SimulatedNode:
         expected = self.spec.gpus.count if config.expected_gpus is None else config.expected_gpus
         return CheckContext(catalog=config.catalog(), node_name=config.node_name or self.node,
                             gpus=gpus, expected_gpus=expected, peers=peers,
-                            namespace=config.namespace)
+                            namespace=config.probe_namespace)
 
     def prepare(self, planned: Sequence[Planned]) -> list[Planned]:
         """The planned checks (built with `check_probes`) pointed at the simulated

@@ -54,10 +54,17 @@ class Policy:
             raise ValueError("evaluation error")
         return value.plain_value() if plain else value.value()
 
-    def review(self, *, old: Obj, new: Obj, user: str, extra: dict[str, list[str]] | None = None,
-               operation: str = "UPDATE") -> Verdict:
-        new = _as_admitted(old, new) if operation == "UPDATE" else new
-        request = {"operation": operation, "userInfo": {"username": user, "extra": extra or {}}}
+    def review(self, *, old: Obj | None, new: Obj | None, user: str,
+               extra: dict[str, list[str]] | None = None, operation: str = "UPDATE",
+               namespace: str = "") -> Verdict:
+        """`kind` and `namespace` of the request are the object's (`new`, else `old`)."""
+        if operation == "UPDATE" and old is not None and new is not None:
+            new = _as_admitted(old, new)
+        subject = new or old or {}
+        group, _, version = str(subject.get("apiVersion", "")).rpartition("/")
+        request = {"operation": operation, "userInfo": {"username": user, "extra": extra or {}},
+                   "kind": {"group": group, "version": version, "kind": subject.get("kind", "")},
+                   "namespace": namespace}
         data: Obj = {"object": new, "oldObject": old, "request": request, "params": None,
                      "namespaceObject": None, "variables": {}}
         if not all(self._eval(m, data) is True for m in self.matches):

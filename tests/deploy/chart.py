@@ -33,8 +33,9 @@ KUBE_VERSION = programs.KUBERNETES_VERSION.lstrip("v")
 #   kustomize does it by the ConfigMap's hash-suffixed name, which is cut off here);
 # - the ConfigMap's text (the chart writes the config from values: compared as the
 #   loaded config instead, see test_chart.py);
-# - the Namespace: `helm install --create-namespace` makes it (Helm stores the release
-#   in it before any object of the chart exists), so the chart has none.
+# - the release's Namespace: `helm install --create-namespace` makes it (Helm stores the
+#   release in it before any object of the chart exists), so the chart has only the
+#   probe namespace.
 HELM_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance",
                "app.kubernetes.io/version")
 CONFIG_CHECKSUM = "checksum/config"
@@ -104,7 +105,7 @@ def normalized(objects: list[Obj]) -> dict[tuple[str, str, str], Obj]:
     """Objects keyed by (kind, namespace, name), with the meant differences removed."""
     out: dict[tuple[str, str, str], Obj] = {}
     for original in objects:
-        if original["kind"] == "Namespace":
+        if original["kind"] == "Namespace" and original["metadata"]["name"] == NAMESPACE:
             continue
         obj = copy.deepcopy(original)
         meta = obj["metadata"]

@@ -27,6 +27,7 @@ KUSTOMIZATIONS = {"base": BASE, **OVERLAYS, "monitoring": MONITORING, **STACKS,
 ALERTS = ROOT / "dashboards" / "alerts.yaml"
 
 NAMESPACE = "healthd-system"
+PROBES = "healthd-system-probes"  # what the agents create: diagnostic Jobs, pvc probes
 AGENT = f"system:serviceaccount:{NAMESPACE}:healthd-agent"
 CONTROLLER = f"system:serviceaccount:{NAMESPACE}:healthd-controller"
 

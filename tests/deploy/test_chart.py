@@ -36,6 +36,7 @@ from tests.deploy.manifests import (
     MONITORING,
     NAMESPACE,
     OVERLAYS,
+    PROBES,
     ROOT,
     STACKS,
     Obj,
@@ -178,9 +179,11 @@ def test_healthd_config_validate_accepts_the_rendered_config(
 
 def test_the_release_namespace_is_made_by_helm_not_the_chart(helm_path: Path) -> None:
     """`helm install --create-namespace` makes it: Helm stores the release there before
-    it creates any object, so a Namespace in the chart could never be the first."""
+    it creates any object, so a Namespace in the chart could never be the first. The
+    chart makes the one for what the agents create."""
     for name in sorted(KUSTOMIZE):
-        assert not find(render_chart(helm_path, [values_path(name)]), "Namespace"), name
+        namespaces = find(render_chart(helm_path, [values_path(name)]), "Namespace")
+        assert [n["metadata"]["name"] for n in namespaces] == [PROBES], name
 
 
 @pytest.fixture
@@ -283,22 +286,39 @@ def test_one_image_value_points_every_pod_and_the_diagnostic_jobs(helm_path: Pat
             for container in obj["spec"]["template"]["spec"]["containers"]:
                 assert (container["image"], container["imagePullPolicy"]) == (image, "Always")
     assert loaded(config_text(objects), tmp_path).agent.deep_diagnostics.image == image
+    creates = yaml.safe_dump(one(objects, "ValidatingAdmissionPolicy", "healthd-agent-creates"))
+    assert f"c.image == '{image}'" in creates and "ghcr.io/healthd/healthd" not in creates
+
+
+def test_the_configured_probe_image_reaches_the_policy(helm_path: Path) -> None:
+    objects = render_chart(helm_path, sets=[
+        "config.checks.pvc.params.pod_image=mirror.example.com/pause:3.10"])
+    creates = yaml.safe_dump(one(objects, "ValidatingAdmissionPolicy", "healthd-agent-creates"))
+    assert "c.image == 'mirror.example.com/pause:3.10'" in creates
+    assert "registry.k8s.io" not in creates
 
 
 def test_another_namespace_reaches_rbac_policy_and_config(helm_path: Path,
                                                           tmp_path: Path) -> None:
     objects = render_chart(helm_path, namespace="autopilot")
     for obj in objects:
-        assert obj["metadata"].get("namespace") in (None, "autopilot", "default"), obj["kind"]
+        assert obj["metadata"].get("namespace") in (None, "autopilot", "autopilot-probes",
+                                                    "default"), obj["kind"]
     for binding in find(objects, "RoleBinding") + find(objects, "ClusterRoleBinding"):
         for subject in binding["subjects"]:
             assert subject["namespace"] == "autopilot"
     policy = one(objects, "ValidatingAdmissionPolicy", "healthd-agent-node-writes")
     assert "system:serviceaccount:autopilot:healthd-agent" in \
         policy["spec"]["matchConditions"][0]["expression"]
+    creates = one(objects, "ValidatingAdmissionPolicy", "healthd-agent-creates")
+    assert "system:serviceaccount:autopilot:healthd-agent" in \
+        creates["spec"]["matchConditions"][0]["expression"]
+    assert "request.namespace == 'autopilot-probes'" in yaml.safe_dump(creates)
+    assert [n["metadata"]["name"] for n in find(objects, "Namespace")] == ["autopilot-probes"]
     config = loaded(config_text(objects), tmp_path)
-    assert (config.agent.peers.namespace, config.agent.deep_diagnostics.namespace,
-            config.controller.election.namespace) == ("autopilot",) * 3
+    assert (config.agent.peers.namespace, config.controller.election.namespace) == \
+        ("autopilot",) * 2
+    assert config.agent.deep_diagnostics.namespace == "autopilot-probes"
 
 
 def test_shadow_prefix_reaches_config_and_policy_not_the_tolerations(

@@ -133,7 +133,11 @@ def node_metadata(kube: Run) -> dict[str, dict[str, Any]]:
 def test_every_documented_values_file_is_accepted_by_the_api_server(
         kube: Run, helm_run: Callable[..., subprocess.CompletedProcess[str]]) -> None:
     has_monitoring = kube("get", "crd", MONITORING_CRD, check=False).returncode == 0
-    kube("create", "namespace", f"{NAMESPACE}-dryrun")
+    # A dry run makes no namespace, so the chart's probe namespace must exist already
+    # (a real install creates it first: Helm orders Namespaces before the rest).
+    namespaces = (f"{NAMESPACE}-dryrun", f"{NAMESPACE}-dryrun-probes")
+    for namespace in namespaces:
+        kube("create", "namespace", namespace)
     try:
         for values in [CHART / "values.yaml", *documented_values()]:
             text = helm_run("template", RELEASE, str(CHART), "--namespace",
@@ -146,7 +150,8 @@ def test_every_documented_values_file_is_accepted_by_the_api_server(
                         check=False)
             assert proc.returncode == 0, f"{values.name}:\n{proc.stderr}"
     finally:
-        kube("delete", "namespace", f"{NAMESPACE}-dryrun", "--wait=false")
+        for namespace in namespaces:
+            kube("delete", "namespace", namespace, "--wait=false")
 
 
 def test_install_upgrade_uninstall(kube: Run, nodes: None,

@@ -24,6 +24,7 @@ from tests.deploy.manifests import (
     MONITORING,
     NAMESPACE,
     OVERLAYS,
+    PROBES,
     ROOT,
     Obj,
     find,
@@ -226,9 +227,14 @@ def test_the_config_map_holds_a_valid_config(kube: list[Obj], tmp_path: Path,
 
 def test_the_config_names_what_the_manifests_create(kube: list[Obj], config: Config) -> None:
     deep = config.agent.deep_diagnostics
-    one(kube, "ServiceAccount", str(deep.service_account))
+    account = one(kube, "ServiceAccount", str(deep.service_account))
+    assert account["metadata"]["namespace"] == deep.namespace == PROBES
+    assert account["automountServiceAccountToken"] is False
     one(kube, "PriorityClass", str(deep.priority_class))
-    assert deep.namespace == config.agent.peers.namespace == NAMESPACE
+    assert config.agent.peers.namespace == NAMESPACE
+    assert config.probe_namespace == PROBES
+    probes = one(kube, "Namespace", PROBES)["metadata"]["labels"]
+    assert probes["pod-security.kubernetes.io/enforce"] == "restricted"
     key, _, value = config.agent.peers.label_selector.partition("=")
     ds = one(kube, "DaemonSet", "healthd-agent")
     assert ds["spec"]["template"]["metadata"]["labels"][key] == value
@@ -246,11 +252,22 @@ def test_services_reach_the_pods(kube: list[Obj]) -> None:
         assert all(p["targetPort"] in names for p in service["spec"]["ports"])
 
 
-def test_everything_lives_in_healthd_system_but_node_events(kube: list[Obj]) -> None:
+def test_everything_lives_in_healthd_system_but_node_events_and_what_agents_create(
+        kube: list[Obj]) -> None:
     elsewhere = {(o["kind"], o["metadata"]["name"], o["metadata"].get("namespace"))
                  for o in kube if o["metadata"].get("namespace") not in (None, NAMESPACE)}
     assert elsewhere == {("Role", "healthd-agent-events", "default"),
-                         ("RoleBinding", "healthd-agent-events", "default")}
+                         ("RoleBinding", "healthd-agent-events", "default"),
+                         ("ServiceAccount", "healthd-diagnostic", PROBES),
+                         *((kind, name, PROBES) for kind in ("Role", "RoleBinding")
+                           for name in ("healthd-agent-diagnostics", "healthd-agent-pvc-probe"))}
+
+
+def test_no_account_of_the_probe_namespace_has_rights(kube: list[Obj]) -> None:
+    """A pod there may name any of its ServiceAccounts: none may be bound to anything."""
+    bound = [(o["kind"], o["metadata"]["name"]) for o in kube if o["kind"].endswith("Binding")
+             for s in o.get("subjects") or [] if s.get("namespace") == PROBES]
+    assert bound == []
 
 
 def test_rbac_is_what_the_rbac_tests_prove(kube: list[Obj]) -> None:

@@ -39,14 +39,14 @@ from tests.agent.harness import (
     node_object,
     running_agent,
 )
-from tests.deploy.manifests import AGENT, BASE, NAMESPACE, documents, one, plain_resources
+from tests.deploy.manifests import AGENT, BASE, PROBES, documents, one, plain_resources
 from tests.pvc import provisioner
 from tests.pvc.conftest import storage_class
 
 pytestmark = pytest.mark.anyio
 
 XID_AT_S = 1.5  # XID 79 arrives once the agent is up
-PVC_ROLES = [RoleId("Role", "healthd-agent-pvc-probe", NAMESPACE),
+PVC_ROLES = [RoleId("Role", "healthd-agent-pvc-probe", PROBES),
              RoleId("ClusterRole", "healthd-agent-pvc-probe")]
 
 
@@ -81,7 +81,7 @@ async def cluster(api: ApiEmulator, spec: MachineSpec, tmp_path: Path) -> AsyncI
     spec_file.write_text(spec.model_dump_json())
     kubelet = FakeKubelet(api, runner=HealthdRunner(spec_file))
     api.seed(storage_class("fast"))
-    async with provisioner.running(api, NAMESPACE, {"fast": "bind"}), \
+    async with provisioner.running(api, PROBES, {"fast": "bind"}), \
             anyio.create_task_group() as group:
         group.start_soon(kubelet.run)
         yield
@@ -120,7 +120,7 @@ async def test_the_agent_needs_every_rule_and_no_more(
     api.fail("PATCH", rf"/api/v1/nodes/{NODE}", 409, times=1)
     spec = machine()
     config = with_pvc(fast_config(
-        api_timeout_s=1, deep_diagnostics={"namespace": NAMESPACE, "image": "healthd:test"}))
+        api_timeout_s=1, deep_diagnostics={"namespace": PROBES, "image": "healthd:test"}))
     async with cluster(api, spec, tmp_path), running_agent(
             api, tmp_path, spec=spec, config=config) as h:
         await live_a_life(h)
@@ -142,20 +142,20 @@ async def test_the_pvc_probe_needs_its_rules_and_no_more(api: ApiEmulator) -> No
     fails (its events are read), a leftover of a killed run (swept), and a watch whose
     history expired (the PVC is read again)."""
     authz = authorizer(api)
-    api.fail("GET", rf"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims", 410,
+    api.fail("GET", rf"/api/v1/namespaces/{PROBES}/persistentvolumeclaims", 410,
              query={"watch": "true", "fieldSelector": "metadata.name=.+"})
     api.seed(storage_class("fast"), storage_class("broken"),
              storage_class("local", binding="WaitForFirstConsumer"))
     api.seed({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-              "metadata": {"name": "leftover", "namespace": NAMESPACE,
+              "metadata": {"name": "leftover", "namespace": PROBES,
                            "labels": {"healthd.io/probe": "pvc", "healthd.io/node": NODE}},
               "spec": {"storageClassName": "fast"}})
     modes: dict[str, provisioner.Mode] = {"fast": "bind", "local": "bind", "broken": "fail"}
     params = {"storage_classes": ["fast", "local", "broken"], "bind_timeout_s": 5}
-    async with provisioner.running(api, NAMESPACE, modes, wait_for_consumer=frozenset({"local"})), \
+    async with provisioner.running(api, PROBES, modes, wait_for_consumer=frozenset({"local"})), \
             Kube(api.async_client(user=AGENT)) as kube:
         check = PvcCheck(params, probes=Probes(pvc_api=KubeProbeApi.factory(kube, Keys())))
-        ctx = CheckContext(catalog=Catalog(), node_name=NODE, namespace=NAMESPACE)
+        ctx = CheckContext(catalog=Catalog(), node_name=NODE, namespace=PROBES)
         result = await run_check(check, ctx, timeout_s=20)
     assert [str(r) for r in authz.denied] == []
     assert result.status is not Severity.UNKNOWN, result.reason

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 from kubernetes import client as k8s
 
-from tests.deploy.manifests import OVERLAYS, find, render
+from tests.deploy.manifests import OVERLAYS, PROBES, find, render
 from tests.realcluster.apply import Applier, api_client
 from tests.realcluster.processes import Program, log_tail
 
@@ -162,15 +162,17 @@ class Healthd:
         self._namespace_gone_or_active(require_gone=True)
 
     def _namespace_gone_or_active(self, require_gone: bool = False) -> None:
-        def settled() -> bool:
+        def settled(name: str) -> bool:
             try:
-                namespace = self.core.read_namespace(NAMESPACE)
+                namespace = self.core.read_namespace(name)
             except k8s.ApiException as exc:
                 if exc.status == 404:
                     return True
                 raise
             return not require_gone and namespace.status.phase != "Terminating"
-        eventually(settled, 120, f"namespace {NAMESPACE} {'gone' if require_gone else 'usable'}")
+        for name in (NAMESPACE, PROBES):
+            eventually(lambda n=name: settled(n), 120,  # type: ignore[misc]
+                       f"namespace {name} {'gone' if require_gone else 'usable'}")
 
     def config_file(self, **overrides: Any) -> Path:
         """The installed ConfigMap's config with the test's short clocks."""

@@ -10,9 +10,11 @@ Objects travel between helpers as JSON (`include` returns text).
 */ -}}
 
 {{- /* A kustomize source file as text, with the release namespace for healthd-system
-and, in the config and the admission policy (the keys the agent may write), the key
-prefixes of the values: (list $ "base/config.yaml"). The placeholders keep a prefix
-that contains the other one from being replaced twice. */ -}}
+(healthd-system-probes becomes <namespace>-probes with it), in the config and the
+admission policies (the keys the agent may write) the key prefixes of the values, and
+in the policy on what the agent creates the images the config names:
+(list $ "base/config.yaml"). The placeholders keep a prefix that contains the other
+one from being replaced twice. */ -}}
 {{- define "healthd.source" -}}
 {{- $root := index . 0 -}}
 {{- $path := index . 1 -}}
@@ -21,11 +23,26 @@ that contains the other one from being replaced twice. */ -}}
 {{- fail (printf "healthd chart: files/kustomize/%s is missing (files/kustomize links to deploy/daemonset)" $path) -}}
 {{- end -}}
 {{- $text = regexReplaceAll "\\bhealthd-system\\b" $text $root.Release.Namespace -}}
-{{- if has $path (list "base/config.yaml" "base/node-policy.yaml") -}}
+{{- if eq $path "base/probe-policy.yaml" -}}
+{{- $text = include "healthd.policyImages" (list $root $text) -}}
+{{- end -}}
+{{- if has $path (list "base/config.yaml" "base/node-policy.yaml" "base/probe-policy.yaml") -}}
 {{- $text = $text | replace "autopilot.ibm.com/" "@@LABEL_PREFIX@@" | replace "healthd.io/" "@@OWN_PREFIX@@" -}}
 {{- $text = $text | replace "@@LABEL_PREFIX@@" $root.Values.labelPrefix | replace "@@OWN_PREFIX@@" $root.Values.ownPrefix -}}
 {{- end -}}
 {{- $text -}}
+{{- end -}}
+
+{{- /* The images of the shipped config (the diagnostic Jobs', the pvc probe pod's)
+swapped, in a policy's text, for those of the config the values make:
+(list $ TEXT). */ -}}
+{{- define "healthd.policyImages" -}}
+{{- $root := index . 0 -}}
+{{- $text := index . 1 -}}
+{{- $shipped := $root.Files.Get "files/kustomize/base/config.yaml" | fromYaml -}}
+{{- $config := include "healthd.config" $root | fromYaml -}}
+{{- $text = $text | replace (printf "'%s'" $shipped.agent.deep_diagnostics.image) "'@@DIAGNOSTIC_IMAGE@@'" | replace (printf "'%s'" $shipped.checks.pvc.params.pod_image) "'@@PROBE_IMAGE@@'" -}}
+{{- $text | replace "@@DIAGNOSTIC_IMAGE@@" $config.agent.deep_diagnostics.image | replace "@@PROBE_IMAGE@@" $config.checks.pvc.params.pod_image -}}
 {{- end -}}
 
 {{- /* The objects of a YAML stream file, as a JSON list: (list $ "base/agent-rbac.yaml"). */ -}}
