@@ -1,7 +1,8 @@
 """The documents healthd publishes on a Node, as frozen models: the `health`
 annotation (with its ping view) and the `last-run` answer to an on-demand request.
 
-The agent writes them (healthd.agent.node_view, healthd.requests); the controller,
+The agent writes the first two (healthd.agent.node_view, healthd.requests), the
+controller the `repair` annotation (its repairs); the controller,
 `healthd status`, `healthd trigger`, network blame and the demo read them, all
 through this module. Their JSON is a published interface (dashboards and other
 tools read it too), so `encode` writes exactly what earlier releases wrote: compact,
@@ -17,6 +18,9 @@ A field may be added; none changes meaning.
       ping      isolated, unreached[], [networks{name: {isolated, unreached[]}}]
     last-run    id, request, kind, accepted, error, start, end, duration_s, verdict,
                 checks{}, reasons{}, [request_chars]
+    repair      state, since, [reason], [gpus[]], [job], [run_id], [boot_id],
+                [request], attempts[]
+      attempts[] remedy, at, [gpus[]], outcome
 
 Decoding is tolerant, as a reader of a shared interface must be: annotations are
 anyone's to write (node-patch rights, an older or a newer agent). The text goes
@@ -323,6 +327,76 @@ class LastRun(Document):
             request_chars=_int(body, "request_chars"))
 
 
+# -- the repair annotation ---------------------------------------------------------------
+
+REPAIR_STATES = ("", "waiting", "held", "resetting", "validating", "reboot-requested",
+                 "hardware-inspection")
+# While a repair holds the GPUs or checks them, the node shows TESTING.
+TESTING_REPAIR_STATES = frozenset({"resetting", "validating"})
+
+
+@dataclass(frozen=True)
+class RepairAttempt:
+    """One repair carried out or requested (`attempts[]`), oldest first."""
+
+    remedy: str  # "reset" or "reboot"
+    at: str  # RFC 3339: when it was started (the Job created, the request made)
+    gpus: tuple[str, ...] = ()  # the GPUs reset (UUIDs)
+    outcome: str = ""  # "" while in progress; "passed", "failed", "timed-out"
+
+    def to_json(self) -> Json:
+        body: Json = {"remedy": self.remedy, "at": self.at}
+        if self.gpus:
+            body["gpus"] = list(self.gpus)
+        body["outcome"] = self.outcome
+        return body
+
+    @classmethod
+    def from_json(cls, body: Json) -> RepairAttempt:
+        return cls(remedy=_str(body, "remedy"), at=_str(body, "at"),
+                   gpus=_strings(body.get("gpus")), outcome=_str(body, "outcome"))
+
+
+@dataclass(frozen=True)
+class Repair(Document):
+    """The `repair` annotation: where the node's repair stands, and what was tried.
+    Written by the controller only; the state lives here, in the cluster, so a new
+    leader neither repeats nor loses a step."""
+
+    state: str  # one of REPAIR_STATES ("" : nothing in progress)
+    since: str  # RFC 3339: when the state was entered
+    reason: str = ""  # why (a decision's reason, a failure)
+    gpus: tuple[str, ...] = ()  # the GPUs the step is about
+    job: str = ""  # the GPU reset Job (namespace/name) while resetting
+    run_id: str = ""  # the validation request's id while validating
+    boot_id: str = ""  # the node's boot id when a reboot was requested
+    request: str = ""  # the reboot request object (kind namespace/name)
+    attempts: tuple[RepairAttempt, ...] = ()
+
+    @property
+    def testing(self) -> bool:
+        return self.state in TESTING_REPAIR_STATES
+
+    def to_json(self) -> Json:
+        body: Json = {"state": self.state, "since": self.since}
+        for key in ("reason", "job", "run_id", "boot_id", "request"):
+            if getattr(self, key):
+                body[key] = getattr(self, key)
+        if self.gpus:
+            body["gpus"] = list(self.gpus)
+        body["attempts"] = [a.to_json() for a in self.attempts]
+        return body
+
+    @classmethod
+    def from_json(cls, body: Json) -> Repair:
+        return cls(state=_str(body, "state"), since=_str(body, "since"),
+                   reason=_str(body, "reason"), gpus=_strings(body.get("gpus")),
+                   job=_str(body, "job"), run_id=_str(body, "run_id"),
+                   boot_id=_str(body, "boot_id"), request=_str(body, "request"),
+                   attempts=tuple(RepairAttempt.from_json(item)
+                                  for item in dicts(body.get("attempts"))))
+
+
 # -- reading them from an object -------------------------------------------------------
 
 
@@ -335,6 +409,11 @@ def read_health(obj: Mapping[str, Any], keys: Keys) -> Health | Undecodable | No
 def read_last_run(obj: Mapping[str, Any], keys: Keys) -> LastRun | Undecodable | None:
     """The node's last-run answer, as `read_health` reads the health document."""
     return LastRun.read(obj, keys.last_run)
+
+
+def read_repair(obj: Mapping[str, Any], keys: Keys) -> Repair | Undecodable | None:
+    """The node's repair document, as `read_health` reads the health document."""
+    return Repair.read(obj, keys.repair)
 
 
 # -- JSON plumbing ---------------------------------------------------------------------

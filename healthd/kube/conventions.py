@@ -127,6 +127,12 @@ class Keys:
         """Annotation written by admins: `true` re-runs what holds the node bad."""
         return f"{self.own_prefix}clear"
 
+    @property
+    def repair(self) -> str:
+        """Annotation written by the controller only: the node's repair state and
+        history (healthd.published.Repair)."""
+        return f"{self.own_prefix}repair"
+
     # -- labels on the objects the agent creates (diagnostic Jobs, pvc probes) -----
 
     @property

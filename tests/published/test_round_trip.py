@@ -1,7 +1,7 @@
 """Reading what was written gives back what was meant, for any document (hypothesis):
-`decode(encode(x)) == x` for the health annotation (with its ping view) and the
-last-run answer. And reading never fails with an exception, whatever the annotation
-holds: anyone with node-patch rights can write it."""
+`decode(encode(x)) == x` for the health annotation (with its ping view), the
+last-run answer and the repair annotation. And reading never fails with an exception,
+whatever the annotation holds: anyone with node-patch rights can write it."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from healthd.published import (
     LastRun,
     NetworkView,
     PingView,
+    Repair,
+    RepairAttempt,
     Seen,
     Undecodable,
 )
@@ -43,13 +45,18 @@ last_runs = st.builds(
     st.dictionaries(text, text, max_size=4), st.dictionaries(text, text, max_size=4),
     st.none() | counts)
 
+attempts = st.builds(RepairAttempt, text, text, st.lists(names, max_size=3).map(tuple), text)
+repairs = st.builds(Repair, text, text, text, st.lists(names, max_size=3).map(tuple), text,
+                    text, text, text, st.lists(attempts, max_size=4).map(tuple))
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | text,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(text, inner, max_size=4),
     max_leaves=20)
 keys = st.sampled_from(["verdict", "since", "top", "testing", "ping", "held", "findings",
                         "checks", "truncated", "isolated", "unreached", "networks", "id",
-                        "accepted", "duration_s", "reasons", "request_chars", "code", "flaps"])
+                        "accepted", "duration_s", "reasons", "request_chars", "code", "flaps",
+                        "state", "attempts", "gpus", "outcome", "remedy"])
 # Objects shaped like the documents, with anything where a field should be.
 shaped = st.recursive(
     json_values,
@@ -67,6 +74,11 @@ def test_a_last_run_answer_reads_back_as_written(doc: LastRun) -> None:
     assert LastRun.decode(doc.encode()) == doc
 
 
+@given(repairs)
+def test_a_repair_document_reads_back_as_written(doc: Repair) -> None:
+    assert Repair.decode(doc.encode()) == doc
+
+
 @given(healths)
 def test_the_encoding_is_compact_ascii_json(doc: Health) -> None:
     encoded = doc.encode()
@@ -76,7 +88,7 @@ def test_the_encoding_is_compact_ascii_json(doc: Health) -> None:
 
 @given(shaped)
 def test_any_json_reads_as_a_document_or_says_why(value: Any) -> None:
-    for model in (Health, LastRun):
+    for model in (Health, LastRun, Repair):
         decoded = model.decode(json.dumps(value))
         assert isinstance(decoded, model | Undecodable)
         if isinstance(decoded, Undecodable):
@@ -89,3 +101,4 @@ def test_any_json_reads_as_a_document_or_says_why(value: Any) -> None:
 def test_any_text_reads_as_a_document_or_says_why(raw: str | bytes) -> None:
     assert isinstance(Health.decode(raw), Health | Undecodable)
     assert isinstance(LastRun.decode(raw), LastRun | Undecodable)
+    assert isinstance(Repair.decode(raw), Repair | Undecodable)
