@@ -79,8 +79,29 @@ def test_the_default_image_has_dcgmi_where_the_dcgm_check_looks() -> None:
     assert args["DCGM_IMAGE"].startswith("nvcr.io/nvidia/cloud-native/dcgm:")
     assert named("dcgm")[0] == "FROM ${DCGM_IMAGE} AS dcgm"
     assert DcgmCheck().argv()[0] == "dcgmi"
-    destinations = [i.split()[-1] for i in stages()[-1] if i.startswith("COPY --from=dcgm")]
-    assert "/usr/bin/dcgmi" in destinations  # /usr/bin is on the image's PATH
+    # The dcgm stage gathers dcgmi and its library under /out with their paths (the
+    # library's folder is the architecture's); the default image copies that tree to /.
+    gather = " ".join(i for i in named("dcgm") if i.startswith("RUN "))
+    assert "cp -a --parents /usr/bin/dcgmi /usr/lib/*-linux-gnu/libdcgm.so* /out/" in gather
+    copies = [i for i in stages()[-1] if i.startswith("COPY --from=dcgm")]
+    assert copies == ["COPY --from=dcgm /out/ /"]  # /usr/bin is on the image's PATH
+
+
+def test_no_architecture_is_written_into_the_recipe() -> None:
+    """The same Containerfile builds for x86_64 and arm64 (GH200) nodes."""
+    instructions = [i for stage in stages() for i in stage]
+    assert not [i for i in instructions
+                if re.search(r"x86_64|aarch64|amd64|arm64", i) and not i.startswith("#")]
+
+
+def test_the_default_bases_are_fully_qualified() -> None:
+    """A short name (python:3.11-slim-bookworm) resolves to whatever the machine's
+    registries.conf says, or silently to a local image of that name."""
+    for line in CONTAINERFILE.read_text().splitlines():
+        if line.startswith("ARG ") and line.split("=")[0].endswith("_IMAGE"):
+            name = line.split("=", 1)[1]
+            registry = name.split("/")[0]
+            assert "." in registry and name.count("/") >= 2, line
 
 
 def test_the_image_runs_as_the_manifests_user() -> None:
