@@ -1,5 +1,5 @@
 """Shared test set-up: the anyio backend, and visible skips for tests that need root,
-a real GPU; the real control plane's fixtures."""
+a real GPU; the real control plane's and the image's fixtures."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ import os
 import shutil
 
 import pytest
+
+# healthd's image built with podman, for the tests that run it: see tests/image.
+from tests.image.fixture import image  # noqa: F401
 
 # The real control plane (kube-apiserver, etcd, kwok, Kueue, the AppWrapper operator),
 # for every test marked e2e: see tests/realcluster.

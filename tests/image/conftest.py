@@ -1,11 +1,9 @@
-"""Every test here builds or runs healthd's image: marked `image` (deselect with
-`-m "not image"`), the `image` fixture shared (tests/image/fixture.py)."""
+"""Every test here that builds or runs healthd's image (the `image` fixture,
+tests/image/fixture.py) is marked `image` (deselect with `-m "not image"`)."""
 
 from __future__ import annotations
 
 import pytest
-
-from tests.image.fixture import image  # noqa: F401
 
 IMAGE_TIMEOUT_S = 1500  # the first test of a cold machine waits for the build
 

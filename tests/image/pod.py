@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,8 @@ class AgentPod:
                  detach: bool = True, args: list[str] | None = None, user: str | None = None,
                  config: dict[str, str] | None = None, extra_args: list[str] | None = None,
                  extra_env: dict[str, str] | None = None,
-                 mounts: list[tuple[Path, str]] | None = None) -> list[str]:
+                 mounts: list[tuple[Path, str]] | None = None,
+                 writable_mounts: list[tuple[Path, str]] | None = None) -> list[str]:
         """`podman run` arguments for the agent of `node` as Pod `pod_name`; `folder`
         holds its volumes. `args` replaces the container's args (the command stays);
         `extra_args` follow them; `user` (UID:GID) is the one a platform picks where the
@@ -98,6 +100,8 @@ class AgentPod:
         run += self._volumes(folder, config)
         for source, target in mounts or []:
             run += ["--volume", f"{source}:{target}:ro"]
+        for source, target in writable_mounts or []:
+            run += ["--volume", f"{source}:{target}"]
         command = self.container.get("command")
         if command:
             run += ["--entrypoint", json.dumps([self.expand(c, env) for c in command])]
@@ -190,7 +194,11 @@ class AgentPod:
 
 def agent_pod(overlay: str = "device-plugin") -> AgentPod:
     """The agent's Pod as the overlay renders it (the e2e tests install device-plugin)."""
-    objects = render(OVERLAYS[overlay])
+    return agent_pod_of(render(OVERLAYS[overlay]))
+
+
+def agent_pod_of(objects: list[Obj]) -> AgentPod:
+    """The agent's Pod in `objects`, rendered manifests (what a test installed)."""
     daemonset = one(objects, "DaemonSet", "healthd-agent")
     spec = daemonset["spec"]["template"]["spec"]
     (container,) = spec["containers"]
@@ -207,6 +215,13 @@ def service_account_files(folder: Path, token: str, ca: bytes) -> Path:
     for path in [folder, *folder.iterdir()]:
         path.chmod(0o755 if path.is_dir() else 0o644)
     return folder
+
+
+def free_port() -> int:
+    """A free TCP port on loopback (the agent's HTTP port when it shares the host's)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 _UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "K": 10**3, "M": 10**6, "G": 10**9}

@@ -8,7 +8,6 @@ its node's verdict and stops cleanly on SIGTERM within the Pod's grace period.""
 from __future__ import annotations
 
 import json
-import socket
 import time
 import tomllib
 import urllib.request
@@ -22,7 +21,7 @@ import pytest
 from healthd.sim.apiserver import ApiEmulator
 from tests.deploy.manifests import ROOT
 from tests.image import build
-from tests.image.pod import AgentPod, agent_pod
+from tests.image.pod import AgentPod, agent_pod, free_port
 
 GPU_NODE = "gpu-node-7"
 VERDICT = "autopilot.ibm.com/gpuhealth"
@@ -59,12 +58,6 @@ def eventually(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any
             return last
         time.sleep(0.25)
     raise AssertionError(f"no {what} within {timeout_s:.0f} s (last: {last!r})")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def test_it_answers_version_as_the_pod_runs_it(image: build.Built, pod: AgentPod,
