@@ -166,6 +166,7 @@ def choose_base(log: list[str]) -> tuple[str, str]:
         return real, "python"
     reason = (pull.stderr.strip().splitlines() or ["no answer"])[-1]
     log.append(f"cannot pull {real} ({reason}): making a base from Debian's archive")
+    print(f"image: {log[-1]}", file=sys.stderr)
     proc = subprocess.run([str(DEBIAN_BASE_SCRIPT), debian], capture_output=True, text=True,
                           timeout=BUILD_TIMEOUT_S, env=engine_env(), check=False)
     if proc.returncode != 0:
@@ -243,6 +244,29 @@ def build_args(base: str) -> list[str]:
             "-f", str(CONTAINERFILE)]
 
 
+def run_build(args: list[str], context: Path = ROOT) -> None:
+    """`podman build ARGS CONTEXT` with this machine's pip settings as secrets."""
+    work = cache_root() / "secrets"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(mode=0o700)
+    try:
+        proc = podman(*args, *pip_secrets(work), str(context), timeout=BUILD_TIMEOUT_S,
+                      check=False)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if proc.returncode != 0:
+        raise Unavailable(f"podman build failed ({proc.returncode}):\n"
+                          f"{(proc.stdout + proc.stderr).strip()[-3000:]}")
+
+
+def build_default(built: Built, dcgm_image: str, tag: str) -> None:
+    """The default (last) stage on `built`'s base, with `dcgm_image` as DCGM's image."""
+    args = build_args(built.base)
+    args[args.index("--target"):args.index("--target") + 2] = []
+    with _locked():
+        run_build([*args, "--build-arg", f"DCGM_IMAGE={dcgm_image}", "-t", tag])
+
+
 def build(*, force: bool = False, tag: str | None = None) -> Built:
     """The image for these sources (built now, or the cached one), or Unavailable.
     `force`: build again without podman's layer cache, under `tag`."""
@@ -258,23 +282,9 @@ def build(*, force: bool = False, tag: str | None = None) -> Built:
         name = tag or f"{REPOSITORY}:{inputs_digest(base_id)}"
         if not force and image_id(name):
             return Built(name, base, kind, time.monotonic() - started, cached=True)
-        work = cache_root() / "secrets"
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(mode=0o700)
-        try:
-            args = [*build_args(base), *pip_secrets(work), "-t", name]
-            if force:
-                args.append("--no-cache")
-            proc = podman(*args, str(ROOT), timeout=BUILD_TIMEOUT_S, check=False)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        if proc.returncode != 0:
-            raise Unavailable(f"podman build failed ({proc.returncode}):\n"
-                              f"{(proc.stdout + proc.stderr).strip()[-3000:]}")
+        run_build([*build_args(base), "-t", name, *(["--no-cache"] if force else [])])
         if tag is None:
             _forget_older(name)
-        for line in log:
-            print(f"image: {line}", file=sys.stderr)
         return Built(name, base, kind, time.monotonic() - started, cached=False)
 
 
