@@ -115,7 +115,7 @@ def podman(*args: str, timeout: float = 300, check: bool = True,
     if binary is None:
         raise Unavailable(why_not() or "no podman")
     proc = subprocess.run([binary, *args], capture_output=True, text=True, timeout=timeout,
-                          env=engine_env(), check=False)
+                          env=engine_env(), cwd=ROOT, check=False)
     if check and proc.returncode != 0:
         raise Unavailable(f"podman {' '.join(args[:2])} failed ({proc.returncode}): "
                           f"{proc.stderr.strip()[-2000:]}")
@@ -241,7 +241,7 @@ def _locked() -> Iterator[None]:
 def build_args(base: str) -> list[str]:
     """The build, as docs/install.md tells an air-gapped site to run it."""
     return ["build", "--target", TARGET, "--build-arg", f"PYTHON_IMAGE={base}",
-            "-f", str(CONTAINERFILE)]
+            "-f", CONTAINERFILE.name]  # podman runs in the clone's root
 
 
 def run_build(args: list[str], context: Path = ROOT) -> None:
