@@ -15,11 +15,23 @@ if [ $# -lt 1 ]; then
 fi
 name=$1
 shift
+# /usr merged by directory links, as debootstrap and Debian's own images do it (the
+# usrmerge package would bring Perl, 50 MB, for that alone).
+merged_usr=/usr/share/mmdebstrap/hooks/merged-usr
+hooks=
+if [ -d "$merged_usr" ]; then hooks="--hook-dir=$merged_usr"; fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-mmdebstrap --quiet --variant=minbase --mode=root --format=tar \
+# As Debian's own -slim images: no manual pages, documentation (but the copyrights) or
+# translations.
+# shellcheck disable=SC2086 # $hooks: one option or none
+mmdebstrap --quiet --variant=minbase --mode=root --format=tar $hooks \
   --include=python3,python3-venv,python-is-python3,ca-certificates \
   --aptopt='Acquire::Retries "3"' \
+  --dpkgopt='path-exclude=/usr/share/man/*' \
+  --dpkgopt='path-exclude=/usr/share/locale/*' \
+  --dpkgopt='path-exclude=/usr/share/doc/*' \
+  --dpkgopt='path-include=/usr/share/doc/*/copyright' \
   --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \
   bookworm "$work/rootfs.tar" "$@"
 podman import \

@@ -94,9 +94,11 @@ def engine_env() -> dict[str, str]:
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     storage = root / "storage.conf"
+    # The run state (locks, mounts) on tmpfs, one folder per storage.
+    runroot = Path("/run/healthd-image") / hashlib.sha256(str(root).encode()).hexdigest()[:12]
     storage.write_text(
         '[storage]\ndriver = "overlay"\n'
-        f'graphroot = "{root / "storage"}"\nrunroot = "/run/healthd-image/storage"\n')
+        f'graphroot = "{root / "storage"}"\nrunroot = "{runroot}"\n')
     lines = ["[containers]",
              # podman's default ulimits are above what some machines allow even root to
              # set (no CAP_SYS_RESOURCE): a container inherits podman's own instead.
@@ -284,16 +286,19 @@ def build(*, force: bool = False, tag: str | None = None) -> Built:
             return Built(name, base, kind, time.monotonic() - started, cached=True)
         run_build([*build_args(base), "-t", name, *(["--no-cache"] if force else [])])
         if tag is None:
-            _forget_older(name)
+            _forget_older(name, base)
         return Built(name, base, kind, time.monotonic() - started, cached=False)
 
 
-def _forget_older(keep: str) -> None:
-    """Other sources' images of this cache, and layers nothing uses any more."""
-    proc = podman("images", "--format", "{{.Repository}}:{{.Tag}}", REPOSITORY, check=False)
-    for name in proc.stdout.split():
-        if name != keep and name.startswith(f"{REPOSITORY}:"):
-            podman("rmi", "--force", name, check=False)
+def _forget_older(keep: str, base: str) -> None:
+    """Other sources' images of this cache, Debian-archive bases of older scripts, and
+    layers nothing uses any more."""
+    for repository, current in ((REPOSITORY, keep), (DEBIAN_BASE, base)):
+        proc = podman("images", "--format", "{{.Repository}}:{{.Tag}}", repository,
+                      check=False)
+        for name in proc.stdout.split():
+            if name != current and name.startswith(f"{repository}:"):
+                podman("rmi", "--force", name, check=False)
     podman("image", "prune", "--force", check=False)
 
 
