@@ -100,6 +100,16 @@ def test_the_runtime_has_no_installer(image: build.Built) -> None:
     assert proc.stdout.strip() == "['healthd', 'kubernetes']"
 
 
+def test_the_builds_pip_settings_leave_no_trace(image: build.Built) -> None:
+    """This machine's pip settings and CA bundle went in as build secrets: no pip.conf,
+    no secrets folder and no pip variable in the image the Pod runs."""
+    proc = build.podman("run", "--rm", "--network", "none", "--user", "0", "--entrypoint",
+                        "sh", image.image, "-c",
+                        "find / -xdev \\( -name 'pip.conf' -o -name 'pip-ca' \\) -print;"
+                        " ls -d /run/secrets 2>/dev/null; env | grep '^PIP_' || true")
+    assert proc.stdout == ""
+
+
 def _ready(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as answer:
