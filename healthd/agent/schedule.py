@@ -38,6 +38,7 @@ from healthd.check.plans import Planned, planned_check
 from healthd.config import Config
 
 log = logging.getLogger(__name__)
+_SETTLE_PASSES = 3  # event-loop passes a turn already handed over needs to finish
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ class Schedule:
                     self._running.add(number)
                     group.start_soon(self._one, fire, number)
         finally:
-            scheduler.shutdown(wait=False)
+            await _stop(scheduler)
             send.close()
 
     async def _one(self, fire: Fire, number: int) -> None:
@@ -136,6 +137,17 @@ class Schedule:
             log.exception("scheduled run of %s failed", self.jobs[number].name)
         finally:
             self._running.discard(number)
+
+
+async def _stop(scheduler: AsyncIOScheduler) -> None:
+    """Shut the scheduler down without an error in the log: a turn it already handed
+    to the event loop is let finish first (shutting down cancels it, and apscheduler
+    logs a cancelled job as "Error running job")."""
+    scheduler.pause()
+    with anyio.CancelScope(shield=True):
+        for _ in range(_SETTLE_PASSES):
+            await anyio.sleep(0)
+    scheduler.shutdown(wait=False)
 
 
 async def _post(send: MemoryObjectSendStream[int], number: int) -> None:

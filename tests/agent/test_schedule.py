@@ -4,6 +4,8 @@ configured."""
 
 from __future__ import annotations
 
+import logging
+
 import anyio
 import pytest
 
@@ -85,3 +87,18 @@ async def test_a_failing_turn_does_not_end_the_schedule() -> None:
     with anyio.move_on_after(0.5):
         await Schedule([Job(job.planned, interval_s=0.1)]).run(fire)
     assert turns >= 2
+
+
+async def test_stopping_logs_no_error_for_a_turn_already_handed_over(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A turn the scheduler had handed to the event loop when the agent stops must not
+    end up in the log as "Error running job" (an SRE's ERROR alert for nothing)."""
+    (job,) = [j for j in plan_jobs(Config()) if j.name == "ping"]
+
+    async def fire(fired: Job) -> None:
+        await anyio.sleep(0)
+
+    for _ in range(100):  # stop at any moment of a very fast schedule
+        with anyio.move_on_after(0.02):
+            await Schedule([Job(job.planned, interval_s=0.001)]).run(fire)
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
