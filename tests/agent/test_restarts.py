@@ -163,6 +163,7 @@ async def test_a_restart_on_a_healthy_node_writes_nothing(api: ApiEmulator,
                                                           tmp_path: Path) -> None:
     async with running_agent(api, tmp_path) as h:
         await eventually(lambda: h.verdict() == "PASS", what="PASS label")
+        assert await h.parts.publisher.flush(10)  # the condition is its own write
         before = Shown.of(h)
     api.clear_log()
     async with running_agent(api, tmp_path, seed=False) as h:

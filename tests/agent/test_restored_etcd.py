@@ -34,5 +34,6 @@ async def test_a_node_restored_to_pass_shows_evict_again(api: ApiEmulator,
         assert h.verdict() == "PASS"
 
         await eventually(lambda: h.verdict() == "EVICT", 20, "EVICT again")
+        assert await h.parts.publisher.flush(10)  # the condition is its own write
         assert (h.condition() or {}).get("status") == "True"
         assert "XID_79" in h.annotations()[KEYS.health]
