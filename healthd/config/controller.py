@@ -151,7 +151,7 @@ class PeerSetSettings(Frozen):
     (healthd.blame.peersets): how many each node probes, and how often they rotate.
     Where the agent pods are is the agent section's `peers`."""
 
-    count: int = Field(16, ge=1, le=64, description="peers each node probes per network "
+    count: int = Field(16, ge=1, le=32, description="peers each node probes per network "
                        "(each node is probed by as many)")
     rotate_every: Duration = Field(3600.0, ge=60.0, description="the sets change every "
                                    "interval: one annotation write per node per interval")
