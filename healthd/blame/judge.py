@@ -6,7 +6,9 @@ module is the pure function that reads the matrix (reporter -> target ->
 reachable) and returns a verdict per node plus a cluster-wide partition flag. The
 controller and `healthd trigger` both use it; it does no I/O. `judge_rows` is the
 same judgement for rows in sparse form ("reached everyone but these"), in time
-linear in the nodes plus the failed pings, for fleets of thousands of nodes.
+linear in the nodes plus the failed pings, for fleets of thousands of nodes;
+`judge_peer_rows` takes rows of bounded peer sets ("probed these, missed those"),
+whose matrix is n x k.
 
 The rules (`share` is the threshold, 0.5 by default; "most" means MORE than it):
 

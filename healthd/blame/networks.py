@@ -5,11 +5,13 @@ reach, on which network. Pure: the controller announces it
 One agent's `ping` check cannot tell "that peer is down" from "my own link is
 down"; the fleet can. Every agent publishes what its latest ping round saw in its
 `health` annotation (its ping view, healthd.published.PingView, built by
-healthd.agent.node_view): per network it
-probed every other agent node attached there and reached all but `unreached`, or,
-when `isolated`, almost none. This module reads those objects, judges each network
-on its own with `healthd.blame.judge.judge_rows` (the sparse form of `judge`: linear in
-nodes plus unreached entries, no n x n matrix), and says:
+healthd.agent.node_view): per network, the peers of its bounded set
+(healthd.blame.peersets) it `reached` and those it holds `unreached`, so each node is
+judged from the views of the peers that probed it (n x k edges, `judge`). An older
+agent's view has no `reached`: it probed every other agent node and reached all but
+`unreached`, or, when `isolated`, almost none; while every view is of that kind the
+network is judged in the sparse form (`judge_rows`, linear in nodes plus unreached
+entries). This module reads those objects, judges each network on its own, and says:
 
 - which nodes most of their peers cannot reach on a network (BLAMED). A node is
   blamed on the network that fails only: a dead `net1` NIC never blames the node
