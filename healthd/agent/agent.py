@@ -223,7 +223,8 @@ class Agent:
                                   events=events, plan=plan, keys=self.keys)
         own_pod = OwnPod(kube, self.node, namespace=self.settings.peers.namespace,
                          label_selector=self.settings.peers.label_selector,
-                         on_attachments=self._attachments_changed)
+                         on_attachments=self._attachments_changed,
+                         pod_name=self.config.pod_name)
         return Parts(kube, publisher, node_watch, events, unavailable, health, runner, runs,
                      requests, own_pod, peers)
 

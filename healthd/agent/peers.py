@@ -9,10 +9,12 @@ without the annotation (the controller not running, or not upgraded) gives no pe
 ping then says SKIPPED ("no peers to ping"), never a result it did not measure.
 
 The `nic` check's interfaces come from this node's own agent pod's Multus
-`network-status`: `OwnPod` lists the agent pods on this node (field selector
-`spec.nodeName`, one or two pods) until its own is running, once at start; Multus
-writes the annotation when the pod's network is set up, before the agent starts, and
-it does not change for the pod's life.
+`network-status`: `OwnPod` lists its own pod (field selector `metadata.name` with
+POD_NAME, else the agent pods on this node, `spec.nodeName`) once at start, again with
+backoff while it is not running yet, and gives up after `max_looks` (an agent run
+outside a pod has none to find: it never polls). Multus writes the annotation when
+the pod's network is set up, before the agent starts, and it does not change for the
+pod's life.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _UNSEEN = object()  # no copy of the Node seen yet
+MAX_LOOKS = 8  # about two minutes with the backoff: a pod runs well before that
 
 
 class PublishedPeers:
@@ -80,30 +83,40 @@ class OwnPod:
     """Finds this node's own agent pod once and hands its secondary interfaces over."""
 
     def __init__(self, kube: Kube, node: str, *, namespace: str, label_selector: str,
-                 on_attachments: Callable[[tuple[Attachment, ...]], None]) -> None:
+                 on_attachments: Callable[[tuple[Attachment, ...]], None],
+                 pod_name: str = "", max_looks: int = MAX_LOOKS) -> None:
         self.kube = kube
         self.node = node
         self.namespace = namespace
         self.label_selector = label_selector
         self.on_attachments = on_attachments
+        self.pod_name = pod_name
+        self.max_looks = max_looks
 
     async def run(self) -> None:
-        """List this node's agent pods until one is live (with backoff), then return."""
+        """Look for this node's live agent pod (with backoff) until found or
+        `max_looks` looks, then return."""
         backoff = Backoff(initial=1, maximum=60)
-        while True:
+        which = (f"metadata.name={self.pod_name}" if self.pod_name
+                 else f"spec.nodeName={self.node}")
+        why = ""
+        for look in range(self.max_looks):
+            if look:
+                await anyio.sleep(backoff.next())
             try:
-                listing = await self.kube.list(
-                    PODS, self.namespace, label_selector=self.label_selector,
-                    field_selector=f"spec.nodeName={self.node}")
+                listing = await self.kube.list(PODS, self.namespace,
+                                               label_selector=self.label_selector,
+                                               field_selector=which)
                 pod = newest_per_node(items_of(listing, Pod)).get(self.node)
                 if pod is not None:
                     self.on_attachments(own_attachments(pod))
                     return
-                why = "no running agent pod on this node yet"
+                why = f"no running agent pod ({which}) in {self.namespace}"
             except KubeError as exc:
                 why = f"cannot list this node's agent pod ({exc})"
-            log.debug("%s; retrying", why)
-            await anyio.sleep(backoff.next())
+            log.debug("%s; looking again", why)
+        log.warning("%s after %d looks: the nic check sees no secondary interface (an "
+                    "agent outside a pod has none)", why, self.max_looks)
 
 
 def own_attachments(pod: Pod) -> tuple[Attachment, ...]:

@@ -91,3 +91,29 @@ async def test_own_interfaces_from_one_list_of_this_nodes_agent_pods(
     looks = api.requests_to("GET", f"/api/v1/namespaces/{NS}/pods")
     assert looks and all(r.query.get("fieldSelector") == f"spec.nodeName={NODE}"
                          and r.query.get("watch") != "true" for r in looks)
+
+
+@pytest.mark.anyio
+async def test_own_pod_by_name_and_no_polling_without_one(
+        api: ApiEmulator, kube: Kube, caplog: pytest.LogCaptureFixture) -> None:
+    """With POD_NAME the agent lists exactly its own pod; with no agent pod to find (an
+    agent run outside a pod) it gives up after a few looks and says so: it never
+    polls."""
+    api.seed(with_net1(agent_pod("mine", NODE, "10.0.0.1"), "192.168.1.1"),
+             with_net1(agent_pod("twin", NODE, "10.0.0.9", created="2026-11-27T00:00:00Z"),
+                       "192.168.1.9"))
+    found: list[tuple[Attachment, ...]] = []
+    with anyio.fail_after(10):
+        await OwnPod(kube, NODE, namespace=NS, label_selector=SELECTOR, pod_name="mine",
+                     on_attachments=found.append).run()
+    assert found == [(Attachment("net1", "net1", ("192.168.1.1",)),)]
+    assert [r.query.get("fieldSelector") for r in api.requests_to(
+        "GET", f"/api/v1/namespaces/{NS}/pods")] == ["metadata.name=mine"]
+
+    api.clear_log()
+    with caplog.at_level(logging.WARNING, logger="healthd.agent.peers"), anyio.fail_after(10):
+        await OwnPod(kube, "elsewhere", namespace=NS, label_selector=SELECTOR,
+                     on_attachments=found.append, max_looks=2).run()
+    assert len(found) == 1
+    assert len(api.requests_to("GET", f"/api/v1/namespaces/{NS}/pods")) == 2
+    assert "no secondary interface" in caplog.records[-1].getMessage()

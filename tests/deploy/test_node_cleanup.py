@@ -1,6 +1,7 @@
 """deploy/helm/remove-node-state.sh, the documented command that removes what healthd's
-agents and controller left on the Nodes after an uninstall: run with the real kubectl against the API
-emulator, it removes healthd's labels, annotations and condition and nothing else."""
+agents and controller left on the Nodes after an uninstall: run with the real kubectl
+against the API emulator, it removes healthd's labels, annotations and condition and
+nothing else."""
 
 from __future__ import annotations
 
