@@ -52,6 +52,16 @@ def node_name(i: int) -> str:
     return f"bench-node-{i}"
 
 
+def agent_pod(i: int) -> dict[str, Any]:
+    """The DaemonSet's pod on node i, as in a cluster: the agent finds its own at start."""
+    ip = f"10.0.0.{i + 1}"
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"healthd-agent-{i}", "namespace": "healthd-system",
+                         "labels": {"app.kubernetes.io/name": "healthd-agent"}},
+            "spec": {"nodeName": node_name(i), "containers": [{"name": "agent", "image": "i"}]},
+            "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}}
+
+
 def classify(request: RecordedRequest) -> str:
     """write, watch, list (a collection GET) or get (one object)."""
     if request.is_write:
@@ -87,7 +97,8 @@ async def run(nodes: int,
         async with ApiEmulator() as api:
             for i in range(nodes):
                 api.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node_name(i)},
-                          "status": {"capacity": {"nvidia.com/gpu": "8"}}})
+                          "status": {"capacity": {"nvidia.com/gpu": "8"}}},
+                         agent_pod(i))
             kubeconfig = str(api.write_kubeconfig(Path(tmp) / "kubeconfig"))
             agents = [Agent(sim.adapt(bench_config()), node=node_name(i), kubeconfig=kubeconfig,
                             probes=sim.probes(), http_port=0,

@@ -230,8 +230,12 @@ class NetworkPlan:
 
 def plan_networks(peers: Sequence[Peer], params: PingParams) -> list[NetworkPlan]:
     """The networks to probe (pod network first, then by name), as configured. A
-    network only some peers are attached to is probed on those peers only."""
-    on: dict[str, list[Peer]] = {POD_NETWORK: list(peers)}
+    network only some peers are attached to is probed on those peers only; a peer
+    given with secondary addresses only is one to probe on those networks only (a
+    bounded peer set names each peer where it was chosen); one with no address at all
+    is still reported, as not probed."""
+    on: dict[str, list[Peer]] = {POD_NETWORK: [p for p in peers
+                                               if p.addresses or not p.networks]}
     for peer in peers:
         for network, addresses in sorted(peer.networks.items()):
             on.setdefault(network, []).append(Peer(peer.name, addresses))

@@ -152,9 +152,15 @@ class NetworkView:
 
     isolated: bool = False
     unreached: tuple[str, ...] = ()
+    # The peers it reached, when it probes a bounded peer set (None: it probed every
+    # other node, and every one it does not name was reached).
+    reached: tuple[str, ...] | None = None
 
     def to_json(self) -> Json:
-        return {"isolated": self.isolated, "unreached": list(self.unreached)}
+        out: Json = {"isolated": self.isolated, "unreached": list(self.unreached)}
+        if self.reached is not None:
+            out["reached"] = list(self.reached)
+        return out
 
 
 @dataclass(frozen=True)
@@ -276,11 +282,15 @@ def _network_from(value: object) -> NetworkView | None:
     if not isinstance(value, dict) or not isinstance(value.get("isolated", False), bool):
         return None
     unreached = value.get("unreached", [])
+    reached = value.get("reached")
+    if reached is not None and not isinstance(reached, list):
+        return None
+    kept = _strings(reached) if reached is not None else None
     if value.get("isolated"):
-        return NetworkView(True, _strings(unreached))
+        return NetworkView(True, _strings(unreached), kept)
     if not isinstance(unreached, list):
         return None
-    return NetworkView(False, _strings(unreached))
+    return NetworkView(False, _strings(unreached), kept)
 
 
 # -- the last-run annotation -----------------------------------------------------------

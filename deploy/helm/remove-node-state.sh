@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Remove what healthd's agents wrote on the Nodes, once healthd is uninstalled (Helm
+# Remove what healthd wrote on the Nodes, once healthd is uninstalled (Helm
 # and kubectl delete leave it: the Nodes are not theirs). Uses your kubectl context.
 #   deploy/helm/remove-node-state.sh                       # the default prefixes
 #   LABEL_PREFIX=shadow.healthd.io/ deploy/helm/remove-node-state.sh   # another prefix
 # Removes the labels <LABEL_PREFIX>gpuhealth and <LABEL_PREFIX>dcgm.level.1-4, the
-# annotations <OWN_PREFIX>health, last-run, run, run-id, clear, and the GPUUnhealthy
-# condition. Other owners' keys are not touched. While healthd still runs, its agents
-# write their keys back: uninstall first. Before removing autopilot.ibm.com/gpuhealth,
+# annotations <OWN_PREFIX>health, last-run, run, run-id, clear, peers (the controller's
+# ping peers), and the GPUUnhealthy condition. Other owners' keys are not touched.
+# While healthd still runs, its agents and controller write their keys back:
+# uninstall first. Before removing autopilot.ibm.com/gpuhealth,
 # make sure nothing still needs it (AppWrapper keeps pods off EVICT/TESTING nodes by it).
 set -euo pipefail
 LABEL_PREFIX=${LABEL_PREFIX:-autopilot.ibm.com/}
@@ -16,7 +17,7 @@ KUBECTL=${KUBECTL:-kubectl}
 labels=("${LABEL_PREFIX}gpuhealth-")
 for level in 1 2 3 4; do labels+=("${LABEL_PREFIX}dcgm.level.${level}-"); done
 annotations=()
-for key in health last-run run run-id clear; do annotations+=("${OWN_PREFIX}${key}-"); done
+for key in health last-run run run-id clear peers; do annotations+=("${OWN_PREFIX}${key}-"); done
 
 # One patch per node for the labels, one for the annotations (a missing key is no error).
 "$KUBECTL" label nodes --all "${labels[@]}" >/dev/null

@@ -11,12 +11,13 @@ Parts (each handed what it uses at construction):
 - the publisher (healthd.agent.node_status), the one writer of the Node;
 - the node watch (healthd.agent.node_watch): its first copy of the Node is what the
   node's health resumes (healthd.agent.resume), before anything is written; on-demand requests
-  (healthd.agent.ondemand), the peer watch (ping's peers), Events about the node
-  (healthd.agent.node_events).
+  (healthd.agent.ondemand), ping's peers as the controller publishes them on the
+  Node (healthd.agent.peers), Events about the node (healthd.agent.node_events).
 
 Activities (tasks of one task group, all children of `Agent.run`): the schedule
 (healthd.agent.schedule): periodic rounds through the runner; the node watch; the
-request handler; the peer watch; an event run per check that declares an event
+request handler; finding this node's own agent pod once (the `nic` check's
+interfaces, healthd.agent.peers); an event run per check that declares an event
 source (healthd.agent.event_runs); the Warnings about unusable checks; a small loop
 that reports the publisher's health to the metrics; one that tells the node's health
 when the first round has ended (the verdict is shown only from then on); and the
@@ -55,7 +56,7 @@ from healthd.agent.node_events import NodeEvents, UnavailableChecks
 from healthd.agent.node_status import NodePublisher
 from healthd.agent.node_watch import NodeWatch
 from healthd.agent.ondemand import RequestHandler
-from healthd.agent.peers import PeerWatcher
+from healthd.agent.peers import OwnPod, PublishedPeers
 from healthd.agent.readiness import Readiness
 from healthd.agent.runner import OnResult, RoundInputs, Runner
 from healthd.agent.schedule import Job, Schedule, plan_jobs
@@ -90,7 +91,8 @@ class Parts:
     runner: Runner
     runs: DeepRuns
     requests: RequestHandler
-    peers: PeerWatcher
+    own_pod: OwnPod
+    peers: PublishedPeers
 
 
 class Agent:
@@ -205,7 +207,8 @@ class Agent:
         publisher = NodePublisher(kube, self.node, self.keys, recorder, clock=self.clock)
         health = NodeHealth(policy_of(self.config), publisher, self.metrics, keys=self.keys,
                             node=self.node, clock=self.clock)
-        node_watch = NodeWatch(self.node, partial(self._observe_node, publisher, health))
+        peers = PublishedPeers(self.keys, self._peers_changed)
+        node_watch = NodeWatch(self.node, partial(self._observe_node, publisher, health, peers))
         events = NodeEvents(recorder, node_watch)
         unavailable = UnavailableChecks(events)
         runner = Runner(self.inputs.context, on_result=_results_to(health, unavailable))
@@ -218,19 +221,19 @@ class Agent:
         plan = partial(planned_check, self.config, probes=self.probes)
         requests = RequestHandler(health, runs, watch=node_watch, publisher=publisher,
                                   events=events, plan=plan, keys=self.keys)
-        peers = PeerWatcher(kube, self.node, namespace=self.settings.peers.namespace,
-                            label_selector=self.settings.peers.label_selector,
-                            on_change=self._peers_changed,
-                            on_attachments=self._attachments_changed)
+        own_pod = OwnPod(kube, self.node, namespace=self.settings.peers.namespace,
+                         label_selector=self.settings.peers.label_selector,
+                         on_attachments=self._attachments_changed,
+                         pod_name=self.config.pod_name)
         return Parts(kube, publisher, node_watch, events, unavailable, health, runner, runs,
-                     requests, peers)
+                     requests, own_pod, peers)
 
     def _activities(self, parts: Parts, gpus: NvmlGpuSource, jobs: list[Job]) -> list[Activity]:
         """What runs until stopped, besides the publisher (which outlives them to flush)."""
         feeds = Feeds(gpus, self.kernel_log, run=partial(_run_on_event, parts.runner),
                       label_shown=parts.health.label_shown)
         return [partial(parts.node_watch.run, parts.kube), parts.requests.serve,
-                parts.peers.run, parts.unavailable.run, partial(self._report_publisher, parts),
+                parts.own_pod.run, parts.unavailable.run, partial(self._report_publisher, parts),
                 partial(self._start_schedule, parts, jobs), partial(self._first_round, parts),
                 *event_loops(self.config, feeds, self.probes)]
 
@@ -271,10 +274,11 @@ class Agent:
         return capacity or self.inputs.expected_gpus or 1
 
     def _observe_node(self, publisher: NodePublisher, health: NodeHealth,
-                      node: dict[str, Any]) -> None:
-        """A new copy of the Node from the watch: the publisher's view, the GPU count;
-        the first one is what the node's health resumes."""
+                      peers: PublishedPeers, node: dict[str, Any]) -> None:
+        """A new copy of the Node from the watch: the publisher's view, the GPU count,
+        ping's peers; the first one is what the node's health resumes."""
         publisher.observe(node)
+        peers.observe(node)
         health.resume(node, known=_known_check)
         if self.config.expected_gpus is None and (count := _node_gpus(node)):
             self.inputs.expected_gpus = count

@@ -161,6 +161,7 @@ def health_json(state: HealthState, limit: int = HEALTH_LIMIT) -> str:
 
 
 MAX_UNREACHED = 64  # peers named in the annotation; past that the node reads as isolated
+MAX_PROBED = 256  # a bounded peer set (healthd.blame.peersets) is far smaller
 
 
 def ping_view(state: HealthState) -> PingView | None:
@@ -178,8 +179,30 @@ def ping_view(state: HealthState) -> PingView | None:
     if ran is None or not ran.status.ordered:
         return None
     held = {(h.code, h.entity) for h in state.held if h.check == name}
-    return PingView(_network_view(held, ""),
-                    {n: _network_view(held, n) for n in ran.networks})
+    probed = _Probed(*(frozenset(_peer_of(label) for label in labels)
+                       for labels in (ran.peers, ran.answered, ran.settled)))
+    return PingView(_network_view(held, "", probed),
+                    {n: _network_view(held, n, probed) for n in ran.networks})
+
+
+@dataclass(frozen=True)
+class _Probed:
+    """(peer, network) pairs ping's latest run examined, those that answered, and
+    those the run before examined too."""
+
+    latest: frozenset[tuple[str, str]]
+    answered: frozenset[tuple[str, str]]
+    settled: frozenset[tuple[str, str]]
+
+    def on(self, network: str) -> tuple[list[str], list[str]]:
+        """(probed, reached) on `network`. A peer new to the set that did not answer
+        is neither (its finding is pending, and a down peer must never read as
+        reached); one probed before keeps counting as reached through one miss, so
+        the view moves when a holding does, not with every lost echo."""
+        probed = sorted(n for n, on in self.latest if n and on == network)
+        reached = [n for n in probed if (n, network) in self.answered
+                   or (n, network) in self.settled]
+        return probed, reached
 
 
 def reachability_check() -> str | None:
@@ -188,16 +211,28 @@ def reachability_check() -> str | None:
     return next((name for name, cls in checks.REGISTRY.items() if cls.REACHABILITY), None)
 
 
-def _network_view(held: set[tuple[str, str]], network: str) -> NetworkView:
+def _network_view(held: set[tuple[str, str]], network: str, probed: _Probed) -> NetworkView:
     """One network's row from the (code, entity label) pairs ping holds: `network` ""
     is the pod network (isolation is held about the node), a name is a secondary
-    network (isolation is held about `network/<name>`, a peer as `peer/<name>@<network>`)."""
+    network (isolation is held about `network/<name>`, a peer as `peer/<name>@<network>`).
+    `reached`, so that blame knows whom a bounded peer set (healthd.blame.peersets)
+    probed: the peers the latest run probed and counts as reached (see `_Probed.on`)
+    and does not hold unreachable; while isolated, what each peer did in the latest
+    run (the per-peer findings are not judged then, see checks.ping)."""
     isolated = ("NETWORK_ISOLATED", "node" if not network else f"network/{network}") in held
     peers = [_peer_of(entity) for code, entity in held if code == "PEER_UNREACHABLE"]
     unreached = sorted(name for name, on in peers if name and on == network)
-    if isolated or len(unreached) > MAX_UNREACHED:
+    if len(unreached) > MAX_UNREACHED:
         return NetworkView(isolated=True)
-    return NetworkView(isolated=False, unreached=tuple(unreached))
+    latest, reached = probed.on(network)
+    if len(latest) > MAX_PROBED:  # not a bounded set: every peer it does not name
+        return NetworkView(isolated=isolated, unreached=() if isolated else tuple(unreached))
+    if isolated:  # what each peer did, as measured: the cut-off node's view is the news
+        answered = [n for n in latest if (n, network) in probed.answered]
+        return NetworkView(isolated=True, reached=tuple(answered),
+                           unreached=tuple(n for n in latest if n not in answered))
+    return NetworkView(isolated=False, unreached=tuple(unreached),
+                       reached=tuple(n for n in reached if n not in unreached))
 
 
 def _peer_of(label: str) -> tuple[str, str]:

@@ -1,126 +1,128 @@
-"""The ping check's peers: the other nodes' agent pods, kept current by a watch.
+"""The ping check's peers, and this node's own secondary interfaces, at O(1) cost.
 
-Every GPU node runs an agent pod, so the agents' pod IPs are the natural set of
-peers to probe (the same addresses the workloads' traffic uses), and their Multus
-`network-status` names their addresses on every secondary network
-(healthd.agent.network_status). `PeerWatcher` lists and watches the agent pods
-once (`healthd.kube.watching.watch_forever`: resume, relist, backoff; no polling)
-and keeps one `Peer` per other node: its running, not-terminating agent pod with
-an IP. During a rolling update a node may briefly have two agent pods; the newest
-one stands for the node. The agent's own pod gives the secondary interfaces the
-`nic` check inspects (`attachments`).
+No agent lists or watches the other agents (DESIGN.md, Scale: that is O(N) per agent
+and O(N^2) per fleet). The controller, which watches the agent pods once, publishes
+each node's bounded peer set on its own Node, annotation `healthd.io/peers`
+(healthd.blame.peersets, healthd.controller.peering); the agent already watches its
+own Node, and `PublishedPeers` turns each copy into the peers ping probes. A Node
+without the annotation (the controller not running, or not upgraded) gives no peers:
+ping then says SKIPPED ("no peers to ping"), never a result it did not measure.
+
+The `nic` check's interfaces come from this node's own agent pod's Multus
+`network-status`: `OwnPod` lists its own pod (field selector `metadata.name` with
+POD_NAME, else the agent pods on this node, `spec.nodeName`) once at start, again with
+backoff while it is not running yet, and gives up after `max_looks` (an agent run
+outside a pod has none to find: it never polls). Multus writes the annotation when
+the pod's network is set up, before the agent starts, and it does not change for the
+pod's life.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from checks.base import Attachment, Peer
-from healthd.agent.network_status import ProblemLog, network_status
-from healthd.kube.objects import PODS, is_deleting, key_of, meta, node_name_of, phase_of
-from healthd.kube.shapes import Pod, entries, part, view
-from healthd.kube.watching import watch_forever
+from healthd.blame.agents import newest_per_node
+from healthd.blame.network_status import network_status
+from healthd.blame.peersets import BadPeerSet, decode
+from healthd.kube import Backoff, KubeError
+from healthd.kube.conventions import Keys
+from healthd.kube.objects import PODS, items_of
+from healthd.kube.shapes import Pod
 
 if TYPE_CHECKING:
     from healthd.kube.client import Kube
 
-
-def pod_addresses(pod: Pod) -> list[str]:
-    """`status.podIPs[*].ip` (dual stack), else `status.podIP`."""
-    status = part(pod.get("status"))
-    ips = [str(entry["ip"]) for entry in entries(status.get("podIPs")) if entry.get("ip")]
-    if not ips and status.get("podIP"):
-        ips = [str(status["podIP"])]
-    return ips
+log = logging.getLogger(__name__)
+_UNSEEN = object()  # no copy of the Node seen yet
+MAX_LOOKS = 8  # about two minutes with the backoff: a pod runs well before that
 
 
-def is_live_peer(pod: Pod, own_node: str) -> bool:
-    """Another node's agent pod that can answer: Running, not being deleted, has an IP."""
-    node = node_name_of(pod)
-    return (bool(node) and node != own_node
-            and phase_of(pod) == "Running"
-            and not is_deleting(pod)
-            and bool(pod_addresses(pod)))
+class PublishedPeers:
+    """The peers on this node's Node (`observe` each copy); says once per distinct
+    problem why there are none."""
+
+    def __init__(self, keys: Keys, on_change: Callable[[list[Peer]], None]) -> None:
+        self._keys = keys
+        self._on_change = on_change
+        self._raw: object = _UNSEEN
+        self._told = ""
+
+    def observe(self, node: Mapping[str, Any]) -> None:
+        raw = ((node.get("metadata") or {}).get("annotations") or {}).get(self._keys.peers)
+        if self._raw is not _UNSEEN and raw == self._raw:
+            return
+        self._raw = raw
+        peers, problem = self._read(raw)
+        self._say(problem)
+        self._on_change(peers)
+
+    def _read(self, raw: object) -> tuple[list[Peer], str]:
+        if raw is None:
+            return [], (f"no {self._keys.peers} annotation on this node yet: ping probes "
+                        "nobody until the healthd controller publishes its peers")
+        try:
+            return list(decode(raw).peers), ""
+        except BadPeerSet as exc:
+            return [], f"the {self._keys.peers} annotation cannot be read ({exc}): ping " \
+                       "probes nobody until the controller rewrites it"
+
+    def _say(self, problem: str) -> None:
+        if problem and problem != self._told:
+            log.warning("%s", problem)
+        elif not problem and self._told:
+            log.info("peers published on this node: ping probes them")
+        self._told = problem
 
 
-def _newest_per_node(pods: Mapping[str, Pod], own_node: str
-                     ) -> dict[str, Pod]:
-    newest: dict[str, Pod] = {}
-    for pod in pods.values():
-        if not is_live_peer(pod, own_node):
-            continue
-        node = node_name_of(pod)
-        created = str(meta(pod).get("creationTimestamp") or "")
-        held = newest.get(node)
-        if held is None or created > str(meta(held).get("creationTimestamp") or ""):
-            newest[node] = pod
-    return newest
-
-
-def peers_from(pods: Mapping[str, Pod], own_node: str) -> list[Peer]:
-    """One Peer per other node, sorted by node name; the newest pod wins a node.
-    Its secondary networks come from its network-status (none when unreadable)."""
-    newest = _newest_per_node(pods, own_node)
-    return [Peer(name=node, addresses=pod_addresses(newest[node]),
-                 networks=network_status(newest[node]).addresses())
-            for node in sorted(newest)]
-
-
-def own_attachments(pods: Mapping[str, Pod], own_node: str
-                    ) -> tuple[Attachment, ...]:
-    """The secondary interfaces of this node's own (newest live) agent pod."""
-    mine = {k: p for k, p in pods.items()
-            if node_name_of(p) == own_node}
-    newest = _newest_per_node(mine, "")
-    pod = newest.get(own_node)
-    return network_status(pod).attachments if pod is not None else ()
-
-
-class PeerWatcher:
-    """Keeps `peers` equal to the other nodes' live agent pods."""
+class OwnPod:
+    """Finds this node's own agent pod once and hands its secondary interfaces over."""
 
     def __init__(self, kube: Kube, node: str, *, namespace: str, label_selector: str,
-                 on_change: Callable[[list[Peer]], None] | None = None,
-                 on_attachments: Callable[[tuple[Attachment, ...]], None] | None = None
-                 ) -> None:
+                 on_attachments: Callable[[tuple[Attachment, ...]], None],
+                 pod_name: str = "", max_looks: int = MAX_LOOKS) -> None:
         self.kube = kube
         self.node = node
         self.namespace = namespace
         self.label_selector = label_selector
-        self.on_change = on_change  # called with the new list whenever it changes
-        self.on_attachments = on_attachments  # this pod's secondary interfaces changed
-        self._pods: dict[str, Pod] = {}
-        self._peers: list[Peer] = []
-        self._attachments: tuple[Attachment, ...] = ()
-        self._problems = ProblemLog()
-
-    @property
-    def peers(self) -> list[Peer]:
-        return list(self._peers)
-
-    def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
-        """Fold one watch event (ADDED, MODIFIED, DELETED) into the peer list."""
-        pod = view(Pod, obj)
-        key = key_of(pod)
-        if kind == "DELETED":
-            self._pods.pop(key, None)
-        else:
-            self._pods[key] = pod
-            self._problems.note(key, network_status(pod))
-        peers = peers_from(self._pods, self.node)
-        if peers != self._peers:
-            self._peers = peers
-            if self.on_change is not None:
-                self.on_change(self.peers)
-        attachments = own_attachments(self._pods, self.node)
-        if attachments != self._attachments:
-            self._attachments = attachments
-            if self.on_attachments is not None:
-                self.on_attachments(attachments)
+        self.on_attachments = on_attachments
+        self.pod_name = pod_name
+        self.max_looks = max_looks
 
     async def run(self) -> None:
-        """Watch until cancelled (watch_forever retries through API outages)."""
-        async for event in watch_forever(self.kube, PODS, self.namespace,
-                                         label_selector=self.label_selector):
-            self.apply(event.type, event.object)
+        """Look for this node's live agent pod (with backoff) until found or
+        `max_looks` looks, then return."""
+        backoff = Backoff(initial=1, maximum=60)
+        which = (f"metadata.name={self.pod_name}" if self.pod_name
+                 else f"spec.nodeName={self.node}")
+        why = ""
+        for look in range(self.max_looks):
+            if look:
+                await anyio.sleep(backoff.next())
+            try:
+                listing = await self.kube.list(PODS, self.namespace,
+                                               label_selector=self.label_selector,
+                                               field_selector=which)
+                pod = newest_per_node(items_of(listing, Pod)).get(self.node)
+                if pod is not None:
+                    self.on_attachments(own_attachments(pod))
+                    return
+                why = f"no running agent pod ({which}) in {self.namespace}"
+            except KubeError as exc:
+                why = f"cannot list this node's agent pod ({exc})"
+            log.debug("%s; looking again", why)
+        log.warning("%s after %d looks: the nic check sees no secondary interface (an "
+                    "agent outside a pod has none)", why, self.max_looks)
+
+
+def own_attachments(pod: Pod) -> tuple[Attachment, ...]:
+    """The secondary interfaces of this node's agent pod (none when unreadable)."""
+    status = network_status(pod)
+    if status.problem:
+        log.warning("this agent pod's network-status annotation cannot be read: %s; the "
+                    "nic check sees no secondary interface", status.problem)
+    return status.attachments

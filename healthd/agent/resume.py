@@ -25,16 +25,24 @@ a severity healthd does not know or below WARN, one of a check healthd does not 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
 from checks.base import Severity
+from healthd.agent.node_view import reachability_check
 from healthd.agent.verdict import RESUMED, CheckState, Held, Trigger
 from healthd.capacity.health import verdict_of
 from healthd.kube.conventions import Keys, Verdict
 from healthd.kube.shapes import Node, view
-from healthd.published import CheckStatus, Health, Holding, Undecodable, read_health
+from healthd.published import (
+    CheckStatus,
+    Health,
+    Holding,
+    NetworkView,
+    Undecodable,
+    read_health,
+)
 from healthd.util.times import parse_time
 
 RESUMED_CODE = "VERDICT_RESUMED"
@@ -72,10 +80,29 @@ def resumed_from(node: Mapping[str, Any], keys: Keys, *, known: Callable[[str], 
         checks = {key: cs for key, entry in doc.checks.items()
                   if known(key) and (cs := _check(entry, at)) is not None}
         since = parse_time(doc.since)
+        checks = _with_probed(checks, doc)
     unexplained = _unexplained(shown, held, doc, at)
     if unexplained is not None:
         held.append(unexplained)
     return Resumed(tuple(held), MappingProxyType(checks), shown, since, tuple(notes))
+
+
+def _with_probed(checks: dict[str, CheckState], doc: Health) -> dict[str, CheckState]:
+    """The ping check's status with the peers its published view names, so the view
+    the first round publishes is the one the Node shows (not "probed nobody")."""
+    key = reachability_check()
+    ran = checks.get(key) if key is not None else None
+    if key is None or ran is None or doc.ping is None:
+        return checks
+    views = [("", doc.ping.pod), *doc.ping.networks.items()]
+
+    def labels(names: Callable[[NetworkView], tuple[str, ...]]) -> tuple[str, ...]:
+        return tuple(sorted(f"peer/{name}@{network}" if network else f"peer/{name}"
+                            for network, v in views if v.reached is not None
+                            for name in names(v)))
+    probed = labels(lambda v: (*(v.reached or ()), *v.unreached))
+    return {**checks, key: replace(ran, peers=probed, settled=probed,
+                                   answered=labels(lambda v: v.reached or ()))}
 
 
 def _held(item: Holding, known: Callable[[str], bool], at: float,

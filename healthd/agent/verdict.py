@@ -139,6 +139,12 @@ class CheckState:
     # checks that know no networks), so "nothing failed on net1" is told apart from
     # "net1 was not probed".
     networks: tuple[str, ...] = ()
+    # Peers (entity labels) the run examined, those that answered, and those the run
+    # before examined too: what ping's published view says it probed and reached
+    # (healthd.agent.node_view), with rotating peer sets (healthd.blame.peersets).
+    peers: tuple[str, ...] = ()
+    answered: tuple[str, ...] = ()
+    settled: tuple[str, ...] = ()
 
 
 def _frozen_map(items: Mapping[Any, Any] | None = None) -> Mapping[Any, Any]:
@@ -252,7 +258,7 @@ def apply(
     policy: Policy,
 ) -> HealthState:
     """Fold one finished run of check `key` into the state."""
-    checks = {**state.checks, key: _check_state(result, trigger, at)}
+    checks = {**state.checks, key: _check_state(result, trigger, at, state.checks.get(key))}
     per_check = {**state.check_findings, key: tuple(result.findings)}
     if not result.status.ordered:
         # Could not tell (or does not apply): recorded, but no judgement either way.
@@ -305,9 +311,15 @@ def resume(state: HealthState, held: Iterable[Held], checks: Mapping[str, CheckS
     return new
 
 
-def _check_state(result: CheckResult, trigger: Trigger, at: float) -> CheckState:
+def _check_state(result: CheckResult, trigger: Trigger, at: float,
+                 before: CheckState | None) -> CheckState:
     networks = tuple(sorted({s.entity.network for s in result.entities if s.entity.network}))
-    return CheckState(result.status, at, trigger, result.reason, result.duration_s, networks)
+    peers = tuple(sorted({s.entity.label for s in result.entities if s.entity.kind == "peer"}))
+    answered = tuple(sorted({s.entity.label for s in result.entities
+                             if s.entity.kind == "peer" and s.status is Severity.PASS}))
+    settled = tuple(p for p in peers if before is not None and p in before.peers)
+    return CheckState(result.status, at, trigger, result.reason, result.duration_s, networks,
+                      peers, answered, settled)
 
 
 def _judge(

@@ -3,7 +3,8 @@ fail to reach, on which network, said once per episode.
 
 The judgement itself is healthd.blame.networks' (pure, shared with `healthd
 status`); this module follows the controller's node cache, re-judges when a ping
-report moves (coalesced after a short settle, never polled), and says what changed:
+report moves (coalesced after a short settle, longer when judging is slow: never
+polled), and says what changed:
 
 - a node most of its peers cannot reach on a network (verdict BLAMED): one Warning
   Event `PeerUnreachable` on that Node naming the network and the reporters, once
@@ -43,6 +44,7 @@ from healthd.kube.shapes import KubeObject, Node
 log = logging.getLogger(__name__)
 
 SETTLE_S = 0.1  # lets one ping round's annotations from many agents land together
+PACE = 4  # wait at least this many times the last judgement's duration before the next
 Obj = dict[str, Any]
 NODES_KIND = NODES.plural  # the kind the controller's caches name nodes by
 
@@ -135,9 +137,14 @@ class NetworkBlame:
             await self._caches.wait_synced([NODES_KIND])
             while True:
                 self._changed = anyio.Event()
+                started = anyio.current_time()
                 await self.evaluate()
+                spent = anyio.current_time() - started
                 await self._changed.wait()
-                await anyio.sleep(self.settle_s)
+                # Judging bounded peer sets costs about a second per network at 10,000
+                # nodes, and a rotation moves every view within one ping interval:
+                # pace the judgement so it takes at most 1/(PACE + 1) of a core.
+                await anyio.sleep(max(self.settle_s, PACE * spent))
         finally:
             self._metrics.set_blamed(())
             self._metrics.set_partitioned({})

@@ -6,7 +6,9 @@ module is the pure function that reads the matrix (reporter -> target ->
 reachable) and returns a verdict per node plus a cluster-wide partition flag. The
 controller and `healthd trigger` both use it; it does no I/O. `judge_rows` is the
 same judgement for rows in sparse form ("reached everyone but these"), in time
-linear in the nodes plus the failed pings, for fleets of thousands of nodes.
+linear in the nodes plus the failed pings, for fleets of thousands of nodes;
+`judge_peer_rows` takes rows of bounded peer sets ("probed these, missed those"),
+whose matrix is n x k.
 
 The rules (`share` is the threshold, 0.5 by default; "most" means MORE than it):
 
@@ -38,6 +40,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 Matrix = Mapping[str, Mapping[str, bool]]
 Edges = dict[tuple[str, str], bool]
@@ -86,10 +89,14 @@ class BlameReport:
     groups: tuple[tuple[str, ...], ...]
 
     def __getitem__(self, node: str) -> NodeVerdict:
-        for verdict in self.verdicts:
-            if verdict.node == node:
-                return verdict
-        raise KeyError(node)
+        return self._by_node[node]
+
+    @cached_property
+    def _by_node(self) -> dict[str, NodeVerdict]:
+        return {v.node: v for v in self.verdicts}
+
+    def verdict_of(self, node: str) -> Judgement:
+        return self[node].verdict
 
     @property
     def blamed(self) -> tuple[str, ...]:
@@ -239,21 +246,32 @@ def _verdict(
 
 @dataclass(frozen=True)
 class Row:
-    """One reporter's view: it probed every other node and reached all but
+    """One reporter's view: it probed every other node (or, when `probed` is given,
+    those nodes: a bounded peer set, healthd.blame.peersets) and reached all but
     `unreached`, or (`reached_none`) it reached nobody. The nodes are every reporter
     plus every node a row names."""
 
     unreached: frozenset[str] = frozenset()
     reached_none: bool = False
+    probed: frozenset[str] | None = None
+
+    def targets(self, everyone: Iterable[str]) -> frozenset[str]:
+        """Whom it probed: its peer set (plus any it names as unreached: a peer of
+        the previous set still held), or everyone."""
+        if self.probed is None:
+            return frozenset(everyone)
+        return self.probed | self.unreached
 
 
 Rows = Mapping[str, Row]
 
 
 def to_matrix(rows: Rows) -> dict[str, dict[str, bool]]:
-    """The dense matrix `rows` stand for (n x n; for tests and small fleets)."""
+    """The matrix `rows` stand for: n x n for rows that probed everyone (tests and
+    small fleets), n x k for bounded peer sets."""
     nodes = _universe(rows)
-    return {r: {t: not row.reached_none and t not in row.unreached for t in nodes if t != r}
+    return {r: {t: not row.reached_none and t not in row.unreached
+                for t in sorted(row.targets(nodes)) if t != r}
             for r, row in rows.items()}
 
 
@@ -265,10 +283,24 @@ def judge_rows(
     return SparseReport(rows, share, min_reporters, min_targets)
 
 
+def judge_peer_rows(
+    rows: Rows, *, share: float = 0.5, min_reporters: int = 2, min_targets: int = 2
+) -> SparseReport | BlameReport:
+    """The judgement of `rows`: `judge_rows` while every reporter probed everyone;
+    `judge` over the n x k edges once some probe bounded peer sets (rows of agents
+    that still probe everyone stand for n edges each)."""
+    if all(row.probed is None for row in rows.values()):
+        return judge_rows(rows, share=share, min_reporters=min_reporters,
+                          min_targets=min_targets)
+    return judge(to_matrix(rows), share=share, min_reporters=min_reporters,
+                 min_targets=min_targets)
+
+
 def _universe(rows: Rows) -> tuple[str, ...]:
     names = {str(r) for r in rows}
     for row in rows.values():
         names.update(row.unreached)
+        names.update(row.probed or ())
     return tuple(sorted(names))
 
 

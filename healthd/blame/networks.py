@@ -5,11 +5,13 @@ reach, on which network. Pure: the controller announces it
 One agent's `ping` check cannot tell "that peer is down" from "my own link is
 down"; the fleet can. Every agent publishes what its latest ping round saw in its
 `health` annotation (its ping view, healthd.published.PingView, built by
-healthd.agent.node_view): per network it
-probed every other agent node attached there and reached all but `unreached`, or,
-when `isolated`, almost none. This module reads those objects, judges each network
-on its own with `healthd.blame.judge.judge_rows` (the sparse form of `judge`: linear in
-nodes plus unreached entries, no n x n matrix), and says:
+healthd.agent.node_view): per network, the peers of its bounded set
+(healthd.blame.peersets) it `reached` and those it holds `unreached`, so each node is
+judged from the views of the peers that probed it (n x k edges, `judge`). An older
+agent's view has no `reached`: it probed every other agent node and reached all but
+`unreached`, or, when `isolated`, almost none; while every view is of that kind the
+network is judged in the sparse form (`judge_rows`, linear in nodes plus unreached
+entries). This module reads those objects, judges each network on its own, and says:
 
 - which nodes most of their peers cannot reach on a network (BLAMED). A node is
   blamed on the network that fails only: a dead `net1` NIC never blames the node
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checks.base import POD_NETWORK
-from healthd.blame.judge import Judgement, Row, SparseReport, judge_rows
+from healthd.blame.judge import BlameReport, Judgement, Row, SparseReport, judge_peer_rows
 from healthd.kube.conventions import Keys
 from healthd.kube.objects import name_of
 from healthd.published import Health, NetworkView, read_health
@@ -60,7 +62,20 @@ def ping_rows(node: Obj, keys: Keys) -> dict[str, Row]:
 
 
 def _row(view: NetworkView) -> Row:
+    """A view of a bounded peer set names whom it probed (reached or not); an older
+    agent's names only the misses, of every other node."""
+    if view.reached is not None:
+        return Row(frozenset(view.unreached),
+                   probed=frozenset(view.reached) | frozenset(view.unreached))
     return Row(reached_none=True) if view.isolated else Row(frozenset(view.unreached))
+
+
+def _silent(row: Row) -> bool:
+    """A reporter that reached none of the peers it probed (said so, for an agent
+    that probes everyone)."""
+    if row.probed is None:
+        return row.reached_none
+    return bool(row.probed) and row.unreached >= row.probed
 
 
 def ping_row(node: Obj, keys: Keys, network: str = POD_NETWORK) -> Row | None:
@@ -110,12 +125,12 @@ def assess(rows: Mapping[str, Row], *, share: float = SHARE,
     On the pod network an ISOLATED node is left to its own agent's
     NETWORK_ISOLATED; on a secondary network a node most credible peers cannot
     reach is blamed even when it also says it is isolated (see the module doc)."""
-    silent = sum(1 for row in rows.values() if row.reached_none)
+    silent = sum(1 for row in rows.values() if _silent(row))
     if len(rows) >= 2 and silent > share * len(rows):
         why = (f"{silent} of {len(rows)} nodes reached almost none of their peers on "
                f"{network_name(network)}: it is split or down between many nodes")
         return Assessment(len(rows), partitioned=True, why=why, network=network)
-    report = judge_rows(rows, share=share)
+    report = judge_peer_rows(rows, share=share)
     blamed = [n for n in report.blamed
               if network != POD_NETWORK or report.verdict_of(n) is Judgement.BLAMED]
     details = {n: report[n] for n in blamed}
@@ -141,7 +156,7 @@ def network_name(network: str) -> str:
     return "the pod network" if network == POD_NETWORK else f"network {network}"
 
 
-def _partition_text(report: SparseReport, network: str) -> str:
+def _partition_text(report: SparseReport | BlameReport, network: str) -> str:
     sizes = " + ".join(str(len(g)) for g in report.groups)
     sides = "; ".join(_names(g, 3) for g in report.groups)
     where = "" if network == POD_NETWORK else f" on network {network}"

@@ -17,6 +17,7 @@ the field). Durations accept `30s`, `5m`, `1h` and are stored as seconds::
                  lease_duration: 15s, renew_deadline: 10s, retry_period: 2s}
       repair: {enabled: false, max_gpu_resets: 2, max_reboots: 2, window: 24h,
                remedies: {}}                  # e.g. {XID_48: reboot, NIC_DOWN: humans}
+      peers: {count: 16, rotate_every: 1h}  # ping's peer sets, on each Node
 """
 
 from __future__ import annotations
@@ -145,6 +146,17 @@ class RepairSettings(Frozen):
         return remedies
 
 
+class PeerSetSettings(Frozen):
+    """The ping check's peers, which the controller publishes on each Node
+    (healthd.blame.peersets): how many each node probes, and how often they rotate.
+    Where the agent pods are is the agent section's `peers`."""
+
+    count: int = Field(16, ge=1, le=32, description="peers each node probes per network "
+                       "(each node is probed by as many)")
+    rotate_every: Duration = Field(3600.0, ge=60.0, description="the sets change every "
+                                   "interval: one annotation write per node per interval")
+
+
 class ControllerSettings(Frozen):
     """Everything `healthd controller` is told; built once by the config loader."""
 
@@ -169,6 +181,7 @@ class ControllerSettings(Frozen):
     breaker: BreakerSettings = BreakerSettings()
     election: ElectionSettings = ElectionSettings()
     repair: RepairSettings = RepairSettings()
+    peers: PeerSetSettings = PeerSetSettings()
 
     @field_validator("slack_queues")
     @classmethod

@@ -14,6 +14,8 @@ moment the Lease is lost):
   the AppWrappers with GPU pods on it, decided and reset at once under the rails;
 - network blame (healthd.blame.announce.NetworkBlame): the agents' ping reports
   judged fleet-wide; Events and gauges only, never a node label;
+- ping's peers (healthd.controller.peering.PeerPublisher): the agent pods watched
+  once, each node's bounded peer set written on its Node (`healthd.io/peers`);
 - the cache-sync gauges;
 - a log line, once per node and streak, when a node's health annotation cannot be
   read (someone else wrote it): the controller decides from the verdict label, and
@@ -65,6 +67,7 @@ from healthd.controller.clusterqueues import QueueWriter
 from healthd.controller.election import LeaseElector
 from healthd.controller.evictions import SETTLE_S, EvictionReactor
 from healthd.controller.metrics import ControllerMetrics
+from healthd.controller.peering import PeerPublisher
 from healthd.kube.backoff import Backoff
 from healthd.kube.client import Kube
 from healthd.kube.conventions import CONTROLLER_COMPONENT, Keys
@@ -103,12 +106,17 @@ class Term:
                                       clock=clock, settle_s=settle_s)
         self.blame = NetworkBlame(self.caches, events, keys=keys, metrics=metrics,
                                   dry_run=settings.dry_run, lease=lease, episodes=episodes)
+        self.peering = PeerPublisher(kube, self.caches, settings=settings.peers,
+                                     namespace=config.agent.peers.namespace,
+                                     label_selector=config.agent.peers.label_selector,
+                                     keys=keys, dry_run=settings.dry_run, clock=clock,
+                                     rewinds=self.caches.rewinds)
         self.unreadable = UnreadableHealth(keys)
 
     def _changed(self, kind: str, old: KubeObject | None, new: KubeObject | None) -> None:
         # Each handler is quick and guards itself; one failing must not starve the others.
         for handle in (self.unreadable.handle, self.lending.handle, self.resets.handle,
-                       self.blame.handle):
+                       self.blame.handle, self.peering.handle):
             try:
                 handle(kind, old, new)
             except Exception:
@@ -136,6 +144,7 @@ class Term:
             group.start_soon(self.lending.run)
             group.start_soon(self.resets.run)
             group.start_soon(self.blame.run)
+            group.start_soon(self.peering.run)
             for kind in KINDS:
                 group.start_soon(self._report_synced, kind)
             group.start_soon(self._freeze_when_synced)

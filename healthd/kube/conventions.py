@@ -108,6 +108,12 @@ class Keys:
         return f"{self.own_prefix}health"
 
     @property
+    def peers(self) -> str:
+        """Annotation written by the controller: the peers this node's agent pings
+        (healthd.blame.peersets)."""
+        return f"{self.own_prefix}peers"
+
+    @property
     def run(self) -> str:
         """Annotation written by admins: an on-demand request (`all`, `dcgm:3`, ...)."""
         return f"{self.own_prefix}run"

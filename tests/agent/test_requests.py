@@ -9,8 +9,10 @@ from pathlib import Path
 import anyio
 import pytest
 
+from checks.base import Peer
+from healthd.blame.peersets import PeerSet
 from healthd.sim.apiserver import ApiEmulator
-from tests.agent.harness import KEYS, Harness, eventually, running_agent
+from tests.agent.harness import KEYS, NODE, Harness, eventually, running_agent
 
 pytestmark = pytest.mark.anyio
 
@@ -113,21 +115,26 @@ async def test_a_request_replaced_before_it_was_taken_runs_the_newer_one_once(
         assert len(done) == 1 and "(new)" in done[0]
 
 
-async def test_ping_gets_its_peers_from_the_other_agent_pods(api: ApiEmulator,
-                                                             tmp_path: Path) -> None:
+async def test_ping_gets_its_peers_from_its_own_node(api: ApiEmulator, tmp_path: Path) -> None:
+    """The peers are what the controller publishes on this agent's Node: none yet,
+    ping says SKIPPED (it probed nobody, and says so); once published, it probes
+    them. The agent never lists or watches the other agents' pods: its only look at
+    pods in their namespace is its own node's (`spec.nodeName`)."""
     async with running_agent(api, tmp_path) as h:
         h.request("ping", run_id="lonely")
         assert (await answered(h, "lonely"))["checks"] == {"ping": "SKIPPED"}  # no peers
-        api.seed({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "healthd-agent-x", "namespace": "healthd-system",
-                         "labels": {"app.kubernetes.io/name": "healthd-agent"},
-                         "creationTimestamp": "2025-01-01T00:00:00Z"},
-            "spec": {"nodeName": "gpu-node-2", "containers": [{"name": "a", "image": "i"}]},
-            "status": {"phase": "Running", "podIP": "127.0.0.1",
-                       "podIPs": [{"ip": "127.0.0.1"}]},
-        })
-        await eventually(lambda: h.agent.inputs.peers, what="peer seen by watch")
+        peers = PeerSet(7, (Peer("gpu-node-2", ("127.0.0.1",)),))
+        stored = api.get("Node", NODE)
+        assert stored is not None
+        stored["metadata"].setdefault("annotations", {})[KEYS.peers] = peers.encode()
+        api.put(stored)
+        await eventually(lambda: h.agent.inputs.peers, what="peers read from the Node")
+        assert list(h.agent.inputs.peers) == list(peers.peers)
         h.request("ping", run_id="with-peer")
         answer = await answered(h, "with-peer")
         assert answer["checks"]["ping"] != "SKIPPED"  # it probed gpu-node-2
+    looks = api.requests_to("GET", "/api/v1/namespaces/healthd-system/pods")
+    assert looks and all(r.query.get("fieldSelector") == f"spec.nodeName={NODE}"
+                         and r.query.get("watch") != "true" for r in looks)
+    assert all("spec.nodeName" in (r.query.get("fieldSelector") or "")
+               for r in api.requests_to("GET", "/api/v1/pods"))

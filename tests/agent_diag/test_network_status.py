@@ -3,8 +3,8 @@
 by `default: true` (or `eth0` when nothing is marked), entries without `ips`,
 IPv6, colliding short names; and for garbage, wrong shapes and oversized values:
 the peer is still probed on its pod network, one clear log line, never a crash.
-The agent's own pod gives the `nic` check its interfaces. Through the real
-`PeerWatcher` over the API emulator where a watch is involved."""
+Peers as the controller reads them (healthd.blame.agents.member_of); through its
+real watch of the agent pods over the API emulator for the log line."""
 
 from __future__ import annotations
 
@@ -12,17 +12,16 @@ import json
 import logging
 from typing import Any
 
-import anyio
 import pytest
 
-from checks.base import Attachment, Peer
-from healthd.agent.network_status import MAX_ANNOTATION_BYTES, network_status, parse
-from healthd.agent.peers import PeerWatcher, peers_from
-from healthd.kube.client import Kube
-from healthd.sim.apiserver import ApiEmulator
+from checks.base import Attachment
+from healthd.blame.agents import member_of
+from healthd.blame.network_status import MAX_ANNOTATION_BYTES, network_status, parse
+from healthd.blame.peersets import Member
+from healthd.controller.peering import AgentPods
+from healthd.kube.watching import WatchEvent
 
-from .conftest import NODE
-from .test_peers import NS, SELECTOR, agent_pod
+from .test_peers import agent_pod
 
 MULTUS = "k8s.v1.cni.cncf.io/network-status"
 OPENSHIFT = "k8s.v1.cni.cncf.io/networks-status"
@@ -46,8 +45,9 @@ def net(name: str, interface: str, *ips: str, **extra: Any) -> dict[str, Any]:
 def test_both_spellings_give_the_secondary_networks(key: str) -> None:
     value = [POD_ENTRY, net("healthd-system/net1", "net1", "192.168.1.2"),
              net("healthd-system/net2", "net2", "fd00:2::2")]
-    [peer] = peers_from({"p": annotated("a", "n2", "10.0.0.2", value, key)}, NODE)
-    assert peer == Peer("n2", ["10.0.0.2"], {"net1": ("192.168.1.2",), "net2": ("fd00:2::2",)})
+    peer = member_of(annotated("a", "n2", "10.0.0.2", value, key))
+    assert peer == Member("n2", ("10.0.0.2",), {"net1": ("192.168.1.2",),
+                                                "net2": ("fd00:2::2",)})
 
 
 def test_default_true_marks_the_pod_network_whatever_its_interface() -> None:
@@ -66,8 +66,7 @@ def test_missing_ips_names_the_interface_but_gives_ping_nothing() -> None:
     status = network_status(annotated("a", "n2", "10.0.0.2", value))
     assert status.attachments == (Attachment("net1", "net1", ()),)
     assert status.addresses() == {}
-    [peer] = peers_from({"p": annotated("a", "n2", "10.0.0.2", value)}, NODE)
-    assert peer.networks == {}
+    assert member_of(annotated("a", "n2", "10.0.0.2", value)).networks == {}
 
 
 def test_ipv6_addresses_are_kept_and_normalised_and_bad_ones_dropped() -> None:
@@ -94,33 +93,22 @@ GARBAGE = {
 
 @pytest.mark.parametrize("case", GARBAGE)
 def test_garbage_leaves_the_pod_network_only(case: str) -> None:
-    [peer] = peers_from({"p": annotated("a", "n2", "10.0.0.2", GARBAGE[case])}, NODE)
-    assert peer == Peer("n2", ["10.0.0.2"], {})
+    peer = member_of(annotated("a", "n2", "10.0.0.2", GARBAGE[case]))
+    assert peer == Member("n2", ("10.0.0.2",), {})
 
 
-@pytest.mark.anyio
-async def test_watcher_logs_garbage_once_and_gives_own_interfaces(
-        api: ApiEmulator, kube: Kube, caplog: pytest.LogCaptureFixture) -> None:
-    own = [POD_ENTRY, net("healthd-system/net1", "net1", "192.168.1.1")]
-    api.seed(annotated("mine", NODE, "10.0.0.1", own),
-             annotated("bad", "n2", "10.0.0.2", "[{oops"),
-             annotated("good", "n3", "10.0.0.3", [POD_ENTRY, net("net1", "net1", "192.168.1.3")],
-                       OPENSHIFT))
-    attachments: list[tuple[Attachment, ...]] = []
-    watcher = PeerWatcher(kube, NODE, namespace=NS, label_selector=SELECTOR,
-                          on_attachments=attachments.append)
-    with caplog.at_level(logging.WARNING, logger="healthd.agent.network_status"):
-        async with anyio.create_task_group() as group:
-            group.start_soon(watcher.run)
-            with anyio.fail_after(10):
-                while len(watcher.peers) < 2 or not attachments:
-                    await anyio.sleep(0.02)
-            for _ in range(3):  # the same bad value again: no new log line
-                watcher.apply("MODIFIED", annotated("bad", "n2", "10.0.0.2", "[{oops"))
-            group.cancel_scope.cancel()
-    assert watcher.peers == [Peer("n2", ["10.0.0.2"], {}),
-                             Peer("n3", ["10.0.0.3"], {"net1": ("192.168.1.3",)})]
-    assert attachments[-1] == (Attachment("net1", "net1", ("192.168.1.1",)),)
+def test_garbage_is_logged_once_per_pod_and_value(caplog: pytest.LogCaptureFixture) -> None:
+    """The controller's watch replays a pod on every change of it: the same bad value
+    is said once."""
+    pods = AgentPods()
+    good = annotated("good", "n3", "10.0.0.3", [POD_ENTRY, net("net1", "net1", "192.168.1.3")],
+                     OPENSHIFT)
+    with caplog.at_level(logging.WARNING, logger="healthd.blame.network_status"):
+        for _ in range(3):
+            pods.apply(WatchEvent("MODIFIED", annotated("bad", "n2", "10.0.0.2", "[{oops")))
+        pods.apply(WatchEvent("ADDED", good))
+    assert sorted(pods.members(), key=lambda m: m.node) == [
+        Member("n2", ("10.0.0.2",), {}), Member("n3", ("10.0.0.3",), {"net1": ("192.168.1.3",)})]
     said = [r.getMessage() for r in caplog.records if "network-status" in r.getMessage()]
     assert len(said) == 1
     assert "pod healthd-system/bad" in said[0] and "pod network only" in said[0]

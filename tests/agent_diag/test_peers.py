@@ -1,91 +1,119 @@
-"""`PeerWatcher`: the ping check's peers are the other nodes' live agent pods, kept
-current by one watch (no polling): additions, deletions, pods that are not running or
-are terminating, dual-stack addresses, and two agent pods on one node."""
+"""The agent's peers and its own interfaces, at O(1) cost (healthd.agent.peers):
+
+- `PublishedPeers`: ping's peers are what the controller published on this Node;
+  none (or an unreadable annotation) gives no peers and one log line saying why,
+  not one per copy of the Node;
+- `OwnPod`: the `nic` check's interfaces come from this node's own live agent pod,
+  found by one list of this node's agent pods (field selector `spec.nodeName`), retried
+  until it runs; never a watch, never the other nodes' pods; the newest pod of a
+  rolling update wins.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+import json
+import logging
+from typing import Any
 
 import anyio
 import pytest
 
-from checks.base import Peer
-from healthd.agent.peers import PeerWatcher
+from checks.base import Attachment, Peer
+from healthd.agent.peers import OwnPod, PublishedPeers
+from healthd.blame.peersets import PeerSet
 from healthd.kube.client import Kube
-from healthd.kube.objects import PODS
+from healthd.kube.conventions import Keys
 from healthd.sim.apiserver import ApiEmulator
 
 from .conftest import NODE, pod
 
-pytestmark = pytest.mark.anyio
-
 NS = "healthd-system"
 SELECTOR = "app.kubernetes.io/name=healthd-agent"
 AGENT = {"app.kubernetes.io/name": "healthd-agent"}
+KEYS = Keys()
+MULTUS = "k8s.v1.cni.cncf.io/network-status"
 
 
-def agent_pod(name: str, node_name: str, ip: str, **kwargs: object) -> dict[str, object]:
+def agent_pod(name: str, node_name: str, ip: str, **kwargs: Any) -> dict[str, Any]:
     return pod(name, node_name=node_name, namespace=NS, labels=AGENT, ip=ip, **kwargs)
 
 
-@asynccontextmanager
-async def watching(kube: Kube) -> AsyncIterator[tuple[PeerWatcher, list[list[Peer]]]]:
-    changes: list[list[Peer]] = []
-    watcher = PeerWatcher(kube, NODE, namespace=NS, label_selector=SELECTOR,
-                          on_change=changes.append)
+def with_net1(obj: dict[str, Any], ip: str) -> dict[str, Any]:
+    obj["metadata"]["annotations"] = {MULTUS: json.dumps([
+        {"name": "pod", "interface": "eth0", "ips": ["10.0.0.1"], "default": True},
+        {"name": "healthd-system/net1", "interface": "net1", "ips": [ip]}])}
+    return obj
+
+
+def node_with(annotation: str | None) -> dict[str, Any]:
+    annotations = {} if annotation is None else {KEYS.peers: annotation}
+    return {"metadata": {"name": NODE, "annotations": annotations}}
+
+
+def test_peers_are_what_the_node_carries(caplog: pytest.LogCaptureFixture) -> None:
+    seen: list[list[Peer]] = []
+    peers = PublishedPeers(KEYS, seen.append)
+    published = PeerSet(3, (Peer("n2", ("10.0.0.2",), {"net1": ("192.168.1.2",)}),
+                            Peer("n3", (), {"net1": ("192.168.1.3",)})))
+    with caplog.at_level(logging.WARNING, logger="healthd.agent.peers"):
+        for _ in range(3):  # heartbeats: the same copy again
+            peers.observe(node_with(None))
+        peers.observe(node_with(published.encode()))
+        peers.observe(node_with(published.encode()))
+        peers.observe(node_with("{oops"))
+        peers.observe(node_with("{oops"))
+    assert seen == [[], list(published.peers), []]
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2
+    assert "probes nobody until the healthd controller publishes" in said[0]
+    assert "cannot be read" in said[1]
+
+
+@pytest.mark.anyio
+async def test_own_interfaces_from_one_list_of_this_nodes_agent_pods(
+        api: ApiEmulator, kube: Kube) -> None:
+    api.seed(agent_pod("old", NODE, "", phase="Pending"),
+             with_net1(agent_pod("other", "n2", "10.0.0.2"), "192.168.1.2"))
+    found: list[tuple[Attachment, ...]] = []
+    own = OwnPod(kube, NODE, namespace=NS, label_selector=SELECTOR,
+                 on_attachments=found.append)
     async with anyio.create_task_group() as group:
-        group.start_soon(watcher.run)
-        yield watcher, changes
+        group.start_soon(own.run)
+        await anyio.sleep(0.3)
+        assert found == []  # not running yet: it waits
+        api.seed(with_net1(agent_pod("mine", NODE, "10.0.0.1",
+                                     created="2026-11-26T00:00:00Z"), "192.168.1.1"))
+        with anyio.fail_after(10):
+            while not found:
+                await anyio.sleep(0.02)
         group.cancel_scope.cancel()
+    assert found == [(Attachment("net1", "net1", ("192.168.1.1",)),)]
+    looks = api.requests_to("GET", f"/api/v1/namespaces/{NS}/pods")
+    assert looks and all(r.query.get("fieldSelector") == f"spec.nodeName={NODE}"
+                         and r.query.get("watch") != "true" for r in looks)
 
 
-async def until(predicate: Callable[[], bool]) -> None:
+@pytest.mark.anyio
+async def test_own_pod_by_name_and_no_polling_without_one(
+        api: ApiEmulator, kube: Kube, caplog: pytest.LogCaptureFixture) -> None:
+    """With POD_NAME the agent lists exactly its own pod; with no agent pod to find (an
+    agent run outside a pod) it gives up after a few looks and says so: it never
+    polls."""
+    api.seed(with_net1(agent_pod("mine", NODE, "10.0.0.1"), "192.168.1.1"),
+             with_net1(agent_pod("twin", NODE, "10.0.0.9", created="2026-11-27T00:00:00Z"),
+                       "192.168.1.9"))
+    found: list[tuple[Attachment, ...]] = []
     with anyio.fail_after(10):
-        while not predicate():
-            await anyio.sleep(0.02)
+        await OwnPod(kube, NODE, namespace=NS, label_selector=SELECTOR, pod_name="mine",
+                     on_attachments=found.append).run()
+    assert found == [(Attachment("net1", "net1", ("192.168.1.1",)),)]
+    assert [r.query.get("fieldSelector") for r in api.requests_to(
+        "GET", f"/api/v1/namespaces/{NS}/pods")] == ["metadata.name=mine"]
 
-
-def names(watcher: PeerWatcher) -> list[str]:
-    return [p.name for p in watcher.peers]
-
-
-async def test_peers_follow_the_agent_pods(api: ApiEmulator, kube: Kube) -> None:
-    api.seed(agent_pod("agent-self", NODE, "10.0.0.1"),
-             agent_pod("agent-b", "node-b", "10.0.0.2"),
-             agent_pod("agent-c", "node-c", "10.0.0.3"),
-             pod("not-an-agent", node_name="node-d", namespace=NS, ip="10.0.0.4"))
-    async with watching(kube) as (watcher, changes):
-        await until(lambda: names(watcher) == ["node-b", "node-c"])
-        assert watcher.peers[0] == Peer("node-b", ["10.0.0.2"])
-
-        await kube.delete(PODS, "agent-c", NS)
-        await until(lambda: names(watcher) == ["node-b"])
-
-        api.seed(agent_pod("agent-e", "node-e", "10.0.0.5"))
-        await until(lambda: names(watcher) == ["node-b", "node-e"])
-    assert changes[-1] == watcher.peers
-    # One watch, resumed: the pods were listed once, never polled.
-    gets = api.requests_to("GET", f"/api/v1/namespaces/{NS}/pods")
-    assert len([r for r in gets if r.query.get("watch") != "true"]) == 1
-
-
-async def test_only_live_pods_count(api: ApiEmulator, kube: Kube) -> None:
-    dual = agent_pod("agent-dual", "node-dual", "10.0.0.9")
-    dual["status"]["podIPs"] = [{"ip": "10.0.0.9"}, {"ip": "fd00::9"}]
-    api.seed(
-        dual,
-        agent_pod("agent-pending", "node-p", "", phase="Pending"),
-        agent_pod("agent-leaving", "node-l", "10.0.0.7", deleting=True),
-        agent_pod("agent-no-ip", "node-n", ""),
-        agent_pod("agent-old", "node-r", "10.0.1.1", created="2025-01-01T00:00:00Z"),
-        agent_pod("agent-new", "node-r", "10.0.1.2", created="2025-01-02T00:00:00Z"),
-    )
-    async with watching(kube) as (watcher, _):
-        await until(lambda: names(watcher) == ["node-dual", "node-r"])
-        assert watcher.peers == [Peer("node-dual", ["10.0.0.9", "fd00::9"]),
-                                 Peer("node-r", ["10.0.1.2"])]
-        # The pending pod starts running: it becomes a peer without any polling.
-        started = agent_pod("agent-pending", "node-p", "10.0.0.8")
-        api.put(started)
-        await until(lambda: "node-p" in names(watcher))
+    api.clear_log()
+    with caplog.at_level(logging.WARNING, logger="healthd.agent.peers"), anyio.fail_after(10):
+        await OwnPod(kube, "elsewhere", namespace=NS, label_selector=SELECTOR,
+                     on_attachments=found.append, max_looks=2).run()
+    assert len(found) == 1
+    assert len(api.requests_to("GET", f"/api/v1/namespaces/{NS}/pods")) == 2
+    assert "no secondary interface" in caplog.records[-1].getMessage()

@@ -88,13 +88,20 @@ def test_ping_view_for_fleet_blame() -> None:
     """The health annotation says which peers this node holds unreachable, or that it
     holds itself isolated, for the controller's fleet-wide blame: what the verdict
     machine holds, so a single missed round is no news and a held peer stays listed
-    until it is released."""
-    def ping(unreachable: list[str], isolated: bool = False) -> CheckResult:
+    until it is released. It names the peers it reached, since it probes a bounded
+    set (healthd.blame.peersets): a peer new to the set that does not answer is not
+    reached (its finding is pending), one already probed stays reached through a
+    single miss, and a peer no longer in the set is no longer named."""
+    def ping(unreachable: list[str], isolated: bool = False,
+             peers: tuple[str, ...] = ("n2", "n3", "n4")) -> CheckResult:
         builder = ResultBuilder("ping", Catalog())
-        for peer in ("n2", "n3", "n4"):
+        for peer in peers:
             entity = Entity("peer", peer)
             if peer in unreachable and not isolated:
                 builder.finding("PEER_UNREACHABLE", entity, f"{peer} does not answer")
+            elif isolated:  # as checks.ping says it: from a cut-off node, not judged
+                builder.seen(entity)
+                builder.unknown(entity, "not judged: this node cannot reach most of its peers")
             else:
                 builder.seen(entity)
         if isolated:
@@ -110,15 +117,21 @@ def test_ping_view_for_fleet_blame() -> None:
 
     assert "ping" not in json.loads(health_json(v.initial()))
     missed = ping(["n3"])
-    assert rounds(missed) == {"isolated": False, "unreached": []}  # pending: no news
-    assert rounds(missed, missed) == {"isolated": False, "unreached": ["n3"]}  # held
+    both = ["n2", "n4"]
+    assert rounds(missed) == {"isolated": False, "unreached": [], "reached": both}  # pending
+    assert rounds(missed, missed) == {"isolated": False, "unreached": ["n3"],
+                                      "reached": both}  # held
     answered = [ping([])] * 6
     assert rounds(missed, missed, *answered[:1])["unreached"] == ["n3"]  # still held
-    assert rounds(missed, missed, *answered)["unreached"] == []  # released
-    assert rounds(ping([])) == {"isolated": False, "unreached": []}
+    assert rounds(missed, missed, *answered) == {
+        "isolated": False, "unreached": [], "reached": ["n2", "n3", "n4"]}  # released
+    assert rounds(ping([]), missed)["reached"] == ["n2", "n3", "n4"]  # one miss: no news
+    rotated = ping([], peers=("n5", "n6"))
+    assert rounds(ping([]), rotated)["reached"] == ["n5", "n6"]
     alone = ping([], isolated=True)
     assert rounds(alone)["isolated"] is False
-    assert rounds(alone, alone)["isolated"] is True
+    assert rounds(alone, alone) == {"isolated": True, "unreached": ["n2", "n3", "n4"],
+                                    "reached": []}
 
 
 def test_a_pending_finding_is_not_published_until_it_is_raised() -> None:

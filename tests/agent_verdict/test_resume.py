@@ -111,3 +111,28 @@ def test_a_resumed_damped_holding_keeps_its_flaps() -> None:
         state = apply(state, "rdma", clean("rdma"), trigger=Trigger.PERIODIC,
                       at=NOW + runs, policy=policy)
     assert runs == policy.hold_runs(1)  # 2 x 4: the flap still lengthens the hold
+
+
+def test_a_restart_publishes_the_same_ping_view() -> None:
+    """The peers the ping view names come back with it, so a restarted agent's first
+    write does not turn "reached n2, n3" into "probed nobody" (and blame keeps them)."""
+    from checks.base import Entity, ResultBuilder
+    from checks.catalog import Catalog
+    from healthd.agent.node_view import health_json
+
+    builder = ResultBuilder("ping", Catalog())
+    for peer in ("n2", "n3"):
+        builder.seen(Entity.peer(peer))
+    builder.finding("PEER_UNREACHABLE", Entity.peer("n4"), "n4 does not answer")
+    builder.seen(Entity.peer("n2", "net1"))
+    state = initial(NOW)
+    for at in (NOW, NOW + 300):
+        state = apply(state, "ping", builder.build(), trigger=Trigger.PERIODIC, at=at,
+                      policy=Policy())
+    published = json.loads(health_json(state))
+    taken = resumed_from(_node(state.verdict.value, published), KEYS,
+                         known={"ping"}.__contains__, at=NOW + 400)
+    again = resume(initial(NOW + 400), taken.held, taken.checks, shown=taken.shown,
+                   since=taken.since, at=NOW + 400)
+    assert published["ping"]["reached"] == ["n2", "n3"]
+    assert json.loads(health_json(again))["ping"]["reached"] == ["n2", "n3"]

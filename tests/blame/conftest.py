@@ -41,6 +41,9 @@ def ping_health(name: str, peers: Iterable[str], *, unreached: Iterable[str] = (
             entity = Entity.peer(peer, network)
             if peer in missed and not alone:
                 builder.finding("PEER_UNREACHABLE", entity, f"{peer} does not answer")
+            elif alone:  # as checks.ping says it: from a cut-off node, not judged
+                builder.seen(entity)
+                builder.unknown(entity, "not judged: this node cannot reach most of its peers")
             else:
                 builder.seen(entity)
         if alone:

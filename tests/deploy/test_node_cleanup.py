@@ -1,6 +1,7 @@
 """deploy/helm/remove-node-state.sh, the documented command that removes what healthd's
-agents left on the Nodes after an uninstall: run with the real kubectl against the API
-emulator, it removes healthd's labels, annotations and condition and nothing else."""
+agents and controller left on the Nodes after an uninstall: run with the real kubectl
+against the API emulator, it removes healthd's labels, annotations and condition and
+nothing else."""
 
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ def test_removes_healthds_keys_and_condition_only(emulator: ThreadedEmulator,
             "autopilot.ibm.com/dcgm.level.3": "ERR_2026-11-24_10.00.00UTC"}
     emulator.seed(
         node("gpu-a", {**OTHERS_LABELS, **ours},
-             {**OTHERS_ANNOTATIONS, "healthd.io/health": "{}", "healthd.io/last-run": "{}"},
+             {**OTHERS_ANNOTATIONS, "healthd.io/health": "{}", "healthd.io/last-run": "{}",
+              "healthd.io/peers": '{"epoch":1,"peers":[]}'},
              [READY, {"type": "GPUUnhealthy", "status": "True"}]),
         node("gpu-b", dict(OTHERS_LABELS), dict(OTHERS_ANNOTATIONS), [READY]),  # nothing of ours
     )

@@ -23,22 +23,25 @@ from tests.e2e.healthd import eventually
 Obj = dict[str, Any]
 LABEL_PREFIX = "autopilot.ibm.com/"
 OWN_PREFIX = "healthd.io/"
-# Annotations admins write (requests), not healthd.
+# Annotations admins write (requests), not healthd; and ping's peers, which the
+# controller rewrites whenever the agent pods' addresses move (a rollout) or the sets
+# rotate (every hour): plumbing between healthd's parts, not the node's state.
 ADMIN_KEYS = {f"{OWN_PREFIX}run", f"{OWN_PREFIX}run-id", f"{OWN_PREFIX}clear"}
+PLUMBING_KEYS = {f"{OWN_PREFIX}peers"}
 CONDITION = "GPUUnhealthy"
 GPU = "nvidia.com/gpu"
 
 
 def published(node: Obj) -> Obj:
     """What healthd publishes on `node` (docs/verdicts.md): its labels, its own
-    annotations and the GPUUnhealthy condition."""
+    annotations (but ping's peers) and the GPUUnhealthy condition."""
     meta = node.get("metadata") or {}
     conditions = (node.get("status") or {}).get("conditions") or []
     return {
         "labels": {k: v for k, v in (meta.get("labels") or {}).items()
                    if k.startswith(LABEL_PREFIX)},
         "annotations": {k: v for k, v in (meta.get("annotations") or {}).items()
-                        if k.startswith(OWN_PREFIX) and k not in ADMIN_KEYS},
+                        if k.startswith(OWN_PREFIX) and k not in ADMIN_KEYS | PLUMBING_KEYS},
         "condition": next((c for c in conditions if c.get("type") == CONDITION), None),
     }
 

@@ -1,7 +1,9 @@
-"""RBAC and the admission policy, enforced by the real API server: with the token the
+"""RBAC and the admission policies, enforced by the real API server: with the token the
 kubelet would mount into its Pod, an agent writes healthd's keys on its own Node and
 is refused (the real 403) on another Node, on keys that are not healthd's, on the
-Node's spec, and on anything RBAC does not grant; the controller likewise."""
+Node's spec, on watching the agent pods (its ping peers come from its own Node), and
+on anything RBAC does not grant; the controller writes ping's peers on a Node and
+nothing else of it."""
 
 from __future__ import annotations
 
@@ -73,6 +75,10 @@ def test_the_agent_writes_only_healthds_keys_on_its_own_node(
         "reading secrets": lambda: agent.list_namespaced_secret(NAMESPACE),
         "changing a pod": lambda: agent.patch_namespaced_pod(
             pod["metadata"]["name"], NAMESPACE, _labels(x="y")),
+        "watching the agent pods": lambda: agent.list_namespaced_pod(
+            NAMESPACE, watch=True, timeout_seconds=1, _preload_content=False),
+        "watching every pod": lambda: agent.list_pod_for_all_namespaces(
+            watch=True, timeout_seconds=1, _preload_content=False),
     }
     statuses = {what: _status(call) for what, call in refused.items()}
     assert statuses == dict.fromkeys(refused, 403)
@@ -92,7 +98,7 @@ def test_a_token_not_bound_to_a_node_writes_no_node(
     assert healthd.label(own) is None
 
 
-def test_the_controller_resets_and_lends_but_writes_no_node(
+def test_the_controller_resets_lends_and_writes_only_peers_on_a_node(
         healthd: Healthd, two_nodes: tuple[str, str]) -> None:
     own, _ = two_nodes
     pod = healthd.running_pod("app.kubernetes.io/name=healthd-controller")
@@ -100,9 +106,23 @@ def test_the_controller_resets_and_lends_but_writes_no_node(
     core = k8s.CoreV1Api(client)
     assert _status(lambda: core.list_node()) == 200
     assert _status(lambda: core.list_pod_for_all_namespaces(limit=1)) == 200
-    assert _status(lambda: core.patch_node(own, _labels(**{VERDICT: "PASS"}))) == 403
-    assert _status(lambda: core.delete_namespaced_pod(pod["metadata"]["name"],
-                                                      NAMESPACE)) == 403
+    peers = '{"epoch":1,"peers":[]}'
+    assert _status(lambda: core.patch_node(
+        own, {"metadata": {"annotations": {"healthd.io/peers": peers}}})) == 200
+    assert healthd.node(own)["metadata"]["annotations"]["healthd.io/peers"] == peers
+    healthd.wait_for_node_policy(core, own)
+    refused = {
+        "a verdict label": lambda: core.patch_node(own, _labels(**{VERDICT: "PASS"})),
+        "the agent's health annotation": lambda: core.patch_node(
+            own, {"metadata": {"annotations": {"healthd.io/health": "{}"}}}),
+        "a cordon": lambda: core.patch_node(own, {"spec": {"unschedulable": True}}),
+        "a node's status": lambda: core.patch_node_status(own, {"status": {"conditions": [
+            {"type": "Ready", "status": "False", "reason": "Mine"}]}}),
+        "deleting a pod": lambda: core.delete_namespaced_pod(pod["metadata"]["name"],
+                                                             NAMESPACE),
+    }
+    statuses = {what: _status(call) for what, call in refused.items()}
+    assert statuses == dict.fromkeys(refused, 403)
     custom = k8s.CustomObjectsApi(client)
     assert _status(lambda: custom.list_cluster_custom_object(
         "workload.codeflare.dev", "v1beta2", "appwrappers")) == 200

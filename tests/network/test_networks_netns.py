@@ -112,7 +112,9 @@ async def test_everything_fine_no_finding_no_blame(fabric: Fabric) -> None:
     for name, got in seen.items():
         assert got["status"] == "PASS", (name, got)
         assert got["findings"] == []
-        assert got["ping"]["networks"] == {"net1": {"isolated": False, "unreached": []}}
+        others = sorted(h for h in HOSTS if h != name)
+        assert got["ping"]["networks"] == {"net1": {"isolated": False, "unreached": [],
+                                                    "reached": others}}
     assert {n: (dict(a.blamed), a.partitioned) for n, a in found.items()} == {
         "pod": ({}, False), "net1": ({}, False)}
     for host in fabric.hosts.values():
