@@ -79,3 +79,13 @@ async def test_a_compacted_continue_token_is_410_expired(ekube: Kube) -> None:
     err = await ekube.error("CoreV1Api", "list_namespaced_pod", ekube.namespace, limit=1,
                             _continue=first.metadata._continue)
     assert err.status == 410 and "Expired" in err.body
+
+
+async def test_a_built_in_lists_items_carry_no_kind(kube: Kube) -> None:
+    """The List names the kind once; its items leave it out (a client sets it)."""
+    await _pods(kube, NAMES[:1])
+    listing = await kube.call("CoreV1Api", "list_namespaced_pod", kube.namespace)
+    assert listing.kind == "PodList"
+    assert [(p.kind, p.api_version) for p in listing.items] == [(None, None)]
+    one = await kube.call("CoreV1Api", "read_namespaced_pod", "p0", kube.namespace)
+    assert (one.kind, one.api_version) == ("Pod", "v1")

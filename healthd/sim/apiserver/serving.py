@@ -75,6 +75,18 @@ def _limit(query: dict[str, str]) -> int | None:
     return limit if limit > 0 else None
 
 
+def _as_items(items: list[Any], rt: ResourceType) -> list[Any]:
+    """A List's items as the real server sends them: a built-in kind's without
+    `apiVersion` and `kind` (the List names them once; a client that needs them
+    sets them, as client-go's decoder does), a custom resource's with them."""
+    if rt.is_custom:
+        return items
+    for item in items:
+        item.pop("apiVersion", None)
+        item.pop("kind", None)
+    return items
+
+
 def _selects(query: dict[str, str]) -> bool:
     return bool(query.get("labelSelector") or query.get("fieldSelector"))
 
@@ -261,7 +273,8 @@ class ApiHandler:
             await self._not_too_large(query.get("resourceVersion"))
             items, rv = self.store.list(rt, target.namespace, self._selector(target, query))
             return _json({"kind": f"{rt.kind}List", "apiVersion": rt.group_version,
-                          "metadata": {"resourceVersion": str(rv)}, "items": items})
+                          "metadata": {"resourceVersion": str(rv)},
+                          "items": _as_items(items, rt)})
         after = paging.start_of(query)
         if after is None:
             await self._not_too_large(query.get("resourceVersion"))
@@ -274,7 +287,7 @@ class ApiHandler:
         meta = paging.list_meta(after.rv if after else self.store.resource_version,
                                 following, rest, counted=not _selects(query))
         return _json({"kind": f"{rt.kind}List", "apiVersion": rt.group_version,
-                      "metadata": meta, "items": items})
+                      "metadata": meta, "items": _as_items(items, rt)})
 
     async def _not_too_large(self, version: str | None) -> None:
         """A list from a version newer than the server's own (a restored or replaced
