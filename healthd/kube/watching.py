@@ -192,6 +192,16 @@ async def _next(events: AsyncIterator[WatchEvent], _listed_at: int) -> WatchEven
     return await anext(events, None)
 
 
+def _typed(item: dict[str, Any], res: Resource) -> dict[str, Any]:
+    """A List's item with the `apiVersion` and `kind` that a built-in kind's List
+    names once and leaves out of its items (client-go's decoder sets them too): a
+    listed copy and a watched one of the same object compare equal."""
+    if res.kind:
+        item.setdefault("apiVersion", res.api_version)
+        item.setdefault("kind", res.kind)
+    return item
+
+
 def _same(before: dict[str, Any], obj: dict[str, Any], projected: bool) -> bool:
     """Whether `obj` shows nothing new over `before`, the copy last yielded. Whole
     objects compare whole: content decides, not versions, so a restored copy with an
@@ -283,7 +293,7 @@ class _Position:
                 current = resource_version_of(listing)
                 self.moved_back(current)  # for a reread: say so, though it relists anyway
             for item in items_of(listing, dict):
-                change = self._listed(self.received(item), seen)
+                change = self._listed(self.received(_typed(item, self.res)), seen)
                 if change is not None:
                     yield change
             token = str(meta(listing).get("continue") or "") or None
