@@ -12,7 +12,8 @@ the controller react to a label change in well under a second.
 
 Each store keeps its objects projected (healthd.kube.projections: a Node, a pod, an
 AppWrapper cut down to the fields the controller reads, the queues and flavors
-without managedFields), projected as they arrive, before anything holds them. An
+without managedFields), projected as they arrive, before anything holds them, and
+with their repeated keys and values shared across the store once stored. An
 event that changes nothing the projection keeps (a Node heartbeat) is dropped by the
 watch: no store write, no `on_change`. Lists come in pages.
 
@@ -53,6 +54,7 @@ from healthd.kube.projections import (
     Projection,
     node_fields,
     projection,
+    share,
     without_managed_fields,
 )
 from healthd.kube.shapes import (
@@ -107,7 +109,7 @@ class Store(Generic[T]):
         if event.type == DELETED or (self._accept and not self._accept(obj)):
             return self._objects.pop(key, None), None
         old = self._objects.get(key)
-        self._objects[key] = obj
+        self._objects[key] = share(obj)
         return old, obj
 
     def get(self, key: str) -> T | None:

@@ -4,13 +4,15 @@ client-go informers take a transform function that runs on every object before i
 is stored; this is healthd's. A `Fields` tree names what to keep, key by key: `ALL`
 keeps a value whole, a nested tree keeps those keys of a sub-object (applied to
 every entry of a list of objects), and `Prefixed` keeps the keys of a string map
-that start with given prefixes. `project` builds a new object from the kept
-parts (whole values are shared with the input, not copied), so everything else
-of the object as received is freed as soon as the caller lets go of it.
+that start with given prefixes. `project` builds a new object of the kept parts
+(whole values shared with the input, not copied), so everything else of the object
+as received is freed as soon as the caller lets go of it; `share` interns a stored
+object's keys and short strings, so the many Nodes of a fleet share their repeated
+keys and values.
 
 What each tree keeps is what the controller's code reads of that kind (the typed
 views in healthd.kube.shapes, read through healthd.kube.objects and
-healthd.capacity); `tests/kube/test_projections.py` runs the controller over
+healthd.capacity); `tests/controller/test_projected_reads.py` runs the controller over
 objects that record every read and fails when one falls outside the tree. The
 Node and pod trees also hold what the repair executor reads (its annotations,
 cordon, taints, capacity, conditions, boot id; a pod's node, phase, deletion,
@@ -24,6 +26,7 @@ object already stored and costs the controller a decode and a compare
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Union
@@ -44,6 +47,7 @@ class _All:
 
 
 ALL = _All()  # keep the value whole
+_SHARED_CHARS = 64  # longer strings (a health annotation's JSON) are rarely repeated
 Fields = Mapping[str, Union["Fields", _All, Prefixed]]
 Projection = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -110,6 +114,30 @@ def _project_value(value: Any, sub: Fields | _All | Prefixed) -> Any:
     if isinstance(value, list):
         return [project(item, sub) if isinstance(item, dict) else item for item in value]
     return value  # a malformed value stays as sent: the readers judge it
+
+
+def share(value: Any) -> Any:
+    """`value` (an object, a list) with its keys and short strings interned, in
+    place, and returned: a condition's reason, a capacity, a label repeat on every
+    Node of a fleet (kwok's timestamps on many), and each decoded object holds its
+    own copy of each; interned, the fleet holds one (a kwok Node: 6.1 -> 2.6 KiB).
+    In place, because the watch and the store hold the same object; done when an
+    object is stored, not in `project`, so a heartbeat that changes nothing does
+    not pay for it. Names and versions are interned too, at the cost of an entry
+    in the interpreter's table while they live."""
+    if isinstance(value, dict):
+        kept = [(sys.intern(k), _shared(v)) for k, v in value.items()]
+        value.clear()
+        value.update(kept)
+    elif isinstance(value, list):
+        value[:] = [_shared(item) for item in value]
+    return value
+
+
+def _shared(value: Any) -> Any:
+    if isinstance(value, str):
+        return sys.intern(value) if len(value) <= _SHARED_CHARS else value
+    return share(value)
 
 
 def projection(fields: Fields) -> Projection:
