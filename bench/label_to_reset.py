@@ -96,7 +96,7 @@ async def open_cluster(where: str, n: int, other_pods: int) -> AsyncIterator[Clu
 
 
 async def run_scale(n: int, faults: int, burst: int, where: str,
-                    profile: Path | None, other_pods: int) -> dict[str, Any]:
+                    profile: Path | None, other_pods: int, idle_s: float) -> dict[str, Any]:
     async with open_cluster(where, n, other_pods) as cluster:
         rss_before = rss_mib()
         kube = await cluster.connect()
@@ -112,7 +112,7 @@ async def run_scale(n: int, faults: int, burst: int, where: str,
                 synced_s, sync_cpu_s = time.monotonic() - start, own_cpu_s() - cpu_start
                 await anyio.sleep(0.5)  # the first evaluation and lending pass
                 memory = cache_memory(controller, rss_before)
-                idle = await idle_cpu(1.0)
+                idle = await idle_cpu(idle_s)
                 latencies = await one_at_a_time(cluster, faults)
                 throughput = await at_once(cluster, burst, profile)
                 group.cancel_scope.cancel()
@@ -124,7 +124,8 @@ async def run_scale(n: int, faults: int, burst: int, where: str,
                if key in ("settle_s", "control_plane_rss_mib")},
             "controller_sync_s": round(synced_s, 3),
             "controller_sync_cpu_s": round(sync_cpu_s, 3), "memory": memory,
-            "idle_cpu_pct_of_core": idle, "latency_s": summary(latencies), **throughput}
+            "idle_cpu_pct_of_core": idle, "idle_s": idle_s, "latency_s": summary(latencies),
+            **throughput}
 
 
 def cache_memory(controller: Controller, rss_before: float) -> dict[str, Any]:
@@ -304,7 +305,8 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Goal], 
         rows = []
         for n in sizes:
             profile = args.profile if n == sizes[-1] and where == modes[0] else None
-            rows.append(anyio.run(run_scale, n, faults, burst, where, profile, other_pods))
+            rows.append(anyio.run(run_scale, n, faults, burst, where, profile, other_pods,
+                                  args.idle_s))
             gc.collect()  # the next size starts from a clean heap
         key = "scales" if where == modes[0] else f"scales_{where.replace('-', '_')}"
         figures[key] = rows
@@ -351,6 +353,9 @@ if __name__ == "__main__":
     cli.add_argument("--faults", type=int, help="single-node faults (default 25, --quick 5)")
     cli.add_argument("--burst", type=int,
                      help=f"nodes EVICT at once (default {THROUGHPUT_NODES}, --quick 20)")
+    cli.add_argument("--idle-s", type=float, default=1.0,
+                     help="seconds over which idle CPU is measured (default %(default)s; "
+                          "kwok's heartbeats need 10 or more to average out)")
     cli.add_argument("--profile", type=Path,
                      help="write a cProfile of the controller during the largest burst here")
     sys.exit(main(NAME, measure, cli.parse_args()))

@@ -57,6 +57,7 @@ log = logging.getLogger("bench.real_api")
 Obj = dict[str, Any]
 KWOK_NODE = {"kwok.x-k8s.io/node": "fake"}  # the annotation the harness's kwok manages
 PARALLEL = 32  # requests in flight while seeding or labelling
+NOT_READY = "node.kubernetes.io/not-ready"
 SETTLE_WAIT_S = 1800.0  # kwok may take this long to run every pod on a loaded machine
 RESOURCES = {"Node": NODES, "Pod": PODS, "AppWrapper": APPWRAPPERS,
              "Namespace": NAMESPACES, "ResourceFlavor": RESOURCEFLAVORS_V1BETA2,
@@ -212,16 +213,34 @@ async def not_running(kube: Kube, page: int = 500) -> int:
     return len(listed.get("items") or [])
 
 
+async def not_ready_nodes(kube: Kube) -> int:
+    """Nodes still tainted not-ready (the node lifecycle controller lifts the taint
+    once kwok reports them Ready; until then each lift is a change healthd acts on)."""
+    count, token = 0, None
+    while True:
+        listed = await kube.list(NODES, limit=500, continue_token=token)
+        count += sum(any(t.get("key") == NOT_READY for t in (n.get("spec") or {}).get(
+            "taints") or []) for n in listed.get("items") or [])
+        token = (listed.get("metadata") or {}).get("continue")
+        if not token:
+            return count
+
+
 async def settled(kube: Kube, wait_s: float = SETTLE_WAIT_S) -> float:
-    """Seconds until kwok has every pod Running, so that its work is not measured."""
+    """Seconds until kwok has every pod Running and every node Ready, so that its
+    work (and the changes it makes that healthd acts on) is not measured."""
     started = time.monotonic()
 
     async def done() -> bool:
         left = await not_running(kube)
         log.info("pods not Running yet: %s", left if left < 500 else "500 or more")
-        return left == 0
+        if left:
+            return False
+        tainted = await not_ready_nodes(kube)
+        log.info("nodes not Ready yet: %s", tainted)
+        return tainted == 0
 
-    await until(done, wait_s, "every pod Running", every_s=2.0)
+    await until(done, wait_s, "every pod Running, every node Ready", every_s=2.0)
     return time.monotonic() - started
 
 

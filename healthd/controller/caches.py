@@ -10,6 +10,13 @@ every store relists at once, and the differences reach `on_change` as events.
 Every change reaches `on_change(kind, old, new)` as it is applied, which is what lets
 the controller react to a label change in well under a second.
 
+Each store keeps its objects projected (healthd.kube.projections: a Node, a pod, an
+AppWrapper cut down to the fields the controller reads, the queues and flavors
+without managedFields), projected as they arrive, before anything holds them, and
+with their repeated keys and values shared across the store once stored. An
+event that changes nothing the projection keeps (a Node heartbeat) is dropped by the
+watch: no store write, no `on_change`. Lists come in pages.
+
 A store is `synced` once its first full list has been applied; nothing may be
 written before the caches it decides from are synced (a half-filled node cache would
 make a healthy-looking cluster and wipe a valid lendingLimit).
@@ -22,25 +29,33 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Generic, cast
+from typing import Any, Generic
 
 import anyio
 
 from healthd.controller.resets import owner_of
 from healthd.kube import Backoff, Kube, KubeError, NotFound, WatchEvent, watch_forever
-from healthd.kube.conventions import APPWRAPPER_LABEL
+from healthd.kube.conventions import APPWRAPPER_LABEL, Keys
 from healthd.kube.kueue import KUEUE_GROUP, KueueResources, choose_kueue
 from healthd.kube.objects import (
     APPWRAPPERS,
     NODES,
     PODS,
     Resource,
-    items_of,
     key_of,
     name_of,
     node_name_of,
     resource_version_of,
     slim,
+)
+from healthd.kube.projections import (
+    APPWRAPPER_FIELDS,
+    POD_FIELDS,
+    Projection,
+    node_fields,
+    projection,
+    share,
+    without_managed_fields,
 )
 from healthd.kube.shapes import (
     APIGroup,
@@ -94,7 +109,7 @@ class Store(Generic[T]):
         if event.type == DELETED or (self._accept and not self._accept(obj)):
             return self._objects.pop(key, None), None
         old = self._objects.get(key)
-        self._objects[key] = obj
+        self._objects[key] = share(obj)
         return old, obj
 
     def get(self, key: str) -> T | None:
@@ -140,40 +155,6 @@ def _node_name(pod: Pod) -> str | None:
     return node_name_of(pod) or None
 
 
-class _ListingWatcher:
-    """A `Kube` as `watch_forever` sees it, that also tells when a first list is in.
-
-    `watch_forever` yields a list's items back to back (no I/O in between) before it
-    starts the watch; counting them is how a store learns it holds the full list.
-    """
-
-    def __init__(self, kube: Kube, store: Store[Any]) -> None:
-        self._kube = kube
-        self._store = store
-        self.pending: int | None = None  # first-list events still to apply
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._kube, name)
-
-    async def list(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        listing = await self._kube.list(*args, **kwargs)
-        if not self._store.synced.is_set():
-            self.pending = len({key_of(i) for i in items_of(listing, KubeObject)})
-            self._mark_if_done()
-        return listing
-
-    def applied(self) -> None:
-        if self.pending is not None:
-            self.pending -= 1
-            self._mark_if_done()
-
-    def _mark_if_done(self) -> None:
-        if self.pending is not None and self.pending <= 0:
-            self.pending = None
-            self._store.synced.set()
-            log.info("cache of %s synced: %d objects", self._store.kind, len(self._store))
-
-
 class Caches:
     """The five stores, their watch loops, and the indexes the controller needs.
 
@@ -184,7 +165,7 @@ class Caches:
 
     def __init__(self, kube: Kube, *, slack_queues: Sequence[str],
                  on_change: OnChange | None = None, backoff: Backoff | None = None,
-                 rewinds: Rewinds | None = None) -> None:
+                 rewinds: Rewinds | None = None, keys: Keys | None = None) -> None:
         self._kube = kube
         self._on_change = on_change
         self._backoff = backoff or Backoff(initial=1, maximum=60)
@@ -200,6 +181,13 @@ class Caches:
         self._by_kind = {s.kind: s for s in self._stores()}
         self._by_node = _Index(_node_name)
         self._by_appwrapper = _Index(owner_of)
+        self._projections: dict[str, Projection] = {
+            NODES_KIND: projection(node_fields(keys or Keys())),
+            PODS_KIND: projection(POD_FIELDS),
+            APPWRAPPERS_KIND: projection(APPWRAPPER_FIELDS),
+            QUEUES_KIND: without_managed_fields,
+            FLAVORS_KIND: without_managed_fields,
+        }
 
     def store(self, kind: str) -> Store[Any]:
         """The store of `kind` (one of KINDS)."""
@@ -268,12 +256,17 @@ class Caches:
 
     async def _watch(self, kind: str, res: Resource, label_selector: str | None) -> None:
         store = self.store(kind)
-        spy = _ListingWatcher(self._kube, store)
-        events = watch_forever(cast(Kube, spy), res, label_selector=label_selector,
-                               rewinds=self.rewinds)
+
+        def listed() -> None:  # every listed object is applied by now
+            if not store.synced.is_set():
+                store.synced.set()
+                log.info("cache of %s synced: %d objects", kind, len(store))
+
+        events = watch_forever(self._kube, res, label_selector=label_selector,
+                               rewinds=self.rewinds, project=self._projections[kind],
+                               listed=listed)
         async for event in events:
             self.apply(kind, event)
-            spy.applied()
 
     async def _discover_kueue(self) -> KueueResources:
         """The Kueue version to use; waits (with backoff, quietly after the first

@@ -96,7 +96,7 @@ class Term:
         keys = Keys(config.label_prefix, config.own_prefix)
         self.metrics = metrics
         self.caches = Caches(kube, slack_queues=settings.slack_queues, on_change=self._changed,
-                             rewinds=rewinds)
+                             rewinds=rewinds, keys=keys)
         self.lending = QueueWriter(kube, self.caches, events, settings=settings, keys=keys,
                                    metrics=metrics)
         lease = _lease_ref(settings.election.lease_name, settings.election.namespace)

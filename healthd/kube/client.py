@@ -245,11 +245,15 @@ class Kube:
 
     async def list(self, res: Resource, namespace: str | None = None, *,
                    label_selector: str | None = None, field_selector: str | None = None,
-                   resource_version: str | None = None) -> dict[str, Any]:
+                   resource_version: str | None = None, limit: int | None = None,
+                   continue_token: str | None = None) -> dict[str, Any]:
         """The List object (`items`, `metadata.resourceVersion`); all namespaces when
-        `namespace` is None."""
+        `namespace` is None. With `limit`, one page of at most that many: its
+        `metadata.continue` (absent on the last page) asks for the next one, passed
+        back as `continue_token` (a token the server no longer serves: `Gone`)."""
         query = {"labelSelector": label_selector, "fieldSelector": field_selector,
-                 "resourceVersion": resource_version}
+                 "resourceVersion": resource_version, "limit": limit,
+                 "continue": continue_token}
         return await self.request("GET", res.path(namespace), query=query)
 
     async def create(self, res: Resource, body: dict[str, Any],

@@ -12,6 +12,20 @@ from the copy last yielded, DELETED for what vanished meanwhile), and wait with
 backoff and jitter while the server is unreachable. It never raises `KubeError` and
 runs until cancelled.
 
+Lists come in pages of `page_size` (`limit`/`continue`, 500 as client-go's
+reflector asks), so the first sync of a large cluster never asks the server for one
+giant response; a continue token that expired mid-list (410) starts the list again.
+A relist is applied page by page against what was yielded: an object that did not
+change keeps its stored copy, so what a relist holds at once is the store plus one
+page, not two stores.
+
+`project` (a cache's transform, healthd.kube.projections) cuts every object down
+before it is remembered or yielded; then an event whose projection differs from the
+one yielded last in nothing but its resourceVersion is not yielded at all (the
+stored copy takes the new version in place): a Node heartbeat costs a decode and a
+compare. `listed` is called each time a full list has been yielded (a cache learns
+it is synced).
+
 The server's history can move back: etcd restored from a backup starts again at
 the backup's revision, below the versions clients last saw, and ordinary churn
 (heartbeats, Events) passes them within seconds. A watch resumed from such a
@@ -54,7 +68,8 @@ import anyio
 from healthd.kube.backoff import Backoff
 from healthd.kube.client import Kube, Query
 from healthd.kube.errors import Gone, KubeError, from_status_object
-from healthd.kube.objects import Resource, key_of, resource_version_of
+from healthd.kube.objects import Resource, items_of, key_of, meta, resource_version_of
+from healthd.kube.projections import Projection, unchanged
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +79,7 @@ DELETED = "DELETED"
 BOOKMARK = "BOOKMARK"
 _KINDS = frozenset({ADDED, MODIFIED, DELETED, BOOKMARK})
 _QUICK_END_S = 1.0  # a stream that ends this fast with nothing in it earns a backoff
+LIST_PAGE = 500  # objects per list page (client-go's reflector asks for as many)
 
 
 @dataclass(frozen=True)
@@ -176,27 +192,29 @@ async def _next(events: AsyncIterator[WatchEvent], _listed_at: int) -> WatchEven
     return await anext(events, None)
 
 
-def _relist(known: dict[str, dict[str, Any]], items: list[dict[str, Any]]
-            ) -> Iterator[WatchEvent]:
-    """Events that turn `known` into `items` (and update `known` to match): content
-    decides, not versions, so a restored copy with an older version is MODIFIED."""
-    fresh = {key_of(obj): obj for obj in items if isinstance(obj, dict)}
-    for key in [k for k in known if k not in fresh]:
-        yield WatchEvent(DELETED, known.pop(key))
-    for key, obj in fresh.items():
-        before = known.get(key)
-        known[key] = obj
-        if before is None:
-            yield WatchEvent(ADDED, obj)
-        elif before != obj:
-            yield WatchEvent(MODIFIED, obj)
+def _typed(item: dict[str, Any], res: Resource) -> dict[str, Any]:
+    """A List's item with the `apiVersion` and `kind` that a built-in kind's List
+    names once and leaves out of its items (client-go's decoder sets them too): a
+    listed copy and a watched one of the same object compare equal."""
+    if res.kind:
+        item.setdefault("apiVersion", res.api_version)
+        item.setdefault("kind", res.kind)
+    return item
 
 
-def _remember(known: dict[str, dict[str, Any]], event: WatchEvent) -> None:
-    if event.type == DELETED:
-        known.pop(key_of(event.object), None)
-    else:
-        known[key_of(event.object)] = event.object
+def _same(before: dict[str, Any], obj: dict[str, Any], projected: bool) -> bool:
+    """Whether `obj` shows nothing new over `before`, the copy last yielded. Whole
+    objects compare whole: content decides, not versions, so a restored copy with an
+    older version is news. Projections compare without their versions, and the
+    stored copy takes the new one in place (cheap, and writers guard on it)."""
+    if not projected:
+        return before == obj
+    if not unchanged(before, obj):
+        return False
+    version = resource_version_of(obj)
+    if version is not None:
+        meta(before)["resourceVersion"] = version
+    return True
 
 
 @dataclass
@@ -209,6 +227,8 @@ class _Position:
     namespace: str | None
     selectors: dict[str, str | None]
     rewinds: Rewinds
+    project: Projection | None = None
+    page_size: int = LIST_PAGE
     known: dict[str, dict[str, Any]] = field(default_factory=dict)
     version: str | None = None
     listed_at: int = 0
@@ -235,31 +255,84 @@ class _Position:
         self.doubt = False
         return self.moved_back(resource_version_of(probe))
 
-    async def relist(self, kube: Kube) -> Iterator[WatchEvent]:
-        """List; the events that bring what was yielded up to the listing."""
-        listing = await kube.list(self.res, self.namespace, **self.selectors)
-        current = resource_version_of(listing)
-        self.moved_back(current)  # for a reread: say so, though it relists anyway
+    def received(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """An object as this watch keeps and yields it."""
+        return self.project(obj) if self.project is not None else obj
+
+    def news(self, event: WatchEvent) -> WatchEvent | None:
+        """A watch event as yielded (projected), remembered; None when it shows
+        nothing new over the copy last yielded."""
+        obj = self.received(event.object)
+        key = key_of(obj)
+        before = self.known.get(key)
+        if event.type == DELETED:
+            self.known.pop(key, None)
+        elif self.project is not None and before is not None and _same(before, obj, True):
+            return None
+        else:
+            self.known[key] = obj
+        return WatchEvent(event.type, obj)
+
+    async def relist(self, kube: Kube) -> AsyncGenerator[WatchEvent, None]:
+        """List page by page; the events that bring what was yielded up to the
+        listing: ADDED and MODIFIED as each page arrives, DELETED at the end."""
+        seen: set[str] = set()
+        current: str | None = None
+        token: str | None = None
+        while True:
+            try:
+                listing = await kube.list(self.res, self.namespace, limit=self.page_size,
+                                          continue_token=token, **self.selectors)
+            except Gone:
+                if token is None:
+                    raise
+                log.info("list of %s expired between pages: listing again", self.res)
+                seen, token = set(), None
+                continue
+            if token is None:  # the first page: every page is of its version
+                current = resource_version_of(listing)
+                self.moved_back(current)  # for a reread: say so, though it relists anyway
+            for item in items_of(listing, dict):
+                change = self._listed(self.received(_typed(item, self.res)), seen)
+                if change is not None:
+                    yield change
+            token = str(meta(listing).get("continue") or "") or None
+            del listing  # a page at a time
+            if token is None:
+                break
+        for key in [k for k in self.known if k not in seen]:
+            yield WatchEvent(DELETED, self.known.pop(key))
         self.version, self.listed_at, self.doubt = current or "", self.rewinds.count, False
-        return _relist(self.known, list(listing.get("items") or []))
+
+    def _listed(self, obj: dict[str, Any], seen: set[str]) -> WatchEvent | None:
+        key = key_of(obj)
+        seen.add(key)
+        before = self.known.get(key)
+        if before is not None and _same(before, obj, self.project is not None):
+            return None
+        self.known[key] = obj
+        return WatchEvent(ADDED if before is None else MODIFIED, obj)
 
 
 async def watch_forever(kube: Kube, res: Resource, namespace: str | None = None, *,
                         label_selector: str | None = None, field_selector: str | None = None,
                         backoff: Backoff | None = None, timeout_s: int | None = None,
-                        reread: bool = False, rewinds: Rewinds | None = None
-                        ) -> AsyncGenerator[WatchEvent, None]:
+                        reread: bool = False, rewinds: Rewinds | None = None,
+                        project: Projection | None = None,
+                        listed: Callable[[], None] | None = None,
+                        page_size: int = LIST_PAGE) -> AsyncGenerator[WatchEvent, None]:
     """List, then watch and resume forever; relist on 410 and when the server's
     history moved back; back off while unreachable. `reread` relists at the end of
-    every stream; `rewinds` is shared with the client's other watches (module
-    docstring).
+    every stream; `rewinds` is shared with the client's other watches; `project`,
+    `listed` and `page_size` as in the module docstring.
 
     Never raises `KubeError`; runs until cancelled (or the consumer stops iterating).
     """
     backoff = backoff or Backoff()
     period = kube.watch_timeout_s if timeout_s is None else timeout_s
     pos = _Position(res, namespace, {"label_selector": label_selector,
-                                     "field_selector": field_selector}, rewinds or Rewinds())
+                                     "field_selector": field_selector}, rewinds or Rewinds(),
+                    project, page_size)
     # Only a shared Rewinds can be noticed by someone else mid-wait; a private one
     # spares each event the cancel scope that lets a notice interrupt the wait.
     next_event = pos.rewinds.next if rewinds is not None else _next
@@ -268,8 +341,12 @@ async def watch_forever(kube: Kube, res: Resource, namespace: str | None = None,
         started = time.monotonic()
         try:
             if await pos.must_relist(kube, reread):
-                for change in await pos.relist(kube):
-                    yield change
+                changes = pos.relist(kube)
+                async with aclosing(changes):
+                    async for change in changes:
+                        yield change
+                if listed is not None:
+                    listed()
                 backoff.reset()
             events = _stream(kube, res, namespace, resource_version=pos.version or None,
                              timeout_s=timeout_s, **pos.selectors)
@@ -278,9 +355,8 @@ async def watch_forever(kube: Kube, res: Resource, namespace: str | None = None,
                     received = True
                     backoff.reset()
                     pos.version = resource_version_of(event.object) or pos.version
-                    if event.type != BOOKMARK:
-                        _remember(pos.known, event)
-                        yield event
+                    if event.type != BOOKMARK and (news := pos.news(event)) is not None:
+                        yield news
             # Cut short, or silent for a whole period (a server that never had our
             # version sends not even a bookmark): ask before resuming.
             pos.doubt = not received or time.monotonic() - started < period - _QUICK_END_S

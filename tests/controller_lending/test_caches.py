@@ -117,6 +117,34 @@ async def test_relist_after_expiry_drops_what_vanished(api: ApiEmulator, kube: K
         assert ("nodes", "n1", None) in changes
 
 
+def beating(name: str, at: str, **labels: str) -> dict[str, Any]:
+    obj = node(name, labels=labels)
+    obj["status"]["conditions"] = [{"type": "Ready", "status": "True",
+                                    "lastHeartbeatTime": at}]
+    return obj
+
+
+async def test_a_relist_keeps_what_it_holds_of_what_did_not_change(
+        api: ApiEmulator, kube: Kube) -> None:
+    api.seed(*(beating(n, "00:00") for n in ("n1", "n2", "n3")))
+    async with running(kube) as (caches, changes):
+        held = {key: caches.nodes.get(key) for key in ("n1", "n2", "n3")}
+        before = len(changes)
+        await api.go_away()
+        api.put(beating("n2", "00:00", moved="yes"))
+        api.put(beating("n3", "00:30"))  # a heartbeat only
+        version = api.resource_version
+        api.compact()  # the watch's resourceVersion is gone: 410, relist
+        await api.come_back()
+        await until(lambda: len(changes) > before, timeout=10)
+        await anyio.sleep(0.2)
+        # Only the change the caches read reached a handler; the relist built no
+        # second copy of the nodes it already held (n3 only took its new version).
+        assert changes[before:] == [("nodes", "n2", "n2")]
+        assert caches.nodes.get("n1") is held["n1"] and caches.nodes.get("n3") is held["n3"]
+        assert caches.nodes.get("n3")["metadata"]["resourceVersion"] == str(version)
+
+
 async def test_kueue_absent_does_not_block_reset_kinds(api: ApiEmulator, kube: Kube) -> None:
     api.serve("kueue.x-k8s.io/v1beta2", False)
     api.serve("kueue.x-k8s.io/v1beta1", False)

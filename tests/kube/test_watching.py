@@ -63,9 +63,11 @@ async def until(condition: Callable[[], bool]) -> None:
 
 
 def list_calls(api: ApiEmulator) -> list[object]:
-    """Full lists (not the one-item probes that ask for the server's version)."""
+    """Lists (their first pages; not the one-item probes that ask for the server's
+    version)."""
     return [r for r in api.requests_to("GET", PODS_PATH)
-            if r.query.get("watch") != "true" and "limit" not in r.query]
+            if r.query.get("watch") != "true" and r.query.get("limit") != "1"
+            and "continue" not in r.query]
 
 
 def watch_calls(api: ApiEmulator) -> list[object]:

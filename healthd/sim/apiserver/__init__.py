@@ -38,8 +38,8 @@ Pytest fixtures for any test folder: `healthd.sim.apiserver.testing` (`api`,
 `sync_api`). From a shell: `python -m healthd.sim.apiserver --port 0`.
 
 Known simplifications: no schema validation, no namespace existence check, server
-side apply is a merge patch, namespace deletion is immediate, list `limit` is
-ignored (everything comes back in one page, which clients accept), `/status`
+side apply is a merge patch, namespace deletion is immediate, a list's pages
+(`limit`/`continue`) come from the bounded history (healthd.sim.apiserver.paging), `/status`
 writes ignore metadata changes (stricter than built-in kinds on a real server),
 JSON only: kubectl works for get/label/patch/delete and `apply --validate=false`
 (no OpenAPI document, no protobuf, so typed `kubectl create` answers 415).

@@ -17,12 +17,12 @@ from typing import Any
 
 from aiohttp import web
 
-from healthd.sim.apiserver import deep, discovery, tables
+from healthd.sim.apiserver import deep, discovery, paging, tables
 from healthd.sim.apiserver.errors import ApiError, status_body
 from healthd.sim.apiserver.recording import Fault, RecordedRequest, Recorder, now
 from healthd.sim.apiserver.resources import ResourceTable, ResourceType
 from healthd.sim.apiserver.selectors import Selector
-from healthd.sim.apiserver.store import Store
+from healthd.sim.apiserver.store import Expired, Store
 from healthd.sim.apiserver.watching import WatchRequest, is_watch, serve_watch
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,32 @@ def _user(request: web.Request) -> str:
     """The bearer token is the user name: the emulator trusts whoever calls it."""
     auth = request.headers.get("Authorization", "")
     return auth[7:].strip() if auth.startswith("Bearer ") else "system:anonymous"
+
+
+def _limit(query: dict[str, str]) -> int | None:
+    """The list's `limit` (None: absent, 0 or not a number: the real server ignores
+    those rather than refusing them)."""
+    try:
+        limit = int(query.get("limit") or 0)
+    except ValueError:
+        return None
+    return limit if limit > 0 else None
+
+
+def _as_items(items: list[Any], rt: ResourceType) -> list[Any]:
+    """A List's items as the real server sends them: a built-in kind's without
+    `apiVersion` and `kind` (the List names them once; a client that needs them
+    sets them, as client-go's decoder does), a custom resource's with them."""
+    if rt.is_custom:
+        return items
+    for item in items:
+        item.pop("apiVersion", None)
+        item.pop("kind", None)
+    return items
+
+
+def _selects(query: dict[str, str]) -> bool:
+    return bool(query.get("labelSelector") or query.get("fieldSelector"))
 
 
 def _json(body: Any, status: int = 200) -> web.Response:
@@ -241,11 +267,27 @@ class ApiHandler:
 
     async def _list(self, target: Target, _body: Any, query: dict[str, str],
                     _ct: str) -> web.Response:
-        await self._not_too_large(query.get("resourceVersion"))
-        items, rv = self.store.list(target.rt, target.namespace, self._selector(target, query))
         rt = target.rt
+        limit = _limit(query)
+        if limit is None and not query.get("continue"):
+            await self._not_too_large(query.get("resourceVersion"))
+            items, rv = self.store.list(rt, target.namespace, self._selector(target, query))
+            return _json({"kind": f"{rt.kind}List", "apiVersion": rt.group_version,
+                          "metadata": {"resourceVersion": str(rv)},
+                          "items": _as_items(items, rt)})
+        after = paging.start_of(query)
+        if after is None:
+            await self._not_too_large(query.get("resourceVersion"))
+        try:
+            items, following, rest = self.store.page(
+                rt, target.namespace, self._selector(target, query),
+                limit or paging.UNLIMITED, after)
+        except Expired:
+            raise paging.expired() from None
+        meta = paging.list_meta(after.rv if after else self.store.resource_version,
+                                following, rest, counted=not _selects(query))
         return _json({"kind": f"{rt.kind}List", "apiVersion": rt.group_version,
-                      "metadata": {"resourceVersion": str(rv)}, "items": items})
+                      "metadata": meta, "items": _as_items(items, rt)})
 
     async def _not_too_large(self, version: str | None) -> None:
         """A list from a version newer than the server's own (a restored or replaced

@@ -75,6 +75,14 @@ def validate(rt: ResourceType, obj: Obj, *, creating: bool) -> None:
     refuse(rt, obj, errors)
 
 
+def _selected(stored: Obj, rt: ResourceType, selector: Selector | None) -> bool:
+    """Whether the selector takes a stored object (judged as served where the served
+    version renames fields, else before any copy is made)."""
+    if selector is None:
+        return True
+    return selector.matches(render(stored, rt) if rt.renames else stored)
+
+
 def render(obj: Obj, rt: ResourceType) -> Obj:
     """A copy of a stored object as `rt` serves it."""
     return to_version(copy_json(obj), rt)
@@ -93,6 +101,15 @@ class StoreEvent:
 
 class Expired(Exception):
     """A watch asked for a resourceVersion older than the history holds."""
+
+
+@dataclass(frozen=True)
+class Page:
+    """Where the next page of a paginated list starts: the list's revision and the
+    last key served (what the real server's continue token holds)."""
+
+    rv: int
+    last: Key
 
 
 @dataclass(frozen=True)
@@ -189,6 +206,47 @@ class Store:
                 selector = None
             items = [render(obj, rt) for obj in stored]
             return [o for o in items if selector is None or selector.matches(o)], self._rv
+
+    def page(self, rt: ResourceType, namespace: str | None, selector: Selector | None,
+             limit: int, after: Page | None = None
+             ) -> tuple[builtins.list[Obj], Page | None, int]:
+        """One page of a paginated list, as etcd-backed lists serve them: at most
+        `limit` matching objects in key order, from the revision of the first page
+        (`after`, from the previous page's continue token) so the pages add up to one
+        consistent list; the next page's start when more keys follow, and how many.
+        A revision the history no longer reaches (compacted) is `Expired`."""
+        with self._lock:
+            rv = self._rv if after is None else after.rv
+            bucket = self._bucket(rt) if rv == self._rv else self._bucket_at(rt, rv)
+            keys = sorted(k for k in bucket if (namespace is None or k[0] == namespace)
+                          and (after is None or k > after.last))
+            items: builtins.list[Obj] = []
+            for index, key in enumerate(keys):
+                if _selected(bucket[key], rt, selector):
+                    items.append(render(bucket[key], rt))
+                if len(items) == limit:
+                    rest = len(keys) - index - 1
+                    return items, (Page(rv, key) if rest else None), rest
+            return items, None, 0
+
+    def _bucket_at(self, rt: ResourceType, rv: int) -> dict[Key, Obj]:
+        """The objects of `rt` as they were at revision `rv`: today's, with every
+        later change in the history undone."""
+        if rv < self._floor:
+            raise Expired(f"too old resource version: {rv} ({self._floor})")
+        bucket = dict(self._bucket(rt))
+        for event in reversed(self._history):
+            if event.rv <= rv:
+                break
+            if event.storage != rt.storage_key:
+                continue
+            meta = event.obj["metadata"]
+            key = (meta.get("namespace", "") if rt.namespaced else "", meta["name"])
+            if event.prev is None:
+                bucket.pop(key, None)
+            else:
+                bucket[key] = event.prev
+        return bucket
 
     # -- the one write path --------------------------------------------------------
 
