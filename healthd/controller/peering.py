@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Protocol
 
 import anyio
 
@@ -33,7 +33,6 @@ from healthd.blame.network_status import ProblemLog, network_status
 from healthd.blame.peersets import Member, epoch_of, peer_sets
 from healthd.config.controller import PeerSetSettings
 from healthd.controller.caches import NODES_KIND
-from healthd.controller.caches import _ListingWatcher as ListingWatcher
 from healthd.kube import Backoff, Kube, KubeError, NotFound, WatchEvent, watch_forever
 from healthd.kube.conventions import Keys
 from healthd.kube.objects import NODES, PODS, key_of, meta, name_of, node_name_of
@@ -145,13 +144,11 @@ class PeerPublisher:
             await self._publish()
 
     async def _watch(self) -> None:
-        spy = ListingWatcher(self._kube, cast(Any, self.pods))
-        async for event in watch_forever(cast(Kube, spy), PODS, self._namespace,
+        async for event in watch_forever(self._kube, PODS, self._namespace,
                                          label_selector=self._selector,
-                                         rewinds=self._rewinds):
+                                         rewinds=self._rewinds, listed=self.pods.synced.set):
             if self.pods.apply(event):
                 self._changed.set()
-            spy.applied()
 
     async def _publish(self) -> None:
         """Reconcile, then again on every change or at the next rotation."""
