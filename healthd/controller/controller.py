@@ -12,6 +12,9 @@ moment the Lease is lost):
   move the lending model, dirty queues are reconciled in coalesced bursts;
 - resets (healthd.controller.evictions.EvictionReactor): a node turning EVICT marks
   the AppWrappers with GPU pods on it, decided and reset at once under the rails;
+- repairs (healthd.controller.repairs.RepairReactor, with `controller.repair.enabled`):
+  a bad node's GPUs reset in place by a Job, then validated, or the node held or
+  handed to humans, its state in its `repair` annotation;
 - network blame (healthd.blame.announce.NetworkBlame): the agents' ping reports
   judged fleet-wide; Events and gauges only, never a node label;
 - the cache-sync gauges;
@@ -65,6 +68,8 @@ from healthd.controller.clusterqueues import QueueWriter
 from healthd.controller.election import LeaseElector
 from healthd.controller.evictions import SETTLE_S, EvictionReactor
 from healthd.controller.metrics import ControllerMetrics
+from healthd.controller.repairs import RepairReactor
+from healthd.controller.safety import BreakerState
 from healthd.kube.backoff import Backoff
 from healthd.kube.client import Kube
 from healthd.kube.conventions import CONTROLLER_COMPONENT, Keys
@@ -101,14 +106,23 @@ class Term:
                                  node_lookup=self.caches.nodes.get, breaker_subject=lease)
         self.resets = EvictionReactor(self.caches, self.resetter, keys=keys, settings=settings,
                                       clock=clock, settle_s=settle_s)
+        self.repairs = RepairReactor(kube, self.caches, events, config=config, metrics=metrics,
+                                     breaker_open=self._breaker_open, clock=clock) \
+            if settings.repair.enabled else None
         self.blame = NetworkBlame(self.caches, events, keys=keys, metrics=metrics,
                                   dry_run=settings.dry_run, lease=lease, episodes=episodes)
         self.unreadable = UnreadableHealth(keys)
 
+    def _breaker_open(self) -> bool:
+        return self.resetter.breaker.state is BreakerState.OPEN
+
     def _changed(self, kind: str, old: KubeObject | None, new: KubeObject | None) -> None:
         # Each handler is quick and guards itself; one failing must not starve the others.
-        for handle in (self.unreadable.handle, self.lending.handle, self.resets.handle,
-                       self.blame.handle):
+        handlers = [self.unreadable.handle, self.lending.handle, self.resets.handle,
+                    self.blame.handle]
+        if self.repairs is not None:
+            handlers.append(self.repairs.handle)
+        for handle in handlers:
             try:
                 handle(kind, old, new)
             except Exception:
@@ -136,6 +150,8 @@ class Term:
             group.start_soon(self.lending.run)
             group.start_soon(self.resets.run)
             group.start_soon(self.blame.run)
+            if self.repairs is not None:
+                group.start_soon(self.repairs.run)
             for kind in KINDS:
                 group.start_soon(self._report_synced, kind)
             group.start_soon(self._freeze_when_synced)
