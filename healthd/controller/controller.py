@@ -114,7 +114,11 @@ class Term:
         self.unreadable = UnreadableHealth(keys)
 
     def _breaker_open(self) -> bool:
-        return self.resetter.breaker.state is BreakerState.OPEN
+        """The reset breaker on the fleet as the caches show it now (the eviction
+        loop, which announces its changes, may not have judged the latest event)."""
+        fleet = self.resets.fleet
+        return self.resetter.breaker.update(fleet.bad_nodes, fleet.gpu_nodes) \
+            is BreakerState.OPEN
 
     def _changed(self, kind: str, old: KubeObject | None, new: KubeObject | None) -> None:
         # Each handler is quick and guards itself; one failing must not starve the others.

@@ -240,8 +240,9 @@ class RepairReactor:
 
     async def _settle(self, current: NodeRepair, state: str, reason: str, now: float,
                       event: tuple[str, str], step: Step) -> None:
-        """Enter `state` unless the node is in it already for the same reason."""
-        if current.state == state and current.repair.reason == reason:
+        """Enter `state` unless the node is in it already for the same reason (or at
+        all, for hardware inspection: its reason is the one it was entered for)."""
+        if current.state == state and (current.repair.reason == reason or state == INSPECTION):
             return
         message = f"{state}: {reason}"
         if await self._write(current, with_state(current.repair, state, reason, now),

@@ -72,10 +72,12 @@ async def test_a_pending_remap_on_an_idle_node_is_reset_validated_and_released(
                         outcome="passed") == 1
         assert c.metric("healthd_controller_fault_to_pass_seconds_count") == 1
 
-        # Repaired and quiet: neither the controller nor the agent writes any more.
-        writes = len(api.writes())
+        # Repaired and settled, then quiet: neither the controller nor the agent writes.
         await anyio.sleep(1.0)
-        assert [r.path for r in api.writes()[writes:] if "/leases" not in r.path] == []
+        writes = len(api.writes())
+        await anyio.sleep(1.5)
+        assert [(r.user, r.path, r.body) for r in api.writes()[writes:]
+                if "/leases" not in r.path] == []
 
 
 async def test_a_running_gpu_pod_makes_the_repair_wait_until_it_ends(
