@@ -54,6 +54,7 @@ class NodeRepair:
     opted_out: bool
     cordoned: bool
     annotated: bool = True  # the node has an annotations map to add to
+    uid: str = ""  # names the node in Events (no read to find it)
 
     @property
     def state(self) -> str:
@@ -75,7 +76,8 @@ def node_repair(node: Node, keys: Keys) -> NodeRepair:
         last_run=last if isinstance(last, LastRun) else None,
         opted_out=labels_of(node).get(OPT_OUT_LABEL, "").lower() == "true",
         cordoned=spec_of(node).get("unschedulable") is True,
-        annotated=isinstance(node.get("metadata", {}).get("annotations"), dict))
+        annotated=isinstance(node.get("metadata", {}).get("annotations"), dict),
+        uid=str(node.get("metadata", {}).get("uid", "")))
 
 
 def history(repair: Repair) -> tuple[Attempt, ...]:

@@ -342,10 +342,11 @@ class RepairReactor:
         log.info("node %s: repair %s -> %s: %s", current.name, current.state or "idle",
                  new.state or "idle", new.reason, extra={"node": current.name})
         if event is not None:
-            await self._events.record(_node_ref(current.name), type=event[0],
+            await self._events.record(_node_ref(current), type=event[0],
                                       reason=event[1], message=event[2])
         return True
 
 
-def _node_ref(name: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+def _node_ref(node: NodeRepair) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name,
+                                                            "uid": node.uid}}

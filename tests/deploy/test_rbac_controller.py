@@ -2,16 +2,22 @@
 emulator as its ServiceAccount with the manifests' Roles and bindings enforced. It
 takes the Lease, syncs its caches, resets an AppWrapper on an EVICT node (re-reading
 it after a refused write), lowers and restores the slack queue's lendingLimit
-(re-reading the queue after a conflict), records Events, and hands the Lease over on
-stop. No request may be denied and every rule entry must decide one."""
+(re-reading the queue after a conflict), starts a GPU reset on a node with a pending
+row remap (its repair annotation, the Job in the repair namespace, which it follows),
+records Events, and hands the Lease over on stop. No request may be denied and every
+rule entry must decide one."""
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 import pytest
 
 from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.rbac import RbacAuthorizer
 from tests.controller.conftest import (
+    KEYS,
     KubeFactory,
     appwrapper,
     controllers,
@@ -30,6 +36,20 @@ from tests.controller.conftest import (
 )
 from tests.deploy.manifests import BASE, CONTROLLER, plain_resources
 
+Obj = dict[str, Any]
+
+
+def remap_pending(name: str) -> Obj:
+    """A node whose agent holds REMAP_PENDING on GPU 3: a GPU reset is due."""
+    held = {"code": "REMAP_PENDING", "check": "remapped", "entity": "gpu3",
+            "severity": "ERR", "sticky": False, "message": "", "since": "2026-01-01T00:00:00Z",
+            "uuid": "GPU-3"}
+    out = node(name, "ERR")
+    out["metadata"]["annotations"][KEYS.health] = json.dumps(
+        {"verdict": "ERR", "since": "2026-01-01T00:00:00Z", "top": "REMAP_PENDING",
+         "held": [held], "findings": [], "checks": {}})
+    return out
+
 pytestmark = pytest.mark.anyio
 
 
@@ -38,11 +58,13 @@ async def test_the_controller_needs_every_rule_and_no_more(
     authz = RbacAuthorizer.from_manifests(plain_resources(BASE))
     api.authorizer = authz
     api.seed(node("n1"), node("n2"), appwrapper("a"), appwrapper("b"),
-             gpu_pod("a", "n1"), gpu_pod("b", "n2"), default_flavor(), slack_queue())
+             gpu_pod("a", "n1"), gpu_pod("b", "n2"), default_flavor(), slack_queue(),
+             node("n3"))
     # Someone else's write lands first, once on the AppWrapper and once on the queue.
     api.fail("PATCH", r"/apis/workload\.codeflare\.dev/.*/appwrappers/a/status", 409)
     api.fail("PATCH", r"/apis/kueue\.x-k8s\.io/.*/clusterqueues/.*", 409)
-    async with controllers(kube_for, settings(), CONTROLLER) as (ctl,):
+    async with controllers(kube_for, settings(repair={"enabled": True}),
+                           CONTROLLER) as (ctl,):
         await settled(ctl)
         set_verdict(api, "n1", "EVICT", "XID_79")
         await eventually(lambda: phase(api, "a") == "Resetting" and gpu_limit(api) == "4",
@@ -50,5 +72,8 @@ async def test_the_controller_needs_every_rule_and_no_more(
         await eventually(lambda: events(api, "NodeEvicted") and events(api, "AppWrapperReset"))
         set_verdict(api, "n1", "PASS")
         await eventually(lambda: gpu_limit(api) is None)
+        api.put(remap_pending("n3"))
+        await eventually(lambda: api.list("Job", "healthd-system-repair")
+                         and events(api, "GPUReset"))
     assert [str(r) for r in authz.denied] == []
     assert authz.unused(CONTROLLER) == []

@@ -92,7 +92,7 @@ def test_a_token_not_bound_to_a_node_writes_no_node(
     assert healthd.label(own) is None
 
 
-def test_the_controller_resets_and_lends_but_writes_no_node(
+def test_the_controller_resets_and_lends_and_writes_only_its_repair_on_a_node(
         healthd: Healthd, two_nodes: tuple[str, str]) -> None:
     own, _ = two_nodes
     pod = healthd.running_pod("app.kubernetes.io/name=healthd-controller")
@@ -100,7 +100,13 @@ def test_the_controller_resets_and_lends_but_writes_no_node(
     core = k8s.CoreV1Api(client)
     assert _status(lambda: core.list_node()) == 200
     assert _status(lambda: core.list_pod_for_all_namespaces(limit=1)) == 200
+    # Nodes: its repair record only (RBAC lets it patch; the admission policy pins what).
     assert _status(lambda: core.patch_node(own, _labels(**{VERDICT: "PASS"}))) == 403
+    assert _status(lambda: core.patch_node(own, {"spec": {"unschedulable": True}})) == 403
+    assert _status(lambda: core.patch_node(own, {"metadata": {"annotations": {
+        "healthd.io/health": "{}"}}})) == 403
+    assert _status(lambda: core.patch_node(own, {"metadata": {"annotations": {
+        "healthd.io/repair": None}}})) == 200
     assert _status(lambda: core.delete_namespaced_pod(pod["metadata"]["name"],
                                                       NAMESPACE)) == 403
     custom = k8s.CustomObjectsApi(client)
