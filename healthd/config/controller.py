@@ -28,7 +28,9 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+import checks
 from checks.catalog import is_known_code
+from healthd.config.selection import SelectionError, parse_selection
 from healthd.kube.conventions import CONTROLLER_COMPONENT, GPU_RESOURCE, Verdict
 from healthd.util.durations import Duration, Interval
 from healthd.util.models import Frozen
@@ -148,6 +150,17 @@ class RepairSettings(Frozen):
     reset_deadline: Duration = Field(
         900.0, description="a GPU-reset Job must be scheduled and done within this long "
         "(its activeDeadlineSeconds), or the reset failed")
+
+    @field_validator("validation")
+    @classmethod
+    def _known_checks(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
+        """Each a check key the agents know (NAME or NAME:ARG), as a request names it."""
+        if keys:
+            try:
+                parse_selection(",".join(keys), checks.REGISTRY)
+            except SelectionError as exc:
+                raise ValueError(str(exc)) from None
+        return keys
 
     @field_validator("remedies")
     @classmethod
