@@ -69,14 +69,29 @@ from healthd.controller.repair_state import (
     validation_set,
     with_state,
 )
-from healthd.controller.reset_job import failure_of, job_name, job_outcome, reset_job
+from healthd.controller.reset_job import (
+    failed_gpus,
+    failure_of,
+    job_name,
+    job_outcome,
+    reset_job,
+)
 from healthd.controller.resets import counts
 from healthd.kube.client import Kube
 from healthd.kube.conventions import Keys
 from healthd.kube.errors import Conflict, Invalid, KubeError, NotFound
 from healthd.kube.events import EventRecorder
-from healthd.kube.objects import JOBS, NODES, annotations_of, name_of, node_name_of
-from healthd.kube.shapes import KubeObject, Node, Pod, view
+from healthd.kube.objects import (
+    JOBS,
+    NODES,
+    PODS,
+    annotations_of,
+    container_statuses_of,
+    items_of,
+    name_of,
+    node_name_of,
+)
+from healthd.kube.shapes import KubeObject, Node, Pod, part, view
 from healthd.kube.watching import DELETED, watch_forever
 from healthd.published import Repair
 from healthd.repair.decision import Decision, Policy, Step, decide
@@ -286,8 +301,9 @@ class RepairReactor:
         job = self.jobs.get(job_name(current.name, attempt))
         outcome = job_outcome(job) if job is not None else ""
         if outcome == "failed" and job is not None:
+            why = await self._reset_output(job) or failure_of(job)
             await self._finish(current, "failed",
-                               f"the GPU-reset Job {repair.job} failed: {failure_of(job)}", now)
+                               f"the GPU-reset Job {repair.job} failed: {why}", now)
         elif outcome == "succeeded":
             new = validating(repair, now)
             checks = validation_set(self._config, repair)
@@ -296,6 +312,21 @@ class RepairReactor:
             if await self._write(current, new, extra=extra, event=(
                     "Normal", "RepairValidating", f"GPU reset done; validating: {checks}")):
                 self._later(current.name, self._repair.validation_timeout)
+
+    async def _reset_output(self, job: dict[str, Any]) -> str:
+        """What its pod's termination message says of the GPUs it could not reset."""
+        uid = job.get("metadata", {}).get("uid", "")
+        try:
+            listing = await self._kube.list(PODS, self._repair.namespace,
+                                            label_selector=f"controller-uid={uid}")
+        except KubeError:
+            return ""
+        for pod in items_of(listing, Pod):
+            for status in container_statuses_of(pod):
+                message = part(part(status.get("state")).get("terminated")).get("message")
+                if isinstance(message, str) and (said := failed_gpus(message)):
+                    return said
+        return ""
 
     async def _follow_validation(self, current: NodeRepair, now: float) -> None:
         last, repair = current.last_run, current.repair

@@ -18,6 +18,7 @@ controller may create Jobs; the agents have no rights there. It gets no API toke
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,6 +83,19 @@ def job_outcome(job: Obj) -> str:
     if _condition(job, "Failed"):
         return "failed"
     return ""
+
+
+def failed_gpus(message: str) -> str:
+    """What the pod's termination message (healthd gpu-reset's JSON) says of the GPUs
+    that were not reset; "" when it says nothing readable."""
+    try:
+        result = json.loads(message)
+    except ValueError:
+        return ""
+    gpus = result.get("gpus") if isinstance(result, dict) else None
+    failed = [g for g in gpus if isinstance(g, dict) and g.get("ok") is False] \
+        if isinstance(gpus, list) else []
+    return "; ".join(f"{g.get('uuid')}: {str(g.get('output', ''))[:200]}" for g in failed)
 
 
 def failure_of(job: Obj) -> str:

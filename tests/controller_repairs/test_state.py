@@ -19,6 +19,7 @@ from healthd.controller.repair_state import (
     validation_passed,
     validation_set,
 )
+from healthd.controller.reset_job import failed_gpus
 from healthd.kube.conventions import Keys
 from healthd.kube.shapes import Node, view
 from healthd.published import Holding, LastRun, Repair
@@ -109,3 +110,11 @@ def test_only_a_clear_answered_after_the_inspection_began_ends_it() -> None:
                                                  start="2026-01-01T00:10:00Z")))
     assert not admin_cleared(_inspected(last_run({}, kind="run")))
     assert not admin_cleared(_inspected(None))
+
+
+def test_a_failed_reset_names_the_gpus_it_could_not_reset() -> None:
+    message = json.dumps({"ok": False, "gpus": [
+        {"uuid": "GPU-1", "ok": True, "exit_code": 0, "output": "reset"},
+        {"uuid": "GPU-2", "ok": False, "exit_code": 1, "output": "GPU is lost"}]})
+    assert failed_gpus(message) == "GPU-2: GPU is lost"
+    assert failed_gpus("not json") == failed_gpus("[1]") == ""

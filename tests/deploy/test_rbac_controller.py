@@ -3,7 +3,8 @@ emulator as its ServiceAccount with the manifests' Roles and bindings enforced. 
 takes the Lease, syncs its caches, resets an AppWrapper on an EVICT node (re-reading
 it after a refused write), lowers and restores the slack queue's lendingLimit
 (re-reading the queue after a conflict), starts a GPU reset on a node with a pending
-row remap (its repair annotation, the Job in the repair namespace, which it follows),
+row remap (its repair annotation, the Job in the repair namespace, which it follows,
+and the failed Job's pod, which says why),
 records Events, and hands the Lease over on stop. No request may be denied and every
 rule entry must decide one."""
 
@@ -37,6 +38,13 @@ from tests.controller.conftest import (
 from tests.deploy.manifests import BASE, CONTROLLER, plain_resources
 
 Obj = dict[str, Any]
+
+
+def fail_job(api: ApiEmulator) -> None:
+    (job,) = api.list("Job", "healthd-system-repair")
+    job["status"] = {"failed": 1, "conditions": [
+        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}
+    api.put(job)
 
 
 def remap_pending(name: str) -> Obj:
@@ -75,5 +83,7 @@ async def test_the_controller_needs_every_rule_and_no_more(
         api.put(remap_pending("n3"))
         await eventually(lambda: api.list("Job", "healthd-system-repair")
                          and events(api, "GPUReset"))
+        fail_job(api)  # as the Job controller does: the controller reads why from its pod
+        await eventually(lambda: events(api, "RepairFailed"))
     assert [str(r) for r in authz.denied] == []
     assert authz.unused(CONTROLLER) == []
