@@ -14,7 +14,7 @@ from typing import Any
 
 from healthd.config import Config
 from healthd.kube.conventions import Keys
-from healthd.kube.objects import annotations_of, labels_of, resource_version_of, spec_of
+from healthd.kube.objects import annotations_of, labels_of, spec_of
 from healthd.kube.shapes import Node
 from healthd.published import (
     Health,
@@ -48,12 +48,10 @@ class NodeRepair:
     name: str
     repair: Repair  # an empty idle one when the node has none (or an unreadable one)
     raw: str | None  # the annotation's text as read: what a write's `test` guards
-    version: str  # the node's resourceVersion: guards a write when there is no text
     held: tuple[Holding, ...]
     last_run: LastRun | None
     opted_out: bool
     cordoned: bool
-    annotated: bool = True  # the node has an annotations map to add to
     uid: str = ""  # names the node in Events (no read to find it)
 
     @property
@@ -71,12 +69,10 @@ def node_repair(node: Node, keys: Keys) -> NodeRepair:
         name=str(node.get("metadata", {}).get("name", "")),
         repair=repair if isinstance(repair, Repair) else Repair(IDLE, ""),
         raw=annotations.get(keys.repair),
-        version=resource_version_of(node) or "",
         held=health.held if isinstance(health, Health) else (),
         last_run=last if isinstance(last, LastRun) else None,
         opted_out=labels_of(node).get(OPT_OUT_LABEL, "").lower() == "true",
         cordoned=spec_of(node).get("unschedulable") is True,
-        annotated=isinstance(node.get("metadata", {}).get("annotations"), dict),
         uid=str(node.get("metadata", {}).get("uid", "")))
 
 
@@ -184,15 +180,13 @@ def validation_passed(last: LastRun, held: Iterable[Holding], policy: Policy) ->
 
 def repair_ops(node: NodeRepair, new: Repair, keys: Keys,
                extra: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """A JSON patch writing `new` only over the annotation as read (its text, or the
-    node's version when there was none), plus `extra` annotations (a request)."""
+    """A JSON patch writing `new` only over the annotation as read (its text, or none),
+    plus `extra` annotations (a request)."""
     path = pointer(keys.repair)
-    if node.raw is not None:
-        ops: list[dict[str, Any]] = [{"op": "test", "path": path, "value": node.raw}]
-    else:
-        ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": node.version}]
-    if not node.annotated:
-        ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
+    # `null` tests that there is none yet (the API server's JSON patch reads an absent
+    # member as null): no version test, which a cache that drops unchanged events
+    # could hold stale for good. A node with findings to repair has annotations.
+    ops: list[dict[str, Any]] = [{"op": "test", "path": path, "value": node.raw}]
     ops.append({"op": "add", "path": path, "value": dumps(new.to_json())})
     for key, value in (extra or {}).items():
         ops.append({"op": "add", "path": pointer(key), "value": value})

@@ -43,12 +43,13 @@ def last_run(checks: dict[str, str], *, accepted: bool = True, kind: str = "run"
                    duration_s=1.0, verdict="PASS", checks=checks)
 
 
-def test_the_first_write_is_guarded_by_the_nodes_version_later_ones_by_the_text() -> None:
+def test_the_first_write_is_guarded_by_the_absence_later_ones_by_the_text() -> None:
     fresh = node_repair(node(), KEYS)
     new = started_reset(fresh.repair, job="ns/j", gpus=["GPU-3"], reason="r", now=0,
                         held=[HELD])
     ops = repair_ops(fresh, new, KEYS)
-    assert ops[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "7"}
+    assert ops[0] == {"op": "test", "path": "/metadata/annotations/healthd.io~1repair",
+                      "value": None}
     assert json.loads(ops[1]["value"])["checks"] == ["remapped"]
 
     text = new.encode()
