@@ -93,7 +93,7 @@ from healthd.kube.objects import (
 )
 from healthd.kube.shapes import KubeObject, Node, Pod, part, view
 from healthd.kube.watching import DELETED, watch_forever
-from healthd.published import Repair
+from healthd.published import Repair, read_repair
 from healthd.repair.decision import Decision, Policy, Step, decide
 from healthd.util.times import parse_time
 
@@ -141,7 +141,8 @@ class RepairReactor:
             self._work.mark(node)
 
     def _count_inspection(self, name: str, node: Node | None) -> None:
-        in_inspection = node is not None and node_repair(node, self._keys).state == INSPECTION
+        repair = read_repair(node, self._keys) if node is not None else None
+        in_inspection = isinstance(repair, Repair) and repair.state == INSPECTION
         (self._inspection.add if in_inspection else self._inspection.discard)(name)
         self._metrics.set_in_inspection(len(self._inspection))
 
@@ -163,6 +164,8 @@ class RepairReactor:
                         log.warning("repair of node %s: %s; retrying in %g s", name, exc,
                                     RETRY_S, extra={"node": name})
                         self._later(name, RETRY_S)
+                    except Exception:  # one node's odd object must not stop the others
+                        log.exception("repair of node %s failed", name, extra={"node": name})
 
     async def _watch_jobs(self) -> None:
         async for event in watch_forever(self._kube, JOBS, self._repair.namespace,
