@@ -74,6 +74,9 @@ COMMANDS: tuple[Command, ...] = (
             "healthd.fleet.arguments:add_status_arguments", "healthd.fleet.command:run_status"),
     Command("record", "write this machine's GPU state as a machine spec (replay with --sim)",
             "healthd.record.command:add_arguments", "healthd.record.command:run"),
+    Command("gpu-reset", "reset GPUs in place (nvidia-smi --gpu-reset), as a repair Job does",
+            "healthd.repair.command:add_arguments", "healthd.repair.command:run",
+            simulated=True),
     Command("version", "print the version", "healthd.cli:_no_arguments", "healthd.cli:_version"),
 )
 BY_NAME = {command.name: command for command in COMMANDS}

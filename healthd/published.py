@@ -19,7 +19,7 @@ A field may be added; none changes meaning.
     last-run    id, request, kind, accepted, error, start, end, duration_s, verdict,
                 checks{}, reasons{}, [request_chars]
     repair      state, since, [reason], [gpus[]], [job], [run_id], [boot_id],
-                [request], attempts[]
+                [request], [checks[]], attempts[]
       attempts[] remedy, at, [gpus[]], outcome
 
 Decoding is tolerant, as a reader of a shared interface must be: annotations are
@@ -341,8 +341,10 @@ class LastRun(Document):
 
 REPAIR_STATES = ("", "waiting", "held", "resetting", "validating", "reboot-requested",
                  "hardware-inspection")
-# While a repair holds the GPUs or checks them, the node shows TESTING.
+# While a repair holds the GPUs or checks them, the node shows TESTING, under this key
+# in the health document's `testing[]` (beside any exclusive diagnostic's check key).
 TESTING_REPAIR_STATES = frozenset({"resetting", "validating"})
+REPAIR_TESTING = "repair"
 
 
 @dataclass(frozen=True)
@@ -382,10 +384,17 @@ class Repair(Document):
     boot_id: str = ""  # the node's boot id when a reboot was requested
     request: str = ""  # the reboot request object (kind namespace/name)
     attempts: tuple[RepairAttempt, ...] = ()
+    checks: tuple[str, ...] = ()  # the check keys that raised the findings being repaired
 
     @property
     def testing(self) -> bool:
         return self.state in TESTING_REPAIR_STATES
+
+    @property
+    def doing(self) -> str:
+        """What the repair does now, for a person: `resetting GPU-1, GPU-2`."""
+        gpus = ", ".join(self.gpus)
+        return f"{self.state} {gpus}" if gpus and self.state == "resetting" else self.state
 
     def to_json(self) -> Json:
         body: Json = {"state": self.state, "since": self.since}
@@ -394,6 +403,8 @@ class Repair(Document):
                 body[key] = getattr(self, key)
         if self.gpus:
             body["gpus"] = list(self.gpus)
+        if self.checks:
+            body["checks"] = list(self.checks)
         body["attempts"] = [a.to_json() for a in self.attempts]
         return body
 
@@ -404,7 +415,8 @@ class Repair(Document):
                    job=_str(body, "job"), run_id=_str(body, "run_id"),
                    boot_id=_str(body, "boot_id"), request=_str(body, "request"),
                    attempts=tuple(RepairAttempt.from_json(item)
-                                  for item in dicts(body.get("attempts"))))
+                                  for item in dicts(body.get("attempts"))),
+                   checks=_strings(body.get("checks")))
 
 
 # -- reading them from an object -------------------------------------------------------

@@ -68,16 +68,18 @@ class Request:
 def read_requests(
     node_obj: dict[str, Any], keys: Keys, registry: Mapping[str, type[BaseCheck]]
 ) -> list[Request]:
-    """The run and clear requests on the node, in that order (none: empty list)."""
+    """The clear and run requests on the node, in that order (none: empty list): a run
+    written with a clear checks the node after the clear released what it could (the
+    controller's validation after a repair relies on it)."""
     annotations = meta(node_obj).get("annotations")
     if not isinstance(annotations, dict):
         return []
     version = resource_version_of(node_obj) or ""
     out: list[Request] = []
-    if keys.run in annotations:
-        out.append(_run_request(annotations, keys, registry, version))
     if keys.clear in annotations:
         out.append(_clear_request(str(annotations[keys.clear]), keys, version))
+    if keys.run in annotations:
+        out.append(_run_request(annotations, keys, registry, version))
     return out
 
 

@@ -71,6 +71,7 @@ from healthd.kube.events import EventRecorder
 from healthd.kube.pods import gpu_pods
 from healthd.kube.pvc_probe import KubeProbeApi
 from healthd.kube.shapes import Node, view
+from healthd.published import Repair, read_repair
 from healthd.util.http import serve_http
 
 log = logging.getLogger(__name__)
@@ -276,10 +277,13 @@ class Agent:
     def _observe_node(self, publisher: NodePublisher, health: NodeHealth,
                       peers: PublishedPeers, node: dict[str, Any]) -> None:
         """A new copy of the Node from the watch: the publisher's view, the GPU count,
-        ping's peers; the first one is what the node's health resumes."""
+        ping's peers, the controller's repair (TESTING while it resets or validates);
+        the first one is what the node's health resumes."""
         publisher.observe(node)
         peers.observe(node)
         health.resume(node, known=_known_check)
+        repair = read_repair(node, self.keys)
+        health.observe_repair(repair if isinstance(repair, Repair) else None)
         if self.config.expected_gpus is None and (count := _node_gpus(node)):
             self.inputs.expected_gpus = count
 

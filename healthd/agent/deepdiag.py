@@ -8,8 +8,8 @@ else lands there while it runs. The pod runs `healthd check --checks <key>` and
 leaves a compact summary (healthd.check.termination) in its termination message, which
 the agent reads back into a CheckResult.
 
-Pinning uses node affinity (`matchFields metadata.name In [node]`), never
-`spec.nodeName`, which would bypass the scheduler and its GPU accounting.
+The Job's shape (pinned by node affinity, all GPUs requested) is healthd.kube.jobs',
+shared with the controller's GPU resets.
 
 Whatever happens (no pod within the schedule deadline, the pod dies, the API fails,
 the caller is cancelled) the Job is deleted in a shielded `finally`, and a failure
@@ -31,8 +31,15 @@ import anyio
 from checks.base import Check, CheckContext, CheckResult
 from checks.catalog import Catalog
 from healthd.check.termination import SummaryError, parse_summary
-from healthd.kube.conventions import GPU_RESOURCE, Keys, Reason
+from healthd.kube.conventions import Keys, Reason
 from healthd.kube.errors import KubeError
+from healthd.kube.jobs import (
+    MAX_NAME,
+    TERMINATION_LOG,
+    PodPlacement,
+    gpu_job,
+    label_value,
+)
 from healthd.kube.objects import (
     JOBS,
     PODS,
@@ -54,11 +61,8 @@ if TYPE_CHECKING:
 
 Obj = dict[str, Any]  # a Kubernetes object as JSON
 
-TERMINATION_LOG = "/dev/termination-log"
-TTL_AFTER_FINISHED_S = 600  # the cluster cleans up if the agent dies before deleting
 DELETE_TIMEOUT_S = 10.0
 _GENERATED_SUFFIX = 5  # characters the API server appends to generateName
-_MAX_NAME = 63  # Job names feed the pods' job-name label, which is capped at 63
 
 
 @dataclass(frozen=True)
@@ -73,14 +77,8 @@ class DiagnosticFailed(Exception):
     """Internal: the run ended without a result; the message says why."""
 
 
-def _label_value(text: str) -> str:
-    """`text` made a valid label value (63 chars, alphanumeric at both ends)."""
-    cleaned = re.sub(r"[^A-Za-z0-9_.-]", "-", text)[:_MAX_NAME]
-    return cleaned.strip("-_.")
-
-
 def job_name_prefix(node: str) -> str:
-    prefix = f"healthd-diag-{node.lower()}"[: _MAX_NAME - _GENERATED_SUFFIX - 1]
+    prefix = f"healthd-diag-{node.lower()}"[: MAX_NAME - _GENERATED_SUFFIX - 1]
     return re.sub(r"[^a-z0-9-]", "-", prefix).rstrip("-") + "-"
 
 
@@ -104,49 +102,29 @@ def job_manifest(node: str, key: str, gpu_count: int, settings: DeepDiagSettings
                  keys: Keys, env: Mapping[str, str] | None = None) -> Obj:
     """The Job that runs check `key` on `node` with all `gpu_count` GPUs reserved;
     `env` reaches its container (e.g. the agent's DCGM host engine)."""
-    labels = {keys.diagnostic: "true", keys.node: _label_value(node)}
-    gpus = {GPU_RESOURCE: str(gpu_count)}
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchFields": [
-                {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}},
-        "tolerations": [dict(t) for t in settings.tolerations],
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "securityContext": pod_security(),
-        "containers": [{
-            "name": "diagnostic",
-            "image": settings.image,
-            "command": diagnostic_command(key),
-            "env": [{"name": "NODE_NAME",
-                     "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-                    *({"name": k, "value": v} for k, v in sorted((env or {}).items()))],
-            "resources": {"requests": dict(gpus), "limits": dict(gpus)},
-            "securityContext": container_security(),
-            "terminationMessagePath": TERMINATION_LOG,
-            "terminationMessagePolicy": "FallbackToLogsOnError",
-        }],
+    labels = {keys.diagnostic: "true", keys.node: label_value(node)}
+    container = {
+        "name": "diagnostic",
+        "image": settings.image,
+        "command": diagnostic_command(key),
+        "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                *({"name": k, "value": v} for k, v in sorted((env or {}).items()))],
+        "securityContext": container_security(),
     }
-    if settings.priority_class:
-        pod_spec["priorityClassName"] = settings.priority_class
-    if settings.runtime_class:  # the GPU Operator's `nvidia` runtime shows it the GPUs
-        pod_spec["runtimeClassName"] = settings.runtime_class
-    if settings.service_account:
-        pod_spec["serviceAccountName"] = settings.service_account
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"generateName": job_name_prefix(node), "namespace": settings.namespace,
-                     "labels": {**labels, keys.check: _label_value(key)},
-                     "annotations": {keys.node_name: node}},
-        "spec": {
-            "backoffLimit": 0,
-            "activeDeadlineSeconds": int(settings.schedule_deadline_s + settings.run_deadline_s),
-            "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
-        },
-    }
+    metadata = {"generateName": job_name_prefix(node), "namespace": settings.namespace,
+                "labels": {**labels, keys.check: label_value(key)},
+                "annotations": {keys.node_name: node}}
+    return gpu_job(metadata=metadata, node=node, gpu_count=gpu_count, container=container,
+                   placement=placement_of(settings, pod_security()), pod_labels=labels,
+                   deadline_s=settings.schedule_deadline_s + settings.run_deadline_s)
+
+
+def placement_of(settings: DeepDiagSettings, security: Obj) -> PodPlacement:
+    """The configured placement of a node's Job pod (tolerations, classes)."""
+    return PodPlacement(tolerations=settings.tolerations,
+                        priority_class=settings.priority_class,
+                        runtime_class=settings.runtime_class,
+                        service_account=settings.service_account, security=security)
 
 
 # -- reading the pod -------------------------------------------------------------------

@@ -44,6 +44,7 @@ from healthd.agent.verdict import (
 )
 from healthd.config import Config
 from healthd.kube.conventions import Keys, Verdict, dcgm_label_value
+from healthd.published import REPAIR_TESTING, Repair
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ class NodeHealth:
         self.keys, self.node, self.clock = keys, node, clock
         self.state: HealthState = initial(clock())
         self.last_run: str | None = None  # the answer to the latest on-demand request
+        self.repair = ""  # what the controller's repair does now, while it holds TESTING
         self.dcgm_levels: dict[int, str | None] = {}  # level -> its label value
         self._deep: dict[str, int | None] = {}  # deep runs in TESTING -> their DCGM level
         self.resumed = False  # what the Node showed has been taken back
@@ -128,6 +130,18 @@ class NodeHealth:
         self._deep.pop(key, None)
         self.set_state(end_testing(self.state, key, at=self.clock()))
 
+    def observe_repair(self, repair: Repair | None) -> None:
+        """The controller's repair as the Node shows it: while it resets or validates
+        the GPUs the node is TESTING (key REPAIR_TESTING), as during an exclusive
+        diagnostic; held ERR and EVICT findings still win, as they do then."""
+        doing = repair.doing if repair is not None and repair.testing else ""
+        if doing == self.repair:
+            return
+        self.repair = doing
+        at = self.clock()
+        self.set_state(start_testing(self.state, REPAIR_TESTING, at=at) if doing
+                       else end_testing(self.state, REPAIR_TESTING, at=at))
+
     def start_clear(self) -> list[str]:
         """Mark what holds the node for release; the check keys to re-run."""
         state, keys = request_clear(self.state, at=self.clock())
@@ -169,7 +183,8 @@ class NodeHealth:
         if self._shown is not None:
             self._shown.set()
         desired = desired_from(self.state, self.keys, node=self.node,
-                               dcgm_levels=self.dcgm_levels, last_run=self.last_run)
+                               dcgm_levels=self.dcgm_levels, last_run=self.last_run,
+                               repair=self.repair)
         self.publisher.want(desired, self.state)
 
     def _label_level(self, level: int | None, result: CheckResult, at: float) -> None:

@@ -27,6 +27,7 @@ from checks.base import Finding, Severity, worst
 from healthd.agent.verdict import CheckState, HealthState, Held
 from healthd.kube.conventions import CONDITION_TYPE, Keys, Reason, Verdict
 from healthd.published import (
+    REPAIR_TESTING,
     CheckStatus,
     Health,
     Holding,
@@ -65,17 +66,19 @@ def desired_from(
     node: str,
     dcgm_levels: Mapping[int, str | None],
     last_run: str | None = None,
+    repair: str = "",
 ) -> DesiredNode:
     """The published state for `state`. `dcgm_levels` maps a DCGM level to its label
     value (`dcgm_label_value(...)`); `last_run` is the answer to the last on-demand
-    request (`requests.answer`), left alone when None."""
+    request (`requests.answer`), left alone when None; `repair` says what the
+    controller's repair does while it holds the node TESTING."""
     labels: dict[str, str | None] = {keys.dcgm_level(n): v for n, v in dcgm_levels.items()}
     if state.judged:
         labels[keys.gpuhealth] = state.verdict.value
     annotations: dict[str, str | None] = {keys.health: health_json(state)}
     if last_run is not None:
         annotations[keys.last_run] = last_run
-    return DesiredNode(labels, annotations, condition(state, node=node))
+    return DesiredNode(labels, annotations, condition(state, node=node, repair=repair))
 
 
 # -- entities and messages -------------------------------------------------------------
@@ -104,7 +107,7 @@ def _more(count: int) -> str:
 # -- the GPUUnhealthy condition --------------------------------------------------------
 
 
-def condition(state: HealthState, *, node: str) -> dict[str, Any]:
+def condition(state: HealthState, *, node: str, repair: str = "") -> dict[str, Any]:
     """GPUUnhealthy: True for ERR/EVICT, False for PASS/WARN/TESTING, Unknown before
     any judgement. Reason: the top holding's code, else GPUsHealthy/DiagnosticRunning."""
     if not state.judged:
@@ -112,7 +115,7 @@ def condition(state: HealthState, *, node: str) -> dict[str, Any]:
         message = f"no health check on {node} has given a judgement yet"
     else:
         status = "True" if state.verdict.unhealthy else "False"
-        reason, message = _condition_reason(state, node)
+        reason, message = _condition_reason(state, node, repair)
     return {
         "type": CONDITION_TYPE,
         "status": status,
@@ -121,17 +124,22 @@ def condition(state: HealthState, *, node: str) -> dict[str, Any]:
     }
 
 
-def _condition_reason(state: HealthState, node: str) -> tuple[str, str]:
+def _condition_reason(state: HealthState, node: str, repair: str = "") -> tuple[str, str]:
     top = state.top
     if state.verdict is Verdict.TESTING:
-        return Reason.TESTING.value, f"exclusive diagnostic running: {_testing(state)}"
+        diagnostics = sorted(state.testing - {REPAIR_TESTING})
+        parts = [f"GPU repair: {repair}"] if REPAIR_TESTING in state.testing else []
+        if diagnostics or not parts:
+            parts.append(f"exclusive diagnostic running: {', '.join(diagnostics) or 'diagnostic'}")
+        return Reason.TESTING.value, "; ".join(parts)
     if top is None:
         return Reason.HEALTHY.value, f"all GPU health checks on {node} pass"
     return top.code, describe_held(top) + _more(len(state.held) - 1)
 
 
 def _testing(state: HealthState) -> str:
-    return ", ".join(sorted(state.testing)) or "diagnostic"
+    return ", ".join("GPU repair" if key == REPAIR_TESTING else key
+                     for key in sorted(state.testing)) or "diagnostic"
 
 
 # -- the health annotation -------------------------------------------------------------

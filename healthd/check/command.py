@@ -67,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated, e.g. remapped,power or dcgm:3")
     parser.add_argument("--sim", metavar="SPEC",
                         help="run on a simulated machine (YAML file or bundled name)")
+    parser.add_argument("--sim-control", metavar="FILE",
+                        help="with --sim: run on the machine FILE names (healthd agent "
+                        "--sim-control), as a diagnostic Job on that node does")
     add_config_argument(parser)
     parser.add_argument("--peer", action="append", default=[], metavar="NAME=ADDR[,ADDR]",
                         help="a peer for the ping check (repeatable)")

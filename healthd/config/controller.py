@@ -16,7 +16,9 @@ the field). Durations accept `30s`, `5m`, `1h` and are stored as seconds::
       election: {lease_name: healthd-controller, namespace: healthd-system,
                  lease_duration: 15s, renew_deadline: 10s, retry_period: 2s}
       repair: {enabled: false, max_gpu_resets: 2, max_reboots: 2, window: 24h,
-               remedies: {}}                  # e.g. {XID_48: reboot, NIC_DOWN: humans}
+               remedies: {},                  # e.g. {XID_48: reboot, NIC_DOWN: humans}
+               validation: [pciebw, "dcgm:2"], validation_timeout: 30m,
+               namespace: healthd-system-repair, reset_deadline: 15m}
       peers: {count: 16, rotate_every: 1h}  # ping's peer sets, on each Node
 """
 
@@ -27,12 +29,15 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+import checks
 from checks.catalog import is_known_code
+from healthd.config.selection import SelectionError, parse_selection
 from healthd.kube.conventions import CONTROLLER_COMPONENT, GPU_RESOURCE, Verdict
 from healthd.util.durations import Duration, Interval
 from healthd.util.models import Frozen
 
 DEFAULT_NAMESPACE = "healthd-system"
+DEFAULT_REPAIR_NAMESPACE = "healthd-system-repair"
 DEFAULT_SLACK_QUEUE = "slack-cluster-queue"
 _COUNTABLE = (Verdict.ERR, Verdict.TESTING, Verdict.EVICT)
 _THRESHOLD = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(%?)\s*$")
@@ -135,6 +140,28 @@ class RepairSettings(Frozen):
     max_reboots: int = Field(2, ge=0, description="reboot requests per node in the window "
                              "before hardware inspection")
     window: Duration = Field(86400.0, description="how far back repairs count")
+    validation: tuple[str, ...] = Field(
+        ("pciebw", "dcgm:2"), description="check keys run after a repair besides those that "
+        "raised the repaired findings (each only where the agents' config enables it)")
+    validation_timeout: Duration = Field(
+        1800.0, description="a validation the node's agent has not answered by then failed")
+    namespace: str = Field(DEFAULT_REPAIR_NAMESPACE, min_length=1,
+                           description="namespace of the GPU-reset Jobs (Pod Security "
+                           "privileged: nvidia-smi --gpu-reset needs it)")
+    reset_deadline: Duration = Field(
+        900.0, description="a GPU-reset Job must be scheduled and done within this long "
+        "(its activeDeadlineSeconds), or the reset failed")
+
+    @field_validator("validation")
+    @classmethod
+    def _known_checks(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
+        """Each a check key the agents know (NAME or NAME:ARG), as a request names it."""
+        if keys:
+            try:
+                parse_selection(",".join(keys), checks.REGISTRY)
+            except SelectionError as exc:
+                raise ValueError(str(exc)) from None
+        return keys
 
     @field_validator("remedies")
     @classmethod

@@ -12,6 +12,9 @@ moment the Lease is lost):
   move the lending model, dirty queues are reconciled in coalesced bursts;
 - resets (healthd.controller.evictions.EvictionReactor): a node turning EVICT marks
   the AppWrappers with GPU pods on it, decided and reset at once under the rails;
+- repairs (healthd.controller.repairs.RepairReactor, with `controller.repair.enabled`):
+  a bad node's GPUs reset in place by a Job, then validated, or the node held or
+  handed to humans, its state in its `repair` annotation;
 - network blame (healthd.blame.announce.NetworkBlame): the agents' ping reports
   judged fleet-wide; Events and gauges only, never a node label;
 - ping's peers (healthd.controller.peering.PeerPublisher): the agent pods watched
@@ -68,6 +71,8 @@ from healthd.controller.election import LeaseElector
 from healthd.controller.evictions import SETTLE_S, EvictionReactor
 from healthd.controller.metrics import ControllerMetrics
 from healthd.controller.peering import PeerPublisher
+from healthd.controller.repairs import RepairReactor
+from healthd.controller.safety import BreakerState
 from healthd.kube.backoff import Backoff
 from healthd.kube.client import Kube
 from healthd.kube.conventions import CONTROLLER_COMPONENT, Keys
@@ -104,6 +109,9 @@ class Term:
                                  node_lookup=self.caches.nodes.get, breaker_subject=lease)
         self.resets = EvictionReactor(self.caches, self.resetter, keys=keys, settings=settings,
                                       clock=clock, settle_s=settle_s)
+        self.repairs = RepairReactor(kube, self.caches, events, config=config, metrics=metrics,
+                                     breaker_open=self._breaker_open, clock=clock) \
+            if settings.repair.enabled else None
         self.blame = NetworkBlame(self.caches, events, keys=keys, metrics=metrics,
                                   dry_run=settings.dry_run, lease=lease, episodes=episodes)
         self.peering = PeerPublisher(kube, self.caches, settings=settings.peers,
@@ -113,10 +121,20 @@ class Term:
                                      rewinds=self.caches.rewinds)
         self.unreadable = UnreadableHealth(keys)
 
+    def _breaker_open(self) -> bool:
+        """The reset breaker on the fleet as the caches show it now (the eviction
+        loop, which announces its changes, may not have judged the latest event)."""
+        fleet = self.resets.fleet
+        return self.resetter.breaker.update(fleet.bad_nodes, fleet.gpu_nodes) \
+            is BreakerState.OPEN
+
     def _changed(self, kind: str, old: KubeObject | None, new: KubeObject | None) -> None:
         # Each handler is quick and guards itself; one failing must not starve the others.
-        for handle in (self.unreadable.handle, self.lending.handle, self.resets.handle,
-                       self.blame.handle, self.peering.handle):
+        handlers = [self.unreadable.handle, self.lending.handle, self.resets.handle,
+                    self.blame.handle, self.peering.handle]
+        if self.repairs is not None:
+            handlers.append(self.repairs.handle)
+        for handle in handlers:
             try:
                 handle(kind, old, new)
             except Exception:
@@ -145,6 +163,8 @@ class Term:
             group.start_soon(self.resets.run)
             group.start_soon(self.blame.run)
             group.start_soon(self.peering.run)
+            if self.repairs is not None:
+                group.start_soon(self.repairs.run)
             for kind in KINDS:
                 group.start_soon(self._report_synced, kind)
             group.start_soon(self._freeze_when_synced)

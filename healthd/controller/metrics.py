@@ -15,6 +15,9 @@ state the controller acts on.
 | `healthd_controller_breaker_open` | gauge | | 1 while the circuit breaker stops resets |
 | `healthd_controller_bad_nodes` | gauge | | GPU nodes the breaker counts as bad (a bad verdict, NotReady or unreachable; a cordon alone is not) |
 | `healthd_controller_label_to_reset_seconds` | histogram | | from the watch event that made a node EVICT to the reset written |
+| `healthd_controller_repairs_total` | counter | action, outcome | repair steps: action `reset` (a GPU reset), `reboot`, `hardware-inspection`, `wait`, `held`; outcome `started`, `passed`, `failed`, `dry-run` (healthd.controller.repairs) |
+| `healthd_controller_fault_to_pass_seconds` | histogram | | from a repaired node's first held finding to its validation passed |
+| `healthd_controller_nodes_in_hardware_inspection` | gauge | | GPU nodes whose repair is handed to humans (until an admin clears them) |
 | `healthd_controller_cache_synced` | gauge | kind | 1 once the cache of `kind` (`nodes`, `pods`, `appwrappers`, `clusterqueues`, `resourceflavors`) has its first full list; 0 while not leading |
 | `healthd_controller_leader` | gauge | | 1 while this replica holds the Lease |
 | `healthd_kube_undecodable_objects_total` | counter | kind | objects left out of what the controller sees because they are nested too deep to decode (an AppWrapper's free-form template, say), by resource (`appwrappers`, ...); each object counted and logged once (healthd.kube.decoding) |
@@ -38,6 +41,8 @@ from healthd.kube.decoding import UNDECODABLE, UndecodableObjects
 # A reset is meant to follow a label change within a second; the tail shows a
 # breaker, a rate limit or an API server that was away.
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300)
+# A GPU reset and its validation take minutes; a repair waiting for work to leave, hours.
+REPAIR_BUCKETS = (30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 43200, 86400)
 _QUEUE_LABELS = ("queue", "flavor", "resource")
 
 
@@ -80,6 +85,16 @@ class ControllerMetrics:
             "healthd_controller_label_to_reset_seconds",
             "from the node watch event to the AppWrapper reset written",
             buckets=LATENCY_BUCKETS, registry=registry)
+        self.repairs = Counter(
+            "healthd_controller_repairs", "repair steps by action and outcome",
+            ["action", "outcome"], registry=registry)
+        self.fault_to_pass = Histogram(
+            "healthd_controller_fault_to_pass_seconds",
+            "from a repaired node's first held finding to its validation passed",
+            buckets=REPAIR_BUCKETS, registry=registry)
+        self.in_inspection = Gauge(
+            "healthd_controller_nodes_in_hardware_inspection",
+            "GPU nodes whose repair is handed to humans", registry=registry)
         self.cache_synced = Gauge(
             "healthd_controller_cache_synced", "1 once the cache has its first full list",
             ["kind"], registry=registry)
@@ -114,6 +129,17 @@ class ControllerMetrics:
         self.breaker_open.set(1 if is_open else 0)
         if bad_nodes is not None:
             self.bad_nodes.set(bad_nodes)
+
+    # -- repairs -------------------------------------------------------------------
+
+    def count_repair(self, action: str, outcome: str) -> None:
+        self.repairs.labels(action=action, outcome=outcome).inc()
+
+    def observe_fault_to_pass(self, seconds: float) -> None:
+        self.fault_to_pass.observe(max(0.0, seconds))
+
+    def set_in_inspection(self, nodes: int) -> None:
+        self.in_inspection.set(nodes)
 
     # -- lending -------------------------------------------------------------------
 

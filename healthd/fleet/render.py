@@ -28,7 +28,7 @@ from healthd.fleet.trigger import (
 TRIGGER_HEADERS = ("NODE", "BEFORE", "AFTER", "CHECKS", "DURATION", "ERROR")
 TRIGGER_WIDE_HEADERS = ("NODE", "BEFORE", "AFTER", "CHECKS", "DURATION", "WAITED", "ERROR")
 STATUS_HEADERS = ("NODE", "VERDICT", "SINCE", "TOP CODES", "FLAPS", "AGENT", "RESTARTS",
-                  "BLAMED", "NOTES")
+                  "BLAMED", "REPAIR", "NOTES")
 STATUS_WIDE_HEADERS = (*STATUS_HEADERS, "GPUS", "AGENT POD", "LAST CHANGE")
 LENDING_HEADERS = ("QUEUE", "FLAVOR", "RESOURCE", "NOMINAL", "LIMIT", "DUE", "UNAVAILABLE",
                    "BAD NODES")
@@ -186,7 +186,15 @@ def _status_row(row: Mapping[str, Any]) -> tuple[str, ...]:
     return (row["name"], row["verdict"], age(row["since_age_s"]),
             ",".join(row["top_codes"]) or "-", str(row.get("flaps") or "-"),
             _agent_state(row), _restarts(row),
-            "yes" if row.get("blamed") else "-", ",".join(notes) or "-")
+            "yes" if row.get("blamed") else "-", _repair(row.get("repair")),
+            ",".join(notes) or "-")
+
+
+def _repair(repair: Mapping[str, Any] | None) -> str:
+    """`resetting 2m`, `hardware-inspection 3h`: the state and its age; `-` when idle."""
+    if not repair or not repair.get("state"):
+        return "-"
+    return f"{repair['state']} {age(repair.get('since_age_s'))}"
 
 
 def _agent_state(row: Mapping[str, Any]) -> str:

@@ -36,6 +36,10 @@ schema (`SCHEMA_VERSION` 1) only grows, and a change of meaning bumps the versio
                         too deep, not JSON: someone else wrote it), or null
       blamed            most of its peers cannot reach it by ping (the controller's
                         fleet network blame); false without ping reports
+      repair            the controller's repair of the node (its `healthd.io/repair`
+                        annotation), or null when it has none: {state (waiting, held,
+                        resetting, validating, hardware-inspection, "" idle), since,
+                        since_age_s, gpus: [uuid], reason, attempts: int}
     controller
       leader            {holder: str|null, renewed: str|null, expired: bool}
       kueue             the Kueue API version read (e.g. kueue.x-k8s.io/v1beta2) or null
@@ -79,7 +83,7 @@ from healthd.kube.objects import (
 )
 from healthd.kube.pods import is_terminated
 from healthd.kube.shapes import Event, Lease, Node, Pod, part
-from healthd.published import Health, Undecodable, read_health
+from healthd.published import Health, Repair, Undecodable, read_health, read_repair
 from healthd.util.times import parse_time, rfc3339
 
 SCHEMA_VERSION = 1
@@ -196,7 +200,19 @@ def node_row(node: Node, keys: Keys, agents: Mapping[str, Pod], now: float, *,
         "ready": _ready(node),
         "blamed": blamed,
         "health_unreadable": doc.why if isinstance(doc, Undecodable) else None,
+        "repair": repair_view(node, keys, now),
     }
+
+
+def repair_view(node: Node, keys: Keys, now: float) -> dict[str, Any] | None:
+    """The node's repair as the controller records it; None without a readable one."""
+    repair = read_repair(node, keys)
+    if not isinstance(repair, Repair):
+        return None
+    since = parse_time(repair.since)
+    return {"state": repair.state, "since": repair.since or None,
+            "since_age_s": _age(since, now), "gpus": list(repair.gpus),
+            "reason": repair.reason, "attempts": len(repair.attempts)}
 
 
 def top_codes(health: Health | None) -> list[str]:

@@ -157,6 +157,11 @@ class Keys:
         return f"{self.own_prefix}node-name"
 
     @property
+    def gpu_reset(self) -> str:
+        """Label `true` on the controller's GPU-reset Jobs and their pods."""
+        return f"{self.own_prefix}gpu-reset"
+
+    @property
     def check(self) -> str:
         """Label on a diagnostic Job: the check key it runs."""
         return f"{self.own_prefix}check"

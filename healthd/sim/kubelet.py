@@ -20,8 +20,10 @@ on, directly on the emulator's store (its own writes stay out of the request log
 Modes: `Mode.RUN` (the above), `Mode.NEVER_SCHEDULE` (every pod stays unschedulable),
 `Mode.FAIL` (the container dies at once: exit 137, no message, no logs).
 
-`HealthdRunner(spec)` runs the container's own `healthd check ...` command here,
-on a simulated machine, so a diagnostic Job's result is real check output::
+`HealthdRunner(spec)` runs the container's own `healthd check ...` (or `healthd
+gpu-reset ...`) command here, on a simulated machine, so a diagnostic Job's result is
+real check output; with `control`, on the machine that control file names, the one
+the node's agent runs on (a GPU reset there is seen by the agent)::
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(FakeKubelet(api, runner=HealthdRunner("healthy-8xh100")).run)
@@ -86,12 +88,14 @@ async def succeed(pod: Obj) -> Termination:
 
 @dataclass
 class HealthdRunner:
-    """Plays a `healthd check ...` container here, on a simulated machine: runs the
+    """Plays a `healthd check ...` or `healthd gpu-reset ...` container here, on a
+    simulated machine (the one `control` names, when given): runs the
     pod's command with `python -m healthd.cli`, `--sim <spec>` added, the container's
     literal `env` values set, and the termination log redirected to a temporary file."""
 
     spec: str | Path
     timeout_s: float = 120.0
+    control: Path | None = None  # the machine's control file (`--sim-control`), if any
 
     def env(self, pod: Obj) -> dict[str, str]:
         """This process's environment plus the container's literal `env` values."""
@@ -106,7 +110,10 @@ class HealthdRunner:
         if command[:1] == ["healthd"]:
             command = command[1:]
         command = [str(termination_log) if a == TERMINATION_LOG else a for a in command]
-        return [sys.executable, "-m", "healthd.cli", *command, "--sim", str(self.spec)]
+        machine = ["--sim", str(self.spec)]
+        if self.control is not None:
+            machine += ["--sim-control", str(self.control)]
+        return [sys.executable, "-m", "healthd.cli", *command, *machine]
 
     async def __call__(self, pod: Obj) -> Termination:
         with tempfile.TemporaryDirectory() as folder:

@@ -39,6 +39,7 @@ from healthd.sim.fakenvml import FakeNvml, install, monotonic_clock
 from healthd.sim.kernellog import NotRecordedLog, SimKernelLog
 from healthd.sim.machine import MachineSpec, MachineSpecError, RdmaSpec, load_machine_spec
 from healthd.sim.network import SimNetwork
+from healthd.sim.nvidia_smi import command as nvidia_smi_command
 from healthd.sim.rdma import NotRecordedRdma, SimRdma
 from healthd.sim.recorded import missing_inputs, replayable
 from healthd.sim.shared import shared_machine
@@ -63,6 +64,7 @@ class SimulatedNode:
     kernel_log: SimKernelLog | None = None  # None: none (a recording that holds none)
     rdma: SimRdma | None = None  # the fake /sys/class/infiniband (None: not recorded)
     aer: SimAer | None = None  # the fake /sys/bus/pci/devices (None: not recorded)
+    control: Path | None = None  # the control file that names the machine, if any
 
     def start_files(self, workdir: Path) -> None:
         """Write the machine's files under `workdir`: its kernel log's history (unless
@@ -189,6 +191,17 @@ class SimulatedNode:
             dcgm = NO_DRIVER_DCGM
         return fake_dcgmi_command(dcgm)
 
+    def nvidia_smi(self) -> list[str]:
+        """The command standing in for `nvidia-smi` here (healthd.sim.nvidia_smi): it
+        resets GPUs of the machine the control file names (without one, of a machine
+        of its own in this machine's files)."""
+        control = self.control
+        if control is None:
+            assert self.workdir is not None
+            control = self.workdir / "nvidia-smi-control"
+            shared_machine(control, self.spec)
+        return nvidia_smi_command(control)
+
     def _rdma_root(self, configured: str) -> str:
         """Where the rdma check reads sysfs on this machine: the machine's tree, unless
         the config names a root of its own (`checks.rdma.params.sysfs_root`), which is
@@ -233,7 +246,8 @@ def simulate(source: str | Path | MachineSpec,
             workdir, elapsed = shared.root, shared.elapsed()
         fake = stack.enter_context(install(spec, clock=monotonic_clock(elapsed)))
         probe = SimBandwidthProbe(spec, clock=fake.clock, faults=fake.faults_for)
-        node = SimulatedNode(spec, fake, probe)
+        node = SimulatedNode(spec, fake, probe, control=None if control is None
+                             else Path(control))
         node.start_files(workdir)
         if control is not None:
             stack.enter_context(ControlFile(Path(control), node))

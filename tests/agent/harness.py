@@ -142,15 +142,16 @@ async def eventually(predicate: Callable[[], Any], timeout_s: float = 5.0,
 async def running_agent(api: ApiEmulator, tmp_path: Path, *,
                         spec: str | MachineSpec = "healthy-8xh100",
                         config: Config | None = None, seed: bool = True,
-                        wait_ready: bool = True, kube: Kube | None = None
-                        ) -> AsyncIterator[Harness]:
+                        wait_ready: bool = True, kube: Kube | None = None,
+                        control: Path | None = None) -> AsyncIterator[Harness]:
     """The agent on the test's loop, talking to `api` through a kubeconfig file (or
-    through `kube`, a client the test made)."""
+    through `kube`, a client the test made); on the machine `control` names, when
+    given (so a Job's `healthd ... --sim-control` reaches the same machine)."""
     if seed:
         api.seed(node_object())
     kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
     machine = spec if isinstance(spec, MachineSpec) else load_machine_spec(spec)
-    with simulate(machine.model_copy(update={"node": NODE})) as sim:
+    with simulate(machine.model_copy(update={"node": NODE}), control) as sim:
         agent = Agent(sim.adapt(config or fast_config()), node=NODE, kubeconfig=str(kubeconfig),
                       kube=kube, probes=sim.probes(),
                       http_port=0, registry=CollectorRegistry())

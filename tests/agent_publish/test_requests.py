@@ -84,10 +84,10 @@ def test_clear_true_is_a_clear_request_and_anything_else_an_error() -> None:
     assert bad.kind == "clear" and bad.error.startswith("healthd.io/clear must be true")
 
 
-def test_run_and_clear_together_are_two_requests() -> None:
+def test_run_and_clear_together_are_two_requests_the_clear_first() -> None:
     requests = read_requests(node_with({KEYS.run: "remapped", KEYS.clear: "true"}), KEYS,
                              REGISTRY)
-    assert [r.kind for r in requests] == ["run", "clear"]
+    assert [r.kind for r in requests] == ["clear", "run"]
 
 
 def test_request_id_comes_from_run_id_or_is_derived_stably() -> None:

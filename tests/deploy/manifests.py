@@ -28,6 +28,7 @@ ALERTS = ROOT / "dashboards" / "alerts.yaml"
 
 NAMESPACE = "healthd-system"
 PROBES = "healthd-system-probes"  # what the agents create: diagnostic Jobs, pvc probes
+REPAIR = "healthd-system-repair"  # what the controller creates: GPU-reset Jobs
 AGENT = f"system:serviceaccount:{NAMESPACE}:healthd-agent"
 CONTROLLER = f"system:serviceaccount:{NAMESPACE}:healthd-controller"
 

@@ -37,6 +37,7 @@ from tests.deploy.manifests import (
     NAMESPACE,
     OVERLAYS,
     PROBES,
+    REPAIR,
     ROOT,
     STACKS,
     Obj,
@@ -180,10 +181,10 @@ def test_healthd_config_validate_accepts_the_rendered_config(
 def test_the_release_namespace_is_made_by_helm_not_the_chart(helm_path: Path) -> None:
     """`helm install --create-namespace` makes it: Helm stores the release there before
     it creates any object, so a Namespace in the chart could never be the first. The
-    chart makes the one for what the agents create."""
+    chart makes the ones for what the agents and the controller create."""
     for name in sorted(KUSTOMIZE):
         namespaces = find(render_chart(helm_path, [values_path(name)]), "Namespace")
-        assert [n["metadata"]["name"] for n in namespaces] == [PROBES], name
+        assert [n["metadata"]["name"] for n in namespaces] == [PROBES, REPAIR], name
 
 
 @pytest.fixture
@@ -303,7 +304,7 @@ def test_another_namespace_reaches_rbac_policy_and_config(helm_path: Path,
     objects = render_chart(helm_path, namespace="autopilot")
     for obj in objects:
         assert obj["metadata"].get("namespace") in (None, "autopilot", "autopilot-probes",
-                                                    "default"), obj["kind"]
+                                                    "autopilot-repair", "default"), obj["kind"]
     for binding in find(objects, "RoleBinding") + find(objects, "ClusterRoleBinding"):
         for subject in binding["subjects"]:
             assert subject["namespace"] == "autopilot"
@@ -314,11 +315,16 @@ def test_another_namespace_reaches_rbac_policy_and_config(helm_path: Path,
     assert "system:serviceaccount:autopilot:healthd-agent" in \
         creates["spec"]["matchConditions"][0]["expression"]
     assert "request.namespace == 'autopilot-probes'" in yaml.safe_dump(creates)
-    assert [n["metadata"]["name"] for n in find(objects, "Namespace")] == ["autopilot-probes"]
+    assert [n["metadata"]["name"] for n in find(objects, "Namespace")] == [
+        "autopilot-probes", "autopilot-repair"]
+    controller = one(objects, "ValidatingAdmissionPolicy", "healthd-controller-node-writes")
+    assert "system:serviceaccount:autopilot:healthd-controller" in \
+        controller["spec"]["matchConditions"][0]["expression"]
     config = loaded(config_text(objects), tmp_path)
     assert (config.agent.peers.namespace, config.controller.election.namespace) == \
         ("autopilot",) * 2
     assert config.agent.deep_diagnostics.namespace == "autopilot-probes"
+    assert config.controller.repair.namespace == "autopilot-repair"
 
 
 def test_shadow_prefix_reaches_config_and_policy_not_the_tolerations(

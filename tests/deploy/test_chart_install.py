@@ -133,9 +133,10 @@ def node_metadata(kube: Run) -> dict[str, dict[str, Any]]:
 def test_every_documented_values_file_is_accepted_by_the_api_server(
         kube: Run, helm_run: Callable[..., subprocess.CompletedProcess[str]]) -> None:
     has_monitoring = kube("get", "crd", MONITORING_CRD, check=False).returncode == 0
-    # A dry run makes no namespace, so the chart's probe namespace must exist already
-    # (a real install creates it first: Helm orders Namespaces before the rest).
-    namespaces = (f"{NAMESPACE}-dryrun", f"{NAMESPACE}-dryrun-probes")
+    # A dry run makes no namespace, so the chart's probe and repair namespaces must exist
+    # already (a real install creates them first: Helm orders Namespaces before the rest).
+    namespaces = (f"{NAMESPACE}-dryrun", f"{NAMESPACE}-dryrun-probes",
+                  f"{NAMESPACE}-dryrun-repair")
     for namespace in namespaces:
         kube("create", "namespace", namespace)
     try:

@@ -25,6 +25,7 @@ from tests.deploy.manifests import (
     NAMESPACE,
     OVERLAYS,
     PROBES,
+    REPAIR,
     ROOT,
     Obj,
     find,
@@ -252,7 +253,7 @@ def test_services_reach_the_pods(kube: list[Obj]) -> None:
         assert all(p["targetPort"] in names for p in service["spec"]["ports"])
 
 
-def test_everything_lives_in_healthd_system_but_node_events_and_what_agents_create(
+def test_everything_lives_in_healthd_system_but_node_events_and_what_healthd_creates(
         kube: list[Obj]) -> None:
     elsewhere = {(o["kind"], o["metadata"]["name"], o["metadata"].get("namespace"))
                  for o in kube if o["metadata"].get("namespace") not in (None, NAMESPACE)}
@@ -260,7 +261,9 @@ def test_everything_lives_in_healthd_system_but_node_events_and_what_agents_crea
                          ("RoleBinding", "healthd-agent-events", "default"),
                          ("ServiceAccount", "healthd-diagnostic", PROBES),
                          *((kind, name, PROBES) for kind in ("Role", "RoleBinding")
-                           for name in ("healthd-agent-diagnostics", "healthd-agent-pvc-probe"))}
+                           for name in ("healthd-agent-diagnostics", "healthd-agent-pvc-probe")),
+                         ("Role", "healthd-controller-repair", REPAIR),
+                         ("RoleBinding", "healthd-controller-repair", REPAIR)}
 
 
 def test_no_account_of_the_probe_namespace_has_rights(kube: list[Obj]) -> None:

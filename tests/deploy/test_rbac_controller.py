@@ -1,12 +1,17 @@
 """The controller's RBAC, proven by running it: the real controller talks to the API
 emulator as its ServiceAccount with the manifests' Roles and bindings enforced. It
 takes the Lease, syncs its caches, publishes ping's peers on the Nodes, resets an
-AppWrapper on an EVICT node (re-reading
-it after a refused write), lowers and restores the slack queue's lendingLimit
-(re-reading the queue after a conflict), records Events, and hands the Lease over on
-stop. No request may be denied and every rule entry must decide one."""
+AppWrapper on an EVICT node (re-reading it after a refused write), lowers and
+restores the slack queue's lendingLimit (re-reading the queue after a conflict),
+starts a GPU reset on a node with a pending row remap (its repair annotation, the Job
+in the repair namespace, which it follows, and the failed Job's pod, which says why),
+records Events, and hands the Lease over on stop. No request may be denied and every
+rule entry must decide one."""
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 import pytest
 
@@ -33,6 +38,27 @@ from tests.controller.conftest import (
 from tests.controller.test_peering import agent_pod
 from tests.deploy.manifests import BASE, CONTROLLER, plain_resources
 
+Obj = dict[str, Any]
+
+
+def fail_job(api: ApiEmulator) -> None:
+    (job,) = api.list("Job", "healthd-system-repair")
+    job["status"] = {"failed": 1, "conditions": [
+        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}
+    api.put(job)
+
+
+def remap_pending(name: str) -> Obj:
+    """A node whose agent holds REMAP_PENDING on GPU 3: a GPU reset is due."""
+    held = {"code": "REMAP_PENDING", "check": "remapped", "entity": "gpu3",
+            "severity": "ERR", "sticky": False, "message": "", "since": "2026-01-01T00:00:00Z",
+            "uuid": "GPU-3"}
+    out = node(name, "ERR")
+    out["metadata"]["annotations"][KEYS.health] = json.dumps(
+        {"verdict": "ERR", "since": "2026-01-01T00:00:00Z", "top": "REMAP_PENDING",
+         "held": [held], "findings": [], "checks": {}})
+    return out
+
 pytestmark = pytest.mark.anyio
 
 
@@ -42,11 +68,12 @@ async def test_the_controller_needs_every_rule_and_no_more(
     api.authorizer = authz
     api.seed(node("n1"), node("n2"), appwrapper("a"), appwrapper("b"),
              gpu_pod("a", "n1"), gpu_pod("b", "n2"), default_flavor(), slack_queue(),
-             agent_pod(0, "n1"), agent_pod(1, "n2"))
+             agent_pod(0, "n1"), agent_pod(1, "n2"), node("n3"))
     # Someone else's write lands first, once on the AppWrapper and once on the queue.
     api.fail("PATCH", r"/apis/workload\.codeflare\.dev/.*/appwrappers/a/status", 409)
     api.fail("PATCH", r"/apis/kueue\.x-k8s\.io/.*/clusterqueues/.*", 409)
-    async with controllers(kube_for, settings(), CONTROLLER) as (ctl,):
+    async with controllers(kube_for, settings(repair={"enabled": True}),
+                           CONTROLLER) as (ctl,):
         await settled(ctl)
         await eventually(lambda: all(KEYS.peers in (api.get("Node", n) or {})["metadata"]
                                      .get("annotations", {}) for n in ("n1", "n2")))
@@ -56,5 +83,10 @@ async def test_the_controller_needs_every_rule_and_no_more(
         await eventually(lambda: events(api, "NodeEvicted") and events(api, "AppWrapperReset"))
         set_verdict(api, "n1", "PASS")
         await eventually(lambda: gpu_limit(api) is None)
+        api.put(remap_pending("n3"))
+        await eventually(lambda: api.list("Job", "healthd-system-repair")
+                         and events(api, "GPUReset"))
+        fail_job(api)  # as the Job controller does: the controller reads why from its pod
+        await eventually(lambda: events(api, "RepairFailed"))
     assert [str(r) for r in authz.denied] == []
     assert authz.unused(CONTROLLER) == []

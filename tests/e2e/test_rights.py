@@ -98,7 +98,7 @@ def test_a_token_not_bound_to_a_node_writes_no_node(
     assert healthd.label(own) is None
 
 
-def test_the_controller_resets_lends_and_writes_only_peers_on_a_node(
+def test_the_controller_resets_lends_and_writes_only_peers_and_repair_on_a_node(
         healthd: Healthd, two_nodes: tuple[str, str]) -> None:
     own, _ = two_nodes
     pod = healthd.running_pod("app.kubernetes.io/name=healthd-controller")
@@ -111,6 +111,8 @@ def test_the_controller_resets_lends_and_writes_only_peers_on_a_node(
         own, {"metadata": {"annotations": {"healthd.io/peers": peers}}})) == 200
     assert healthd.node(own)["metadata"]["annotations"]["healthd.io/peers"] == peers
     healthd.wait_for_node_policy(core, own)
+    assert _status(lambda: core.patch_node(own, {"metadata": {"annotations": {
+        "healthd.io/repair": None}}})) == 200
     refused = {
         "a verdict label": lambda: core.patch_node(own, _labels(**{VERDICT: "PASS"})),
         "the agent's health annotation": lambda: core.patch_node(

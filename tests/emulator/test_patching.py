@@ -1,6 +1,7 @@
 """PATCH in the three flavours the client sends: merge (null deletes), JSON patch with
-`test` (422 on failure, nothing written), strategic merge (conditions by type,
-containers by name, taints replaced whole; 415 on custom resources), and 409 on a
+`test` (422 on failure, nothing written; `null` tests that a member is absent),
+strategic merge (conditions by type, containers by name, taints replaced whole; 415 on
+custom resources), and 409 on a
 stale resourceVersion in the patch; 422 FieldValueTooLong when the annotations together
 pass 256 KiB."""
 
@@ -51,6 +52,23 @@ async def test_json_patch_failing_test_is_422_and_writes_nothing(kube: Kube) -> 
     node = await kube.call("CoreV1Api", "read_node", name)
     # Only our key: a real cluster's node TTL controller adds its own annotation.
     assert node.metadata.annotations["healthd.io/run"] == "newer"
+
+
+async def test_json_patch_test_of_null_passes_on_an_absent_member_only(kube: Kube) -> None:
+    """What guards a first write of an annotation (healthd.controller.repairs): a
+    `test` of `null` passes where the member is absent and fails where it is set."""
+    name = await _node(kube, annotations={"healthd.io/run": "all"})
+    pointer = "/metadata/annotations/healthd.io~1repair"
+    out = await kube.call("CoreV1Api", "patch_node", name, [
+        {"op": "test", "path": pointer, "value": None},
+        {"op": "add", "path": pointer, "value": "first"}])
+    assert out.metadata.annotations["healthd.io/repair"] == "first"
+    err = await kube.error("CoreV1Api", "patch_node", name, [
+        {"op": "test", "path": pointer, "value": None},
+        {"op": "add", "path": pointer, "value": "second"}])
+    assert err.status == 422
+    node = await kube.call("CoreV1Api", "read_node", name)
+    assert node.metadata.annotations["healthd.io/repair"] == "first"
 
 
 async def test_json_patch_on_custom_resource_status(ekube: Kube) -> None:

@@ -59,7 +59,11 @@ def seed_cluster(api: ApiEmulator) -> None:
                  annotations={KEYS.health: health("PASS", since_ago=7200, round_ago=20)}),
         gpu_node("n-evict", verdict="EVICT", annotations={KEYS.health: health(
             "EVICT", since_ago=300, round_ago=45,
-            held=(("XID_79", "EVICT"), ("REMAP_PENDING", "ERR")))}),
+            held=(("XID_79", "EVICT"), ("REMAP_PENDING", "ERR"))), KEYS.repair: json.dumps({
+                "state": "waiting", "since": stamp(60),
+                "reason": "1 running pod(s) still hold the node's GPUs",
+                "attempts": [{"remedy": "reset", "at": stamp(4000), "gpus": ["GPU-3"],
+                              "outcome": "passed"}]})}),
         gpu_node("n-err", verdict="ERR", unschedulable=True, labels={"pool": "b"},
                  annotations={KEYS.health: health("ERR", since_ago=90, round_ago=5,
                                                   held=(("REMAP_PENDING", "ERR"),), flaps=3)}),
@@ -169,7 +173,8 @@ async def test_a_bad_verdict_filter_is_a_usage_error(api: ApiEmulator, tmp_path:
 GOLDEN_TOP = ["controller", "filters", "generated_at", "nodes", "schema_version", "summary"]
 GOLDEN_NODE = ["agent", "agent_pod", "agent_ready", "agent_restarted_age_s", "agent_restarts",
                "blamed", "cordoned", "flaps", "gpus", "health_unreadable", "last_round",
-               "last_round_age_s", "name", "ready", "since", "since_age_s", "top_codes", "verdict"]
+               "last_round_age_s", "name", "ready", "repair", "since", "since_age_s", "top_codes",
+               "verdict"]
 GOLDEN_CONTROLLER = ["breaker", "kueue", "leader", "lending", "network", "problems", "resets",
                      "resets_last_hour"]
 GOLDEN_NETWORK = ["blamed", "isolated", "partitioned", "reporters", "why"]
@@ -192,16 +197,26 @@ async def test_the_json_schema_is_stable(api: ApiEmulator, tmp_path: Path) -> No
                                       "without_agent"]
 
 
+async def test_each_node_shows_its_repair(api: ApiEmulator, tmp_path: Path) -> None:
+    seed_cluster(api)
+    doc = await status_json(api, tmp_path)
+    rows = {row["name"]: row for row in doc["nodes"]}
+    assert rows["n-evict"]["repair"] == {
+        "state": "waiting", "since": stamp(60), "since_age_s": 60.0, "gpus": [],
+        "reason": "1 running pod(s) still hold the node's GPUs", "attempts": 1}
+    assert rows["n-pass"]["repair"] is None
+
+
 async def test_the_table(api: ApiEmulator, tmp_path: Path) -> None:
     seed_cluster(api)
     run = await healthd(api, tmp_path, "status", clock=lambda: NOW)
     lines = run.out.splitlines()
     assert lines[0].split() == ["NODE", "VERDICT", "SINCE", "TOP", "CODES", "FLAPS", "AGENT",
-                                "RESTARTS", "BLAMED", "NOTES"]
+                                "RESTARTS", "BLAMED", "REPAIR", "NOTES"]
     assert lines[2].split() == ["n-evict", "EVICT", "5m", "XID_79,REMAP_PENDING", "-", "ready",
-                                "0", "-", "-"]
+                                "0", "-", "waiting", "1m", "-"]
     assert lines[1].split() == ["n-err", "ERR", "1m30s", "REMAP_PENDING", "3", "NOT", "READY",
-                                "3", "(2m", "ago)", "-", "cordoned"]
+                                "3", "(2m", "ago)", "-", "-", "cordoned"]
     assert lines[3].split()[:7] == ["n-new", "NONE", "-", "-", "-", "NONE", "-"]
     assert "5 GPU nodes: " in run.out and "; 1 with an agent that is not ready" in run.out
     assert "reset breaker open" in run.out and "1 AppWrapper reset in the last hour" in run.out

@@ -16,6 +16,8 @@ query and alert expression is evaluated in.
   opens its circuit breaker;
 - the agents' pvc check probes a storage class that never binds and one that does
   not exist (UNKNOWN) and runs slower than its interval.
+- the controller repairs (`controller.repair.enabled`): gpu-node-g is in hardware
+  inspection, where an earlier repair left it.
 
 Prometheus scrapes every second with dashboards/alerts.yaml loaded. The agents start
 once the controller leads with its caches synced, so it watches gpu-node-b turn EVICT
@@ -81,8 +83,10 @@ CONFIG = {
     # Long enough that no load makes the one controller lose its Lease: a new term
     # relists and resets without the label change's time, and the latency is never seen.
     "controller": {"election": {"lease_duration": "120s", "renew_deadline": "90s",
-                                "retry_period": "1s"}},
+                                "retry_period": "1s"},
+                   "repair": {"enabled": True}},
 }
+INSPECTED = "gpu-node-g"  # an earlier repair handed it to humans
 # Not a timing claim: a guard against a scenario that hangs (a process stuck, a fact
 # that can never come about). A loaded machine takes longer, never this long.
 HANG_S = 600.0
@@ -130,7 +134,12 @@ def cluster() -> list[dict[str, Any]]:
               "metadata": {"name": "default-flavor"}, "spec": {}}
     storage = {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
                "metadata": {"name": "fast"}, "provisioner": "example.com/none"}
-    return [*(gpu_node(n) for n in AGENTS), *(gpu_node(n, "PASS") for n in IDLE_NODES),
+    inspected = gpu_node(INSPECTED, "EVICT")
+    inspected["metadata"]["annotations"] = {KEYS.repair: json.dumps(
+        {"state": "hardware-inspection", "since": "2026-01-01T00:00:00Z",
+         "reason": "no repair clears these findings", "attempts": []})}
+    return [*(gpu_node(n) for n in AGENTS),
+            *(gpu_node(n, "PASS") for n in IDLE_NODES if n != INSPECTED), inspected,
             *appwrapper("train-ok", "gpu-node-b"), *appwrapper(DOOMED, "gpu-node-b"),
             queue, flavor, storage]
 

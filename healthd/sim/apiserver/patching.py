@@ -69,11 +69,11 @@ def json_patch(target: Any, ops: Any) -> Any:
     if not isinstance(ops, list):
         raise ApiError.bad_request("a JSON patch must be a list of operations")
     try:
-        patch = jsonpatch.JsonPatch(ops)
+        jsonpatch.JsonPatch(ops)  # every operation well-formed before any applies
     except (jsonpatch.InvalidJsonPatch, TypeError, KeyError) as exc:
         raise ApiError.bad_request(f"invalid JSON patch: {exc}") from exc
     try:
-        return patch.apply(copy_json(target), in_place=True)
+        return _apply(ops, copy_json(target))
     except jsonpatch.JsonPatchTestFailed as exc:
         raise ApiError.invalid(f"the server rejected our request due to an error in our "
                                f"request: testing value failed: {exc}") from exc
@@ -81,6 +81,20 @@ def json_patch(target: Any, ops: Any) -> Any:
             KeyError, IndexError) as exc:
         raise ApiError.invalid(f"the server rejected our request due to an error in our "
                                f"request: {exc}") from exc
+
+
+def _apply(ops: list[Any], doc: Any) -> Any:
+    """`ops` applied as the real server's JSON-patch library does, where it differs
+    from RFC 6902: a `test` of `null` on an absent member of an existing object passes
+    (that library reads the absent member as null)."""
+    for raw in ops:
+        if isinstance(raw, dict) and raw.get("op") == "test" and "value" in raw \
+                and raw["value"] is None:
+            parent, key = jsonpatch.JsonPointer(raw.get("path", "")).to_last(doc)
+            if isinstance(parent, dict) and key not in parent:
+                continue
+        doc = jsonpatch.JsonPatch([raw]).apply(doc, in_place=True)
+    return doc
 
 
 def _strip_directives(value: Any) -> Any:

@@ -26,7 +26,7 @@ one from being replaced twice. */ -}}
 {{- if eq $path "base/probe-policy.yaml" -}}
 {{- $text = include "healthd.policyImages" (list $root $text) -}}
 {{- end -}}
-{{- if has $path (list "base/config.yaml" "base/node-policy.yaml" "base/probe-policy.yaml" "base/controller-peers-policy.yaml") -}}
+{{- if has $path (list "base/config.yaml" "base/node-policy.yaml" "base/controller-node-policy.yaml" "base/probe-policy.yaml") -}}
 {{- $text = $text | replace "autopilot.ibm.com/" "@@LABEL_PREFIX@@" | replace "healthd.io/" "@@OWN_PREFIX@@" -}}
 {{- $text = $text | replace "@@LABEL_PREFIX@@" $root.Values.labelPrefix | replace "@@OWN_PREFIX@@" $root.Values.ownPrefix -}}
 {{- end -}}

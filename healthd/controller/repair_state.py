@@ -1,0 +1,193 @@
+"""The repair's pure half on the controller's side: what a node's objects say to the
+decision (healthd.repair.decision), the next `repair` annotation for each step, the
+validation request, and whether a validation passed.
+
+Nothing here reads the API or the clock: the executor (healthd.controller.repairs)
+passes the node as its cache holds it, and `now`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from healthd.config import Config
+from healthd.kube.conventions import Keys
+from healthd.kube.objects import annotations_of, labels_of, spec_of
+from healthd.kube.shapes import Node
+from healthd.published import (
+    Health,
+    Holding,
+    LastRun,
+    Repair,
+    RepairAttempt,
+    dumps,
+    read_health,
+    read_last_run,
+    read_repair,
+)
+from healthd.repair.decision import OPT_OUT_LABEL, Attempt, Policy, Remedy, Situation, findings_of
+from healthd.requests import pointer
+from healthd.util.times import parse_time, rfc3339
+
+IDLE = ""
+WAITING = "waiting"
+HELD = "held"
+RESETTING = "resetting"
+VALIDATING = "validating"
+INSPECTION = "hardware-inspection"
+NOT_FAILING = frozenset({"PASS", "WARN", "SKIPPED"})  # a validation check that says so
+RUN_ID_PREFIX = "repair-"
+
+
+@dataclass(frozen=True)
+class NodeRepair:
+    """One node's repair as its cached object shows it."""
+
+    name: str
+    repair: Repair  # an empty idle one when the node has none (or an unreadable one)
+    raw: str | None  # the annotation's text as read: what a write's `test` guards
+    held: tuple[Holding, ...]
+    last_run: LastRun | None
+    opted_out: bool
+    cordoned: bool
+    uid: str = ""  # names the node in Events (no read to find it)
+
+    @property
+    def state(self) -> str:
+        return self.repair.state
+
+
+def node_repair(node: Node, keys: Keys) -> NodeRepair:
+    """What the node's labels, annotations and spec say about its repair."""
+    annotations = annotations_of(node)
+    repair = read_repair(node, keys)
+    health = read_health(node, keys)
+    last = read_last_run(node, keys)
+    return NodeRepair(
+        name=str(node.get("metadata", {}).get("name", "")),
+        repair=repair if isinstance(repair, Repair) else Repair(IDLE, ""),
+        raw=annotations.get(keys.repair),
+        held=health.held if isinstance(health, Health) else (),
+        last_run=last if isinstance(last, LastRun) else None,
+        opted_out=labels_of(node).get(OPT_OUT_LABEL, "").lower() == "true",
+        cordoned=spec_of(node).get("unschedulable") is True,
+        uid=str(node.get("metadata", {}).get("uid", "")))
+
+
+def history(repair: Repair) -> tuple[Attempt, ...]:
+    """The attempts the budget counts (unreadable entries left out)."""
+    out = []
+    for a in repair.attempts:
+        at = parse_time(a.at)
+        if at is not None and a.remedy in (Remedy.RESET, Remedy.REBOOT):
+            out.append(Attempt(Remedy(a.remedy), at, a.gpus))
+    return tuple(out)
+
+
+def situation(node: NodeRepair, *, now: float, pods_on_gpus: int,
+              breaker_open: bool) -> Situation:
+    """The decision's input. A cordon is someone else's: healthd never cordons."""
+    return Situation(findings=findings_of(node.held), now=now, history=history(node.repair),
+                     in_inspection=node.state == INSPECTION, pods_on_gpus=pods_on_gpus,
+                     opted_out=node.opted_out, foreign_cordon=node.cordoned,
+                     breaker_open=breaker_open)
+
+
+def repaired(held: Iterable[Holding], policy: Policy) -> tuple[Holding, ...]:
+    """The held findings a repair is for (those the remedy table names)."""
+    return tuple(h for h in held if policy.remedy(h.code) is not None)
+
+
+def first_since(held: Iterable[Holding]) -> float | None:
+    """When the earliest of `held` was first held."""
+    times = [t for h in held if (t := parse_time(h.since)) is not None]
+    return min(times) if times else None
+
+
+def admin_cleared(node: NodeRepair) -> bool:
+    """An admin's clear (`healthd.io/clear=true`), answered by the agent after the node
+    went to hardware inspection: humans say it is repaired."""
+    last, since = node.last_run, parse_time(node.repair.since)
+    if last is None or last.kind != "clear" or not last.accepted or since is None:
+        return False
+    started = parse_time(last.start)
+    return started is not None and started > since
+
+
+# -- the next annotation -----------------------------------------------------------------
+
+
+def with_state(repair: Repair, state: str, reason: str, now: float,
+               gpus: Sequence[str] = ()) -> Repair:
+    """`repair` in `state` (no Job, no validation in flight), history kept."""
+    return Repair(state=state, since=rfc3339(now), reason=reason, gpus=tuple(gpus),
+                  attempts=repair.attempts)
+
+
+def started_reset(repair: Repair, *, job: str, gpus: Sequence[str], reason: str,
+                  now: float, held: Iterable[Holding]) -> Repair:
+    """A new reset attempt, its Job named before it is created; it remembers the
+    checks that raised `held` (the findings it is for), which validate it."""
+    attempt = RepairAttempt(Remedy.RESET.value, rfc3339(now), tuple(gpus), "")
+    checks = tuple(dict.fromkeys(h.check for h in held if h.check))
+    return Repair(state=RESETTING, since=rfc3339(now), reason=reason, gpus=tuple(gpus),
+                  job=job, attempts=(*repair.attempts, attempt), checks=checks)
+
+
+def validating(repair: Repair, now: float) -> Repair:
+    """The reset done: the validation request in flight, under its run id."""
+    run_id = f"{RUN_ID_PREFIX}{len(repair.attempts)}"
+    return replace(repair, state=VALIDATING, since=rfc3339(now), job="", run_id=run_id)
+
+
+def finished(repair: Repair, outcome: str, reason: str, now: float) -> Repair:
+    """The attempt in flight ended with `outcome`; the node is idle again."""
+    attempts = repair.attempts
+    if attempts and not attempts[-1].outcome:
+        attempts = (*attempts[:-1], replace(attempts[-1], outcome=outcome))
+    return Repair(state=IDLE, since=rfc3339(now), reason=reason, attempts=attempts)
+
+
+def validation_set(config: Config, repair: Repair) -> str:
+    """What runs after a reset (a `healthd.io/run` value): the checks that raised the
+    repaired findings, then the configured validation checks the agents' config
+    enables; `all` should there be none."""
+    keys = list(repair.checks)
+    keys += [k for k in config.controller.repair.validation
+             if config.check_section(k.partition(":")[0]).enabled]
+    return ",".join(dict.fromkeys(keys)) or "all"
+
+
+def validation_passed(last: LastRun, held: Iterable[Holding], policy: Policy) -> str:
+    """"" when the validation passed, else why not: every check ran and none failed,
+    and no finding a repair is for is held any more."""
+    if not last.accepted:
+        return f"the validation was refused: {last.error}"
+    failing = sorted(k for k, status in last.checks.items() if status not in NOT_FAILING)
+    if failing:
+        return "validation failed: " + ", ".join(f"{k} {last.checks[k]}" for k in failing)
+    left = repaired(held, policy)
+    if left:
+        return "still held after the repair: " + ", ".join(
+            sorted({f"{h.code} on {h.entity}" for h in left}))
+    return ""
+
+
+# -- the write ---------------------------------------------------------------------------
+
+
+def repair_ops(node: NodeRepair, new: Repair, keys: Keys,
+               extra: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """A JSON patch writing `new` only over the annotation as read (its text, or none),
+    plus `extra` annotations (a request)."""
+    path = pointer(keys.repair)
+    # `null` tests that there is none yet (the API server's JSON patch reads an absent
+    # member as null): no version test, which a cache that drops unchanged events
+    # could hold stale for good. A node with findings to repair has annotations.
+    ops: list[dict[str, Any]] = [{"op": "test", "path": path, "value": node.raw}]
+    ops.append({"op": "add", "path": path, "value": dumps(new.to_json())})
+    for key, value in (extra or {}).items():
+        ops.append({"op": "add", "path": pointer(key), "value": value})
+    return ops

@@ -1,0 +1,386 @@
+"""Repairs, executed: the controller's part after the AppWrapper reset (only with
+`controller.repair.enabled`).
+
+`RepairReactor` follows the caches (`handle`: a node or one of its GPU pods changed)
+and its own watch of the GPU-reset Jobs, and for each GPU node it looks at, does the
+one step the node's `repair` annotation and the decision (healthd.repair.decision)
+call for. The annotation is the state: the controller is its only writer, every
+write is a JSON patch whose `test` guards the value read (a second leader or a stale
+cache gets a refusal, never a double step), and a new leader carries on from it.
+
+    idle/waiting/held  decide: reset GPUs, request a reboot, wait, hold, inspection
+    resetting          the GPU-reset Job (healthd.controller.reset_job) is created,
+                       again under the same name by a new leader; when it succeeds
+                       -> validating; when it fails (or its deadline passes) the
+                       attempt failed
+    validating         `healthd.io/clear=true` and `healthd.io/run` (the validation
+                       set, run id `repair-<attempt>`) were written with the state;
+                       the agent's `last-run` answer under that id passes or fails
+                       the attempt; no answer within `validation_timeout` fails it
+    hardware-inspection  sticky: nothing more until an admin's clear
+                       (`healthd.io/clear=true`) is answered by the node's agent;
+                       then idle, history kept
+
+The annotation is written first, the Job created second: a leader killed in between
+leaves `resetting` with the Job's name, and the next one creates that Job (an
+AlreadyExists is fine). Every state change posts one Event on the Node; a state
+that does not change is not written (zero writes in steady state). A running GPU
+pod is known from the AppWrapper pods cache; any other pod holding a GPU keeps the
+Job unscheduled (it requests every GPU of the node) until its deadline fails it.
+
+In dry run nothing is written: each decision is logged and counted once per change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from healthd.capacity.health import gpu_count
+from healthd.config import Config
+from healthd.controller.caches import NODES_KIND, PODS_KIND, Caches
+from healthd.controller.evictions import Worklist
+from healthd.controller.metrics import ControllerMetrics
+from healthd.controller.repair_state import (
+    HELD,
+    IDLE,
+    INSPECTION,
+    RESETTING,
+    VALIDATING,
+    WAITING,
+    NodeRepair,
+    admin_cleared,
+    finished,
+    first_since,
+    node_repair,
+    repair_ops,
+    repaired,
+    situation,
+    started_reset,
+    validating,
+    validation_passed,
+    validation_set,
+    with_state,
+)
+from healthd.controller.reset_job import (
+    failed_gpus,
+    failure_of,
+    job_name,
+    job_outcome,
+    reset_job,
+)
+from healthd.controller.resets import counts
+from healthd.kube.client import Kube
+from healthd.kube.conventions import Keys
+from healthd.kube.errors import Conflict, Invalid, KubeError, NotFound
+from healthd.kube.events import EventRecorder
+from healthd.kube.objects import (
+    JOBS,
+    NODES,
+    PODS,
+    annotations_of,
+    container_statuses_of,
+    items_of,
+    name_of,
+    node_name_of,
+)
+from healthd.kube.shapes import KubeObject, Node, Pod, part, view
+from healthd.kube.watching import DELETED, watch_forever
+from healthd.published import Repair, read_repair
+from healthd.repair.decision import Decision, Policy, Step, decide
+from healthd.util.times import parse_time
+
+log = logging.getLogger(__name__)
+
+SETTLE_S = 0.1  # a burst of node events is looked at once
+RETRY_S = 5.0  # a step the API refused for a reason other than a conflict is retried
+REBOOT_NOT_CONFIGURED = "reboot needed: no reboot hand-off configured yet"
+ACTIONS = {Step.RESET_GPUS: "reset", Step.REBOOT: "reboot", Step.WAIT: "wait",
+           Step.HELD: "held", Step.HARDWARE_INSPECTION: "hardware-inspection",
+           Step.NOTHING: "nothing"}
+
+
+class RepairReactor:
+    """Turns node changes into repair steps; see the module docstring."""
+
+    def __init__(self, kube: Kube, caches: Caches, events: EventRecorder, *, config: Config,
+                 metrics: ControllerMetrics, breaker_open: Callable[[], bool],
+                 clock: Callable[[], float] = time.time) -> None:
+        self._kube, self._caches, self._events = kube, caches, events
+        self._config = config
+        self._settings = config.controller
+        self._repair = config.controller.repair
+        self._policy = Policy.from_settings(self._repair)
+        self._keys = Keys(config.label_prefix, config.own_prefix)
+        self._metrics, self._breaker_open, self._clock = metrics, breaker_open, clock
+        self._work = Worklist()
+        self.jobs: dict[str, dict[str, Any]] = {}  # GPU-reset Job name -> as last seen
+        self._ensured: set[str] = set()  # Jobs created (or found) this term
+        self._fault_since: dict[str, float] = {}  # node -> its repaired findings' start
+        self._told: dict[str, tuple[str, str]] = {}  # dry run: the decision last logged
+        self._inspection: set[str] = set()  # nodes in hardware inspection
+        self._timers: dict[str, float] = {}
+        self._group: anyio.abc.TaskGroup | None = None
+
+    # -- following the caches ------------------------------------------------------
+
+    def handle(self, kind: str, old: KubeObject | None, new: KubeObject | None) -> None:
+        """The caches' change callback (quick, never blocks)."""
+        if kind == NODES_KIND:
+            name = name_of(new or old or {})
+            self._count_inspection(name, None if new is None else view(Node, new))
+            self._work.mark(name)
+        elif kind == PODS_KIND and (node := node_name_of(view(Pod, new or old))):
+            self._work.mark(node)
+
+    def _count_inspection(self, name: str, node: Node | None) -> None:
+        repair = read_repair(node, self._keys) if node is not None else None
+        in_inspection = isinstance(repair, Repair) and repair.state == INSPECTION
+        (self._inspection.add if in_inspection else self._inspection.discard)(name)
+        self._metrics.set_in_inspection(len(self._inspection))
+
+    # -- the loop ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Wait for the nodes and pods, then repair until cancelled."""
+        await self._caches.wait_synced((NODES_KIND, PODS_KIND))
+        async with anyio.create_task_group() as group:
+            self._group = group
+            group.start_soon(self._watch_jobs)
+            for name in list(self._caches.nodes.keys()):
+                self._work.mark(name)
+            while True:
+                for name in await self._work.take(SETTLE_S):
+                    try:
+                        await self._evaluate(name)
+                    except KubeError as exc:
+                        log.warning("repair of node %s: %s; retrying in %g s", name, exc,
+                                    RETRY_S, extra={"node": name})
+                        self._later(name, RETRY_S)
+                    except Exception:  # one node's odd object must not stop the others
+                        log.exception("repair of node %s failed", name, extra={"node": name})
+
+    async def _watch_jobs(self) -> None:
+        async for event in watch_forever(self._kube, JOBS, self._repair.namespace,
+                                         label_selector=f"{self._keys.gpu_reset}=true"):
+            job = event.object
+            if event.type == DELETED:
+                self.jobs.pop(name_of(job), None)
+            else:
+                self.jobs[name_of(job)] = job
+            if node := annotations_of(job).get(self._keys.node_name):
+                self._work.mark(node)
+
+    def _later(self, name: str, delay_s: float) -> None:
+        """Look at node `name` again in `delay_s`; one timer per node."""
+        due = anyio.current_time() + max(0.0, delay_s)
+        if self._group is None or self._timers.get(name, math.inf) <= due:
+            return
+        self._timers[name] = due
+
+        async def fire() -> None:
+            await anyio.sleep_until(due)
+            if self._timers.get(name) == due:
+                del self._timers[name]
+                self._work.mark(name)
+
+        self._group.start_soon(fire)
+
+    # -- one node ------------------------------------------------------------------
+
+    async def _evaluate(self, name: str) -> None:
+        node = self._caches.nodes.get(name)
+        if node is None or gpu_count(node, self._settings.gpu_resource,
+                                     self._settings.capacity_source) <= 0:
+            return
+        current = node_repair(node, self._keys)
+        now = self._clock()
+        if self._settings.dry_run:
+            self._tell(name, self._decide(node, current, now))
+        elif current.state == RESETTING:
+            await self._follow_reset(node, current, now)
+        elif current.state == VALIDATING:
+            await self._follow_validation(current, now)
+        elif current.state == INSPECTION and admin_cleared(current):
+            await self._write(current, with_state(current.repair, IDLE, "cleared by an admin",
+                                                  now),
+                              event=("Normal", "HardwareInspectionCleared",
+                                     "an admin cleared the node: repairs may resume"))
+        else:
+            await self._step(node, current, self._decide(node, current, now), now)
+
+    def _decide(self, node: Node, current: NodeRepair, now: float) -> Decision:
+        pods = sum(counts(p, self._settings.gpu_resource)
+                   for p in self._caches.pods_on_node(current.name))
+        return decide(situation(current, now=now, pods_on_gpus=pods,
+                                breaker_open=self._breaker_open()), self._policy)
+
+    def _tell(self, name: str, decision: Decision) -> None:
+        """Dry run: log and count a decision once per change."""
+        said = (decision.step.value, decision.reason)
+        if self._told.get(name) == said:
+            return
+        self._told[name] = said
+        if decision.step is not Step.NOTHING:
+            log.info("dry run: node %s: would %s: %s", name, decision.step.value,
+                     decision.reason, extra={"node": name})
+            self._metrics.count_repair(ACTIONS[decision.step], "dry-run")
+
+    async def _step(self, node: Node, current: NodeRepair, decision: Decision,
+                    now: float) -> None:
+        step, why = decision.step, decision.reason
+        if step is Step.RESET_GPUS:
+            await self._start_reset(node, current, decision, now)
+        elif step is Step.REBOOT:
+            await self.request_reboot(current, decision, now)
+        elif step is Step.WAIT:
+            await self._settle(current, WAITING, why, now, ("Normal", "RepairWaiting"), step)
+        elif step is Step.HELD:
+            await self._settle(current, HELD, why, now, ("Normal", "RepairHeld"), step)
+        elif step is Step.HARDWARE_INSPECTION:
+            await self._settle(current, INSPECTION, why, now,
+                               ("Warning", "HardwareInspection"), step)
+        elif current.state != IDLE:
+            await self._write(current, with_state(current.repair, IDLE, why, now))
+
+    async def request_reboot(self, current: NodeRepair, decision: Decision,
+                             now: float) -> None:
+        """The seam for the reboot hand-off: for now the node is held, saying so."""
+        await self._settle(current, HELD, f"{REBOOT_NOT_CONFIGURED} ({decision.reason})", now,
+                           ("Warning", "RebootNeeded"), Step.REBOOT)
+
+    async def _settle(self, current: NodeRepair, state: str, reason: str, now: float,
+                      event: tuple[str, str], step: Step) -> None:
+        """Enter `state` unless the node is in it already for the same reason (or at
+        all, for hardware inspection: its reason is the one it was entered for)."""
+        if current.state == state and (current.repair.reason == reason or state == INSPECTION):
+            return
+        message = f"{state}: {reason}"
+        if await self._write(current, with_state(current.repair, state, reason, now),
+                             event=(*event, message)):
+            self._metrics.count_repair(ACTIONS[step], "started")
+
+    # -- a GPU reset ---------------------------------------------------------------
+
+    async def _start_reset(self, node: Node, current: NodeRepair, decision: Decision,
+                           now: float) -> None:
+        attempt = len(current.repair.attempts) + 1
+        job = job_name(current.name, attempt)
+        new = started_reset(current.repair, job=f"{self._repair.namespace}/{job}",
+                            gpus=decision.gpus, reason=decision.reason, now=now,
+                            held=repaired(current.held, self._policy))
+        message = (f"resetting {', '.join(decision.gpus)} (attempt {attempt}, Job "
+                   f"{new.job}): {decision.reason}")
+        if not await self._write(current, new, event=("Normal", "GPUReset", message)):
+            return
+        since = first_since(repaired(current.held, self._policy))
+        if since is not None:
+            self._fault_since[current.name] = since
+        self._metrics.count_repair("reset", "started")
+        await self._ensure_job(node, new, attempt)
+
+    async def _ensure_job(self, node: Node, repair: Repair, attempt: int) -> None:
+        """Create the attempt's Job unless this term did; one that exists is it."""
+        name = job_name(name_of(node), attempt)
+        if name in self._ensured or name in self.jobs:
+            return
+        count = int(gpu_count(node, self._settings.gpu_resource, self._settings.capacity_source))
+        body = reset_job(name_of(node), attempt, repair.gpus, count, self._config)
+        with contextlib.suppress(Conflict):  # AlreadyExists: an earlier leader created it
+            await self._kube.create(JOBS, body)
+        self._ensured.add(name)
+
+    async def _follow_reset(self, node: Node, current: NodeRepair, now: float) -> None:
+        repair = current.repair
+        attempt = len(repair.attempts)
+        await self._ensure_job(node, repair, attempt)
+        job = self.jobs.get(job_name(current.name, attempt))
+        outcome = job_outcome(job) if job is not None else ""
+        if outcome == "failed" and job is not None:
+            why = await self._reset_output(job) or failure_of(job)
+            await self._finish(current, "failed",
+                               f"the GPU-reset Job {repair.job} failed: {why}", now)
+        elif outcome == "succeeded":
+            new = validating(repair, now)
+            checks = validation_set(self._config, repair)
+            extra = {self._keys.clear: "true", self._keys.run: checks,
+                     self._keys.run_id: new.run_id}
+            if await self._write(current, new, extra=extra, event=(
+                    "Normal", "RepairValidating", f"GPU reset done; validating: {checks}")):
+                self._later(current.name, self._repair.validation_timeout)
+
+    async def _reset_output(self, job: dict[str, Any]) -> str:
+        """What its pod's termination message says of the GPUs it could not reset."""
+        uid = job.get("metadata", {}).get("uid", "")
+        try:
+            listing = await self._kube.list(PODS, self._repair.namespace,
+                                            label_selector=f"controller-uid={uid}")
+        except KubeError:
+            return ""
+        for pod in items_of(listing, Pod):
+            for status in container_statuses_of(pod):
+                message = part(part(status.get("state")).get("terminated")).get("message")
+                if isinstance(message, str) and (said := failed_gpus(message)):
+                    return said
+        return ""
+
+    async def _follow_validation(self, current: NodeRepair, now: float) -> None:
+        last, repair = current.last_run, current.repair
+        if last is not None and last.id == repair.run_id:
+            why = validation_passed(last, current.held, self._policy)
+            await self._finish(current, "failed" if why else "passed",
+                               why or f"validation passed: {last.request}", now)
+            return
+        started = parse_time(repair.since) or now
+        left = started + self._repair.validation_timeout - now
+        if left > 0:
+            self._later(current.name, left)
+            return
+        await self._finish(current, "failed", "the node's agent did not answer the "
+                           f"validation within {self._repair.validation_timeout:g} s", now)
+
+    async def _finish(self, current: NodeRepair, outcome: str, why: str, now: float) -> None:
+        remedy = current.repair.attempts[-1].remedy if current.repair.attempts else "reset"
+        passed = outcome == "passed"
+        event = ("Normal", "RepairSucceeded", why) if passed else (
+            "Warning", "RepairFailed", why)
+        if not await self._write(current, finished(current.repair, outcome, why, now),
+                                 event=event):
+            return
+        self._metrics.count_repair(remedy, outcome)
+        since = self._fault_since.pop(current.name, None)
+        if passed and since is not None:
+            self._metrics.observe_fault_to_pass(now - since)
+
+    # -- writing ---------------------------------------------------------------------
+
+    async def _write(self, current: NodeRepair, new: Repair, *,
+                     extra: dict[str, str] | None = None,
+                     event: tuple[str, str, str] | None = None) -> bool:
+        """Write `new` over the annotation as read; False when it changed meanwhile
+        (the watch brings the new copy, which is looked at again)."""
+        try:
+            await self._kube.json_patch(NODES, current.name,
+                                        repair_ops(current, new, self._keys, extra))
+        except (Invalid, Conflict, NotFound) as exc:
+            log.info("node %s: repair annotation changed meanwhile (%s); looking again",
+                     current.name, exc, extra={"node": current.name})
+            return False
+        log.info("node %s: repair %s -> %s: %s", current.name, current.state or "idle",
+                 new.state or "idle", new.reason, extra={"node": current.name})
+        if event is not None:
+            await self._events.record(_node_ref(current), type=event[0],
+                                      reason=event[1], message=event[2])
+        return True
+
+
+def _node_ref(node: NodeRepair) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name,
+                                                            "uid": node.uid}}

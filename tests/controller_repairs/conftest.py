@@ -1,0 +1,132 @@
+"""A repaired node end to end on the API emulator: the real agent on a simulated
+machine (in-process), the real controller (with repairs on), and the fake Job
+controller, scheduler and kubelet, which run the GPU-reset Job's own `healthd
+gpu-reset` command on that same machine (its control file), through the simulated
+nvidia-smi. What the tests read is what a user sees: the Node's label, its
+annotations, Events, the Jobs, the controller's metrics."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from healthd.config import Config
+from healthd.config.controller import ControllerSettings
+from healthd.sim.apiserver import ApiEmulator
+from healthd.sim.apiserver.testing import api  # noqa: F401
+from healthd.sim.kubelet import FakeKubelet, HealthdRunner
+from healthd.sim.machine import MachineSpec, load_machine_spec
+from tests.agent.harness import NODE, Harness, fast_config, running_agent
+from tests.controller.conftest import (  # noqa: F401  (pytest fixtures)
+    KubeFactory,
+    Replica,
+    controllers,
+    kube_for,
+)
+
+pytestmark = pytest.mark.anyio
+Obj = dict[str, Any]
+GPU = "nvidia.com/gpu"
+REPAIR_NS = "healthd-system-repair"
+REPAIR = "healthd.io/repair"
+OPT_OUT = "remediation.medik8s.io/exclude-from-remediation"
+
+
+def gpu_node(*, labels: dict[str, str] | None = None, cordoned: bool = False) -> Obj:
+    capacity = {GPU: "8", "cpu": "64", "memory": "512Gi", "pods": "110"}
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": NODE, "labels": dict(labels or {}), "annotations": {}},
+            "spec": {"unschedulable": True} if cordoned else {},
+            "status": {"capacity": capacity, "allocatable": capacity}}
+
+
+def gpu_pod(name: str = "trainer-0") -> Obj:
+    """A running pod of AppWrapper `trainer` holding 2 of the node's GPUs."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "team-a",
+                         "labels": {"workload.codeflare.dev/appwrapper": "trainer"}},
+            "spec": {"nodeName": NODE, "containers": [
+                {"name": "main", "image": "trainer",
+                 "resources": {"requests": {GPU: "2"}, "limits": {GPU: "2"}}}]},
+            "status": {"phase": "Running"}}
+
+
+def controller_config(**repair: Any) -> Config:
+    """The agents' checks (so the validation set is what they run) and a controller
+    that repairs, with test timings."""
+    controller = ControllerSettings.model_validate({
+        "election": {"lease_duration": "1s", "renew_deadline": "500ms",
+                     "retry_period": "100ms"},
+        "breaker": {"hold": "1s"},
+        "repair": {"enabled": True, "validation_timeout": "60s", **repair}})
+    return fast_config().model_copy(update={"controller": controller})
+
+
+def hardware(spec: MachineSpec) -> MachineSpec:
+    """`spec` with every fault marked as surviving resets and reboots."""
+    faults = [f.model_copy(update={"hardware": True}) for f in spec.faults]
+    return spec.model_copy(update={"faults": faults})
+
+
+@dataclass
+class Cluster:
+    api: ApiEmulator
+    agent: Harness
+    kubelet: FakeKubelet
+    replica: Replica
+
+    def node(self) -> Obj:
+        return self.api.get("Node", NODE)
+
+    def repair(self) -> Obj | None:
+        text = (self.node()["metadata"].get("annotations") or {}).get(REPAIR)
+        return json.loads(text) if text else None
+
+    def state(self) -> str | None:
+        doc = self.repair()
+        return None if doc is None else str(doc["state"])
+
+    def jobs(self) -> list[Obj]:
+        return list(self.api.list("Job", REPAIR_NS))
+
+    def events(self, reason: str) -> list[Obj]:
+        return [e for e in self.api.list("Event") if e.get("reason") == reason
+                and e["involvedObject"].get("name") == NODE]
+
+    def repair_writes(self) -> list[Any]:
+        """Accepted Node writes by the controller (its API user is `ctl`)."""
+        return [r for r in self.api.writes("PATCH", rf"/api/v1/nodes/{NODE}")
+                if r.status == 200 and r.user == "ctl"]
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.replica.sample(name, labels)
+
+
+@asynccontextmanager
+async def cluster(api: ApiEmulator, kube_for: KubeFactory, tmp_path: Path,  # noqa: F811
+                  *, spec: str | MachineSpec = "remap-pending", node: Obj | None = None,
+                  config: Config | None = None, pods: tuple[Obj, ...] = ()
+                  ) -> AsyncIterator[Cluster]:
+    """The node (seeded), its agent, the kubelet playing Jobs on its machine, and one
+    controller replica `ctl`."""
+    machine = spec if isinstance(spec, MachineSpec) else load_machine_spec(spec)
+    machine = machine.model_copy(update={"node": NODE})
+    spec_file, control = tmp_path / "machine.json", tmp_path / "machine.control"
+    spec_file.write_text(machine.model_dump_json())
+    control.touch()
+    api.seed(node or gpu_node(), *pods)
+    kubelet = FakeKubelet(api, runner=HealthdRunner(spec_file, control=control))
+    async with anyio.create_task_group() as group:
+        group.start_soon(kubelet.run)
+        async with running_agent(api, tmp_path, spec=machine, seed=False,
+                                 control=control) as agent, \
+                controllers(kube_for, config or controller_config(), "ctl") as (replica,):
+            yield Cluster(api, agent, kubelet, replica)
+        group.cancel_scope.cancel()

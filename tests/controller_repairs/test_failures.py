@@ -1,0 +1,71 @@
+"""A reset that fails, and a validation nobody answers: the attempt fails, says why,
+and the next decision escalates by the history. No agent runs here: the node shows
+what an agent left on it (REMAP_PENDING held on GPU 3)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import pytest
+
+from healthd.sim.apiserver import ApiEmulator
+from healthd.sim.kubelet import FakeKubelet, Mode
+from tests.agent.harness import KEYS, NODE, eventually
+from tests.controller.conftest import KubeFactory, controllers
+from tests.controller_repairs.conftest import controller_config, gpu_node
+
+pytestmark = pytest.mark.anyio
+
+
+def held_node() -> dict[str, object]:
+    node = gpu_node()
+    held = {"code": "REMAP_PENDING", "check": "remapped", "entity": "gpu3", "severity": "ERR",
+            "sticky": False, "message": "", "since": "2026-01-01T00:00:00Z", "uuid": "GPU-3"}
+    node["metadata"]["labels"][KEYS.gpuhealth] = "ERR"  # type: ignore[index]
+    node["metadata"]["annotations"][KEYS.health] = json.dumps(  # type: ignore[index]
+        {"verdict": "ERR", "since": "2026-01-01T00:00:00Z", "top": "REMAP_PENDING",
+         "held": [held], "findings": [], "checks": {}})
+    return node
+
+
+def attempts(api: ApiEmulator) -> list[tuple[str, str]]:
+    text = (api.get("Node", NODE)["metadata"].get("annotations") or {}).get(KEYS.repair)
+    return [(a["outcome"], a["remedy"]) for a in json.loads(text)["attempts"]] if text else []
+
+
+def failures(api: ApiEmulator) -> list[str]:
+    return [e["message"] for e in api.list("Event") if e.get("reason") == "RepairFailed"]
+
+
+@asynccontextmanager
+async def running(api: ApiEmulator, kube_for: KubeFactory, mode: Mode,
+                  **repair: object) -> AsyncIterator[FakeKubelet]:
+    api.seed(held_node())
+    kubelet = FakeKubelet(api, mode=mode)
+    async with anyio.create_task_group() as group:
+        group.start_soon(kubelet.run)
+        async with controllers(kube_for, controller_config(**repair), "ctl"):
+            yield kubelet
+        group.cancel_scope.cancel()
+
+
+async def test_a_failed_reset_job_fails_the_attempt_and_two_lead_to_a_reboot(
+        api: ApiEmulator, kube_for: KubeFactory) -> None:
+    async with running(api, kube_for, Mode.FAIL) as kubelet:
+        await eventually(lambda: attempts(api) == [("failed", "reset")] * 2, 20, "two failed")
+        await eventually(lambda: len(failures(api)) == 2, 5, "the Events")
+        assert all("GPU-reset Job" in m for m in failures(api))
+        await eventually(lambda: json.loads(api.get("Node", NODE)["metadata"]["annotations"][
+            KEYS.repair])["reason"].startswith("reboot needed"), 5, "a reboot needed")
+        assert len(kubelet.jobs_seen) == 2
+
+
+async def test_a_validation_nobody_answers_fails_after_the_timeout(
+        api: ApiEmulator, kube_for: KubeFactory) -> None:
+    async with running(api, kube_for, Mode.RUN, validation_timeout="1s"):
+        await eventually(lambda: attempts(api)[:1] == [("failed", "reset")], 20, "failed")
+        await eventually(lambda: failures(api), 5, "the Event")
+        assert "did not answer the validation" in failures(api)[0]

@@ -1,0 +1,56 @@
+"""A leader that dies in the middle of a repair: the state is on the Node, so the next
+leader neither repeats a step nor loses one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from healthd.sim.apiserver import ApiEmulator
+from tests.agent.harness import NODE, eventually
+from tests.controller.conftest import KubeFactory, controllers
+from tests.controller_repairs.conftest import REPAIR_NS, cluster, controller_config
+
+pytestmark = pytest.mark.anyio
+JOBS = rf"/apis/batch/v1/namespaces/{REPAIR_NS}/jobs"
+
+
+async def test_a_leader_killed_between_the_annotation_and_the_job_repairs_once(
+        api: ApiEmulator, kube_for: KubeFactory, tmp_path: Path) -> None:
+    api.fail("POST", JOBS, 500, times=100)  # the first leader never gets its Job created
+    async with cluster(api, kube_for, tmp_path) as c:
+        await eventually(lambda: c.state() == "resetting", 15, "the attempt recorded")
+        assert c.jobs() == []
+        c.replica.stop()  # killed before its retry
+        api.clear_faults()
+
+        async with controllers(kube_for, controller_config(), "ctl2"):
+            await eventually(lambda: c.agent.verdict() == "PASS" and c.state() == "", 60,
+                             "repaired by the next leader")
+            await eventually(lambda: c.events("RepairSucceeded"), 5, "the Event")
+
+        assert c.kubelet.jobs_seen == [f"{REPAIR_NS}/healthd-gpu-reset-{NODE}-1"]
+        doc = c.repair()
+        assert doc is not None
+        assert [(a["remedy"], a["outcome"]) for a in doc["attempts"]] == [("reset", "passed")]
+        assert len(c.events("GPUReset")) == 1
+        assert len(c.events("RepairSucceeded")) == 1
+
+
+async def test_a_leader_killed_while_the_job_runs_is_followed_without_a_second_job(
+        api: ApiEmulator, kube_for: KubeFactory, tmp_path: Path) -> None:
+    async with cluster(api, kube_for, tmp_path) as c:
+        c.kubelet.run_delay_s = 2.0  # the reset takes a while
+        await eventually(lambda: c.jobs(), 15, "the Job created")
+        c.replica.stop()
+
+        async with controllers(kube_for, controller_config(), "ctl2"):
+            await eventually(lambda: c.agent.verdict() == "PASS" and c.state() == "", 60,
+                             "repaired under the next leader")
+
+        assert len(c.kubelet.jobs_seen) == 1
+        doc = c.repair()
+        assert doc is not None
+        assert [(a["remedy"], a["outcome"]) for a in doc["attempts"]] == [("reset", "passed")]
+        assert len(c.events("GPUReset")) == 1
