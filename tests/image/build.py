@@ -14,9 +14,7 @@ includes PIP_* variables) reach the build as build secrets, never a layer.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
@@ -25,8 +23,9 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
+
+from tests.cachelock import cache_locked
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTAINERFILE = ROOT / "Containerfile"
@@ -227,19 +226,6 @@ def pip_secrets(folder: Path) -> list[str]:
 # -- the build --------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _locked() -> Iterator[None]:
-    """One build at a time per cache (parallel test runs wait for the first)."""
-    root = cache_root()
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def build_args(base: str) -> list[str]:
     """The build, as docs/install.md tells an air-gapped site to run it."""
     return ["build", "--target", TARGET, "--build-arg", f"PYTHON_IMAGE={base}",
@@ -265,7 +251,7 @@ def build_default(built: Built, dcgm_image: str, tag: str) -> None:
     """The default (last) stage on `built`'s base, with `dcgm_image` as DCGM's image."""
     args = build_args(built.base)
     args[args.index("--target"):args.index("--target") + 2] = []
-    with _locked():
+    with cache_locked(cache_root()):
         run_build([*args, "--build-arg", f"DCGM_IMAGE={dcgm_image}", "-t", tag])
 
 
@@ -277,7 +263,7 @@ def build(*, force: bool = False, tag: str | None = None) -> Built:
         raise Unavailable(reason)
     started = time.monotonic()
     log: list[str] = []
-    with _locked():
+    with cache_locked(cache_root()):
         base, kind = choose_base(log)
         base_id = image_id(base)
         assert base_id, base

@@ -9,9 +9,7 @@ and a changed pin never reuses an old binary.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
@@ -19,8 +17,9 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
+
+from tests.cachelock import cache_locked
 
 MODULES = Path(__file__).parent / "modules"
 KUBERNETES_VERSION = "v1.35.4"
@@ -134,19 +133,6 @@ def is_built(name: str) -> bool:
     return path_of(name).is_file()
 
 
-@contextlib.contextmanager
-def _lock() -> Iterator[None]:
-    """One build at a time per cache (parallel test runs, a by-hand build)."""
-    root = cache_root()
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _log(message: str) -> None:
     print(f"[realcluster] {message}", file=sys.stderr, flush=True)
 
@@ -159,7 +145,7 @@ def build(name: str) -> Path:
     if go_binary() is None:
         raise BuildError(f"{name}: no `go` on PATH (Go >= 1.25 builds the real control plane)")
     program = PROGRAMS[name]
-    with _lock():
+    with cache_locked(cache_root()):
         if target.is_file():
             return target
         partial = target.with_name(target.name + ".partial")
