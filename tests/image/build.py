@@ -71,6 +71,9 @@ def default_python_image() -> str:
     return match.group(1)
 
 
+KEEP_OTHER_SOURCES = 2  # images of other sources kept beside the current one
+
+
 def podman_binary() -> str | None:
     return shutil.which("podman")
 
@@ -277,14 +280,17 @@ def build(*, force: bool = False, tag: str | None = None) -> Built:
 
 
 def _forget_older(keep: str, base: str) -> None:
-    """Other sources' images of this cache, Debian-archive bases of older scripts, and
-    layers nothing uses any more."""
-    for repository, current in ((REPOSITORY, keep), (DEBIAN_BASE, base)):
-        proc = podman("images", "--format", "{{.Repository}}:{{.Tag}}", repository,
-                      check=False)
-        for name in proc.stdout.split():
-            if name != current and name.startswith(f"{repository}:"):
-                podman("rmi", "--force", name, check=False)
+    """Images of older sources of this cache (the newest few stay: another checkout's
+    test run may be using its own right now), Debian-archive bases of older scripts,
+    and layers nothing uses any more."""
+    for repository, current, spared in ((REPOSITORY, keep, KEEP_OTHER_SOURCES),
+                                        (DEBIAN_BASE, base, 0)):
+        proc = podman("images", "--sort", "created", "--format", "{{.Repository}}:{{.Tag}}",
+                      repository, check=False)  # newest first
+        others = [name for name in proc.stdout.split()
+                  if name != current and name.startswith(f"{repository}:")]
+        for name in others[spared:]:
+            podman("rmi", "--force", name, check=False)
     podman("image", "prune", "--force", check=False)
 
 
