@@ -206,7 +206,9 @@ def _held_because(situation: Situation) -> str:
 
 
 def _escalated(remedy: Remedy, situation: Situation, policy: Policy) -> tuple[Remedy, str]:
-    """The remedy after the node's budget: tried too often, the next rung up."""
+    """The remedy after the node's budget (tried too often: the next rung up), and why."""
+    if remedy is Remedy.HUMANS:
+        return remedy, "no repair clears these findings"
     recent = [a for a in situation.history if situation.now - a.at < policy.window_s]
     resets = sum(a.remedy is Remedy.RESET for a in recent)
     reboots = sum(a.remedy is Remedy.REBOOT for a in recent)
@@ -215,6 +217,4 @@ def _escalated(remedy: Remedy, situation: Situation, policy: Policy) -> tuple[Re
         remedy, why = Remedy.REBOOT, f"{resets} GPU reset(s) did not clear the findings"
     if remedy is Remedy.REBOOT and reboots >= policy.max_reboots:
         remedy, why = Remedy.HUMANS, f"{reboots} reboot(s) did not clear the findings"
-    if remedy is Remedy.HUMANS and why.startswith("the findings"):
-        why = "no repair clears these findings"
     return remedy, why
