@@ -12,8 +12,9 @@ from kubernetes import client as k8s
 
 from tests.deep_json import deep_appwrapper
 from tests.e2e.conftest import Operator
-from tests.e2e.healthd import Healthd, eventually
-from tests.e2e.mlbatch import PhaseRecorder, Workloads, appwrapper, tutorial
+from tests.e2e.healthd import Healthd
+from tests.e2e.mlbatch import tutorial
+from tests.e2e.running_job import running_job
 
 AW_PATH = "/apis/workload.codeflare.dev/v1beta2/namespaces/{ns}/appwrappers"
 
@@ -31,27 +32,14 @@ def post_raw(api: k8s.ApiClient, path: str, text: str) -> tuple[int, str]:
 
 def test_a_deep_appwrapper_is_stored_skipped_and_resets_go_on(
         healthd: Healthd, operator: Operator) -> None:
-    workloads = Workloads(healthd.client)
     healthd.applier.apply(tutorial())
     deep = f"deep-{uuid.uuid4().hex[:5]}"
     status, answer = post_raw(healthd.client, AW_PATH.format(ns="blue"),
                               deep_appwrapper(deep, "blue"))
     assert status == 201, answer[:500]  # the real server stores it
-    healthd.start_fleet("deep", 2)
-    name = f"job-{uuid.uuid4().hex[:5]}"
-    job = appwrapper(name, "blue", pods=1, gpus_per_pod=4)
-    healthd.applier.apply([job])
-    eventually(lambda: workloads.phase("blue", name) == "Running"
-               and len(workloads.running_nodes("blue", name)) == 1, 120, "the job Running")
-    bad = workloads.running_nodes("blue", name)[0]
-    recorder = PhaseRecorder(healthd.client, "blue", name)
     try:
-        healthd.agents[bad].fault(op="emit_xid", gpu=0, code=79)
-        eventually(lambda: healthd.label(bad) == "EVICT", 30, f"EVICT on {bad}")
-        eventually(lambda: recorder.resets() >= 1, 30, f"AppWrapper {name} reset")
+        running_job(healthd, "deep").evicted_and_reset()
     finally:
-        recorder.stop()
-        healthd.applier.delete([job])
         healthd.custom.delete_namespaced_custom_object(
             "workload.codeflare.dev", "v1beta2", "blue", "appwrappers", deep)
     assert healthd.controller is not None
