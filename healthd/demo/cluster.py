@@ -14,9 +14,11 @@ NVML library under pynvml is simulated (healthd.sim.multinode).
 Two kubelet stand-ins write Pod status straight to the store, as a kubelet would:
 the agent Pods' Ready condition follows each agent's own readiness (its /readyz),
 so `healthd status` shows what it would in a cluster; and `FakeKubelet`
-(healthd.sim.kubelet) runs the deep diagnostic Jobs the agents create
-(`healthd trigger --checks dcgm:3`): their pods run `healthd check` on the
-scenario's machine spec.
+(healthd.sim.kubelet) runs the Jobs the agents and the controller create (a deep
+diagnostic, `healthd trigger --checks dcgm:3`; a GPU reset, with
+`controller.repair.enabled`): their pods run their own `healthd check` or `healthd
+gpu-reset` command on the machine of the node they are bound to, the one its agent
+runs on (healthd.sim.multinode), so a GPU reset there is one the agent sees.
 
 The config is the demo's (healthd.demo.scenario.DEMO_CONFIG) with the scenario's
 overrides: the real code paths with short clocks.
@@ -44,9 +46,10 @@ from healthd.kube.conventions import GPU_RESOURCE, Keys
 from healthd.kube.objects import APPWRAPPERS
 from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.appwrapper_operator import AppWrapperOperator
-from healthd.sim.kubelet import FakeKubelet, HealthdRunner
+from healthd.sim.kubelet import FakeKubelet, HealthdRunner, Runner, Termination
 from healthd.sim.machine import load_machine_spec
 from healthd.sim.multinode import SimulatedNodes, simulate_nodes
+from healthd.sim.shared import spec_file
 from healthd.util.http import serve_http
 
 log = logging.getLogger(__name__)
@@ -202,12 +205,24 @@ async def running_cluster(scenario: Scenario, config: Config, *, nodes: int,
             group.start_soon(_serve_controller, cluster)
             group.start_soon(cluster.operator.run)
             group.start_soon(_probe_agents, cluster)
-            group.start_soon(FakeKubelet(api, runner=HealthdRunner(scenario.machine)).run)
+            group.start_soon(FakeKubelet(api, runner=on_its_node(fleet)).run)
             try:
                 yield cluster
             finally:
                 group.cancel_scope.cancel()
                 group.cancel_scope.deadline = anyio.current_time() + STOP_S
+
+
+def on_its_node(fleet: SimulatedNodes) -> Runner:
+    """The kubelet's runner: a pod's `healthd ...` command runs on the machine of the
+    node it is bound to (its spec and control file), as it would on that node."""
+    runners = {name: HealthdRunner(spec_file(sim.control), control=sim.control)
+               for name, sim in fleet.nodes.items() if sim.control is not None}
+
+    async def run(pod: Obj) -> Termination:
+        return await runners[pod["spec"]["nodeName"]](pod)
+
+    return run
 
 
 async def _serve_controller(cluster: DemoCluster) -> None:

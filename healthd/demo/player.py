@@ -69,6 +69,20 @@ def action_text(step: Step) -> str:
     return str(step.cordon or step.uncordon or step.finish_appwrapper)
 
 
+def machine_changes(step: Step, now: float) -> list[dict[str, Any]]:
+    """A fault step as control-file commands (healthd.sim.control) at machine time
+    `now`: written to the node's control file, every process on that machine (a
+    GPU-reset Job's) finds the fault the agent finds."""
+    assert step.fault is not None
+    fault = step.fault.gpu_fault(now)
+    out: list[dict[str, Any]] = []
+    if fault is not None:
+        out.append({"op": "inject", "fault": fault.model_dump(mode="json", exclude_unset=True)})
+    if step.fault.xid is not None:
+        out.append({"op": "emit_xid", "gpu": step.fault.gpu, "code": step.fault.xid})
+    return out
+
+
 @dataclass
 class Recorder:
     """What was observed, with times in seconds since the story started."""
@@ -200,18 +214,14 @@ class Player:
     async def act(self, step: Step) -> None:
         """Do what a step says (raises KubeError or ValueError when it cannot)."""
         admin = self.cluster.admin
-        if step.fault is not None:
-            nvml = self.cluster.fleet.nodes[step.fault.node].nvml
-            fault = step.fault.gpu_fault(nvml.now())
-            if fault is not None:
-                nvml.inject(fault)
-            if step.fault.xid is not None:
-                nvml.emit_xid(step.fault.gpu, step.fault.xid)
+        fleet = self.cluster.fleet
+        if step.fault is not None:  # through the machine's control file: see `machine_changes`
+            for command in machine_changes(step, fleet.nodes[step.fault.node].nvml.now()):
+                fleet.change(step.fault.node, command)
         elif step.link is not None:
-            self.cluster.fleet.network.set_link(step.link.node, step.link.network,
-                                                step.link.up)
+            fleet.network.set_link(step.link.node, step.link.network, step.link.up)
         elif step.repair is not None:
-            self.cluster.fleet.nodes[step.repair.node].nvml.clear_faults(step.repair.gpu)
+            fleet.change(step.repair.node, {"op": "clear_faults", "gpu": step.repair.gpu})
         elif step.annotate is not None:
             await admin.merge_patch(NODES, step.annotate.node,
                                     {"metadata": {"annotations": step.annotate.annotations}})

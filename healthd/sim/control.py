@@ -14,6 +14,9 @@ console would make it on a real node (an XID, a new fault, a repair, a cable pul
     {"op": "rdma_port", "device": "mlx5_0", "counters": {"symbol_error": 12}}
 
 A line that is not one of these is logged and skipped; the machine is unchanged.
+A process that holds the machine itself (the demo's fleet) makes its own changes
+with `ControlFile.change`: applied at once (a bad one raises, and is not written),
+then written to FILE for the machine's other processes, and not applied twice.
 Lines present when the agent starts are applied first, so a restarted agent finds the
 machine as it was left (FILE names one machine across processes, healthd.sim.shared):
 an XID emitted then fired while nobody listened, and reaches no one now.
@@ -115,6 +118,8 @@ class ControlFile:
     def __init__(self, path: Path, machine: Machine) -> None:
         self.path, self.machine = path, machine
         self._offset = 0
+        self._own: list[bytes] = []  # lines this process wrote (already applied here)
+        self._lock = threading.Lock()  # one reader of the file at a time
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, name="sim-control", daemon=True)
 
@@ -131,7 +136,22 @@ class ControlFile:
         while not self._stop.wait(POLL_S):
             self.poll()
 
+    def change(self, command: Command) -> None:
+        """Apply `command` to the machine now, then write it to the file for the
+        machine's other processes; ValueError (nothing written) for a bad one."""
+        line = json.dumps(command, separators=(",", ":"))
+        with self._lock:
+            self._poll()  # what other processes changed first, in the file's order
+            apply(self.machine, line)
+            with open(self.path, "ab") as handle:
+                handle.write(line.encode() + b"\n")
+            self._own.append(line.encode())
+
     def poll(self) -> None:
+        with self._lock:
+            self._poll()
+
+    def _poll(self) -> None:
         try:
             with open(self.path, "rb") as handle:
                 handle.seek(self._offset)
@@ -143,6 +163,9 @@ class ControlFile:
             return
         self._offset += len(complete) + 1
         for raw in complete.split(b"\n"):
+            if self._own and raw == self._own[0]:  # ours: applied when it was written
+                self._own.pop(0)
+                continue
             line = raw.decode("utf-8", errors="replace").strip()
             if not line:
                 continue

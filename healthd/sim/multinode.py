@@ -9,6 +9,12 @@ whose code is calling. Which node that is travels in a context variable:
 into the worker threads that make the blocking NVML calls. Each node keeps its own
 machine clock, faults, XID event sets and NVML session, exactly as with one node.
 
+Each node's machine is also the one a control file names (healthd.sim.shared), so a
+process started for that node (the GPU-reset Job's `healthd gpu-reset --sim-control
+FILE` the fake kubelet runs) works on the same machine: what it changes there (a GPU
+reset) reaches the node's agent here, and what is changed here through `change` (a
+fault, a repair) is what it finds there.
+
 Usage::
 
     with simulate_nodes({"n1": spec1, "n2": spec2}) as fleet:
@@ -16,14 +22,14 @@ Usage::
             for name, sim in fleet.nodes.items():
                 tg.start_soon(fleet.run_bound, name, Agent(sim.adapt(config), node=name,
                                                        probes=sim.probes()).run)
-        fleet.nodes["n2"].nvml.emit_xid(3, 79)
+        fleet.change("n2", {"op": "emit_xid", "gpu": 3, "code": 79})
 """
 
 from __future__ import annotations
 
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,12 +37,14 @@ from typing import Any
 
 import pynvml
 
+from healthd.sim.control import Command, ControlFile
 from healthd.sim.cuda import SimBandwidthProbe
 from healthd.sim.fakenvml import FakeNvml, FakeNvmlLibrary, install, monotonic_clock
 from healthd.sim.machine import MachineSpec
 from healthd.sim.network import SimNetwork
 from healthd.sim.node import SimulatedNode
 from healthd.sim.nvmlsymbols import SYMBOLS
+from healthd.sim.shared import shared_machine
 
 _current: ContextVar[FakeNvmlLibrary | None] = ContextVar("healthd_sim_node", default=None)
 _UNUSED_PREVIOUS: tuple[Any, dict[str, Any], int] = (None, {}, 0)  # never uninstalled
@@ -63,11 +71,17 @@ class _Dispatcher:
 
 @dataclass
 class SimulatedNodes:
-    """The installed fleet: one `SimulatedNode` per node name (its `nvml` is the
-    runtime control: `inject`, `emit_xid`, `clear_faults`)."""
+    """The installed fleet: one `SimulatedNode` per node name, each on the machine its
+    control file names (`SimulatedNode.control`); `change` changes one."""
 
     nodes: dict[str, SimulatedNode]
     network: SimNetwork  # every node's pod network and net1 links (healthd.sim.network)
+    controls: dict[str, ControlFile]
+
+    def change(self, node: str, command: Command) -> None:
+        """A control-file command (healthd.sim.control) on `node`'s machine: applied
+        now, and seen by every other process on that machine; ValueError for a bad one."""
+        self.controls[node].change(command)
 
     @contextmanager
     def bound(self, node: str) -> Iterator[SimulatedNode]:
@@ -98,21 +112,27 @@ def simulate_nodes(specs: Mapping[str, MachineSpec]) -> Iterator[SimulatedNodes]
     if not specs:
         raise ValueError("simulate_nodes needs at least one node")
     named = {name: spec.model_copy(update={"node": name}) for name, spec in specs.items()}
-    first_name, *others = named
-    first = install(named[first_name])  # remembers what pynvml had, to restore it
-    try:
+    with tempfile.TemporaryDirectory(prefix="healthd-sim-") as workdir, ExitStack() as stack:
+        controls = {name: Path(workdir) / f"{name}.control" for name in named}
+        # Each machine starts with its control file's: one clock for every process on it.
+        machines = {name: shared_machine(controls[name], spec) for name, spec in named.items()}
+        first_name, *others = named
+        first = install(named[first_name], clock=monotonic_clock(
+            machines[first_name].elapsed()))  # remembers what pynvml had, to restore it
+        stack.callback(first.uninstall)
         fakes = {first_name: first}
         for name in others:
-            library = FakeNvmlLibrary(named[name], monotonic_clock())
+            library = FakeNvmlLibrary(named[name], monotonic_clock(machines[name].elapsed()))
             fakes[name] = FakeNvml(library, _UNUSED_PREVIOUS)
         with pynvml.libLoadLock:
             pynvml.nvmlLib = _Dispatcher(first.library)
             pynvml._nvmlGetFunctionPointer_cache.clear()
         network = SimNetwork(list(named))
         nodes = {name: _simulated(fake.library, fake, network) for name, fake in fakes.items()}
-        with tempfile.TemporaryDirectory(prefix="healthd-sim-") as workdir:
-            for name, node in nodes.items():  # each machine's kernel log and sysfs tree
-                node.start_files(Path(workdir) / name)
-            yield SimulatedNodes(nodes, network)
-    finally:
-        first.uninstall()
+        for name, node in nodes.items():  # each machine's kernel log and sysfs tree
+            node.control = controls[name]
+            node.control.touch()
+            node.start_files(machines[name].root)
+        followers = {name: stack.enter_context(ControlFile(controls[name], node))
+                     for name, node in nodes.items()}
+        yield SimulatedNodes(nodes, network, followers)

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from healthd.sim.machine import MachineSpec, parse_machine_spec
-from healthd.sim.shared import SUFFIX
+from healthd.sim.shared import spec_file
 
 EXIT_NOT_FOUND = 6  # nvidia-smi: "No devices were found"
 EXIT_FAILED = 1
@@ -38,7 +38,7 @@ def command(control: Path) -> list[str]:
 
 def machine_spec(control: Path) -> MachineSpec:
     """The spec of the machine `control` names (ValueError when there is none)."""
-    marker = control.with_name(control.name + SUFFIX) / "spec.json"
+    marker = spec_file(control)
     try:
         return parse_machine_spec(json.loads(marker.read_text()), origin=str(marker))
     except (OSError, ValueError) as exc:

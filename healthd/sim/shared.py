@@ -29,6 +29,7 @@ from pathlib import Path
 from healthd.sim.machine import MachineSpec
 
 SUFFIX = ".machine"
+SPEC = "spec.json"
 
 
 @dataclass(frozen=True)
@@ -43,10 +44,21 @@ class SharedMachine:
         return max(0.0, time.time() - self.started_at)
 
 
+def machine_root(control: Path) -> Path:
+    """The directory of the machine `control` names."""
+    return control.with_name(control.name + SUFFIX)
+
+
+def spec_file(control: Path) -> Path:
+    """The spec of the machine `control` names, as its first process wrote it: what
+    another process passes as `--sim` to run on that machine, not a new one."""
+    return machine_root(control) / SPEC
+
+
 def shared_machine(control: Path, spec: MachineSpec) -> SharedMachine:
     """The machine `control` names, running `spec`: created by the first process that
     asks, found by the next (ValueError when its start time is unreadable)."""
-    root = control.with_name(control.name + SUFFIX)
+    root = machine_root(control)
     _hold(root, spec)
     started = root / "started"
     text = _create_once(started, f"{time.time()!r}\n")
@@ -59,7 +71,7 @@ def shared_machine(control: Path, spec: MachineSpec) -> SharedMachine:
 
 def _hold(root: Path, spec: MachineSpec) -> None:
     """Make `root` the directory of `spec`'s machine: another spec's is cleared."""
-    marker, text = root / "spec.json", spec.model_dump_json()
+    marker, text = root / SPEC, spec.model_dump_json()
     if root.is_dir() and _read(marker) != text:
         shutil.rmtree(root)
     root.mkdir(parents=True, exist_ok=True)
