@@ -4,8 +4,9 @@
 
 Starts the demo cluster (healthd.demo.cluster), plays the scenario
 (healthd.demo.player) and shows it: a live screen on a terminal, a line log
-elsewhere, then a summary; `--output json` prints the result instead (the
-timeline of observed states, the Events, the steps; `-o yaml` the same as YAML;
+elsewhere, then a summary (with the scenario's timings); `--output json` prints the
+result instead (the timeline of observed states, the Events, the steps, the marks
+and timings; `-o yaml` the same as YAML;
 `wide` adds each node's findings, last on-demand answer and blamed networks to the
 final table, also on a terminal). `--serve PORT` keeps the
 emulated API on PORT and every component running after the story, prints a
@@ -39,6 +40,7 @@ from healthd.demo.scenario import (
     bundled_scenarios,
     check_fits,
     load_scenario,
+    measure,
     minimum_nodes,
 )
 from healthd.demo.view import LiveView, line, summary
@@ -108,6 +110,7 @@ def result_of(scenario: Scenario, nodes: int, rec: Recorder, failure: object | N
             "passed": failure is None, "failure": str(failure) if failure else None,
             "duration_s": round(duration_s, 2), "step_count": len(scenario.steps),
             "steps_done": [s["index"] for s in done], "steps": rec.steps,
+            "marks": rec.marks, "timings": measure(scenario.timings, rec.marks),
             "timeline": rec.timeline, "events": rec.log.events}
 
 

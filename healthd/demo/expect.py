@@ -2,7 +2,9 @@
 
 `judge(expect, state, events)` says whether the expectation holds in this observed
 state and, either way, what was seen (the text a failed scenario reports), so a
-failure reads "expected gpu-node-2 verdict EVICT; saw PASS".
+failure reads "expected gpu-node-2 verdict EVICT; saw PASS". `held_since` says since
+when an expectation has held, from the recorded states and Events (what a scenario's
+`timings` measure).
 """
 
 from __future__ import annotations
@@ -118,12 +120,35 @@ def _lending(want: LendingExpect, state: State) -> Verdict:
                                      f"(nominal {found['nominal']})"
 
 
+def _matching(want: EventExpect, events: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first Event that `want` describes."""
+    return next((event for event in events if event["reason"] == want.reason
+                 and (want.object is None or event["object"] == want.object)
+                 and (want.type is None or event["type"] == want.type)
+                 and (want.message_contains is None
+                      or want.message_contains in event["message"])), None)
+
+
 def _event(want: EventExpect, events: Sequence[dict[str, Any]]) -> Verdict:
-    for event in events:
-        if event["reason"] == want.reason and \
-                (want.object is None or event["object"] == want.object) and \
-                (want.type is None or event["type"] == want.type) and \
-                (want.message_contains is None or want.message_contains in event["message"]):
-            return True, f"{event['type']} {event['reason']} on {event['object']}"
+    event = _matching(want, events)
+    if event is not None:
+        return True, f"{event['type']} {event['reason']} on {event['object']}"
     recent = ", ".join(f"{e['reason']} on {e['object']}" for e in events[-5:]) or "no Events"
     return False, f"last Events: {recent}"
+
+
+def held_since(expect: Expect, timeline: Sequence[dict[str, Any]],
+               events: Sequence[dict[str, Any]]) -> float | None:
+    """Since when `expect` has held, by what was recorded (`timeline` of observed
+    states, `events`): an Event's posting, or the first of the latest run of states
+    that satisfy it. A step that waits after an earlier one may find its expectation
+    true already; this is when it came true. None when it does not hold."""
+    if expect.event is not None:
+        event = _matching(expect.event, events)
+        return None if event is None else float(event["t"])
+    since = None
+    for entry in reversed(timeline):
+        if not judge(expect, entry["state"], events)[0]:
+            break
+        since = float(entry["t"])
+    return since

@@ -20,9 +20,9 @@ from typing import Any
 import anyio
 
 from healthd.demo.cluster import DemoCluster, appwrapper_object
-from healthd.demo.expect import describe, judge
+from healthd.demo.expect import describe, held_since, judge
 from healthd.demo.observe import EventLog, State, changes, observe
-from healthd.demo.scenario import Expect, Scenario, Step
+from healthd.demo.scenario import Expect, Scenario, Step, measure
 from healthd.kube.errors import KubeError
 from healthd.kube.objects import APPWRAPPERS, NODES
 
@@ -94,6 +94,7 @@ class Recorder:
     timeline: list[dict[str, Any]] = field(default_factory=list)
     steps: list[dict[str, Any]] = field(default_factory=list)
     log: EventLog = field(default_factory=EventLog)
+    marks: dict[str, float] = field(default_factory=dict)  # a step's mark -> its moment
     # Lines seen while the cluster is set up wait for `restart`, which prints them with
     # their times relative to the story's start (negative): the log never runs back.
     setup_lines: list[tuple[float, str]] | None = field(default_factory=list)
@@ -149,6 +150,19 @@ class Recorder:
         if failure is not None:
             self.on_line(self.now(), f"FAILED {failure}")
 
+    def mark(self, name: str, moment: float, timings: dict[str, tuple[str, str]]) -> None:
+        """Step mark `name` reached at `moment` (story time); say so, and say every
+        timing it ends."""
+        self.marks[name] = round(moment, 2)
+        first, start = next(iter(self.marks.items()))
+        after = f" ({moment - start:+.2f} s after {first})" if name != first else ""
+        self.on_line(self.now(), f"mark {name} at {moment:.2f} s{after}")
+        done = measure({k: v for k, v in timings.items() if v[1] == name}, self.marks)
+        for timing, seconds in done.items():
+            start_mark, _ = timings[timing]
+            self.on_line(self.now(), f"timing {timing}: {seconds:.2f} s "
+                                     f"({start_mark} -> {name})")
+
     async def sample_forever(self) -> None:
         while True:
             self.sample()
@@ -176,7 +190,17 @@ class Player:
             self.rec.step_ended(record, failure)
             if failure is not None:
                 return failure
+            if step.mark is not None:
+                self.rec.mark(step.mark, self._moment(step, record), self.scenario.timings)
         return None
+
+    def _moment(self, step: Step, record: dict[str, Any]) -> float:
+        """When a step happened: an action when it ran, a wait_for since when what it
+        waited for held (it may have come true while an earlier step waited)."""
+        if step.wait_for is None:
+            return float(record["t"])
+        since = held_since(step.wait_for, self.rec.timeline, self.rec.log.events)
+        return float(record["end"]) if since is None else since
 
     async def setup(self) -> Failure | None:
         for spec in self.scenario.appwrappers:

@@ -10,6 +10,9 @@ exactly one action::
       - {at: 2, fault: {node: gpu-node-2, gpu: 3, xid: 79}}
       - wait_for: {node: gpu-node-2, verdict: EVICT, timeout: 10}
 
+A step may carry a `mark` (a name for its moment) and the scenario `timings`
+between marks (`fault_to_pass: [fault, pass]`), measured on every run.
+
 Models are frozen pydantic models; `load_scenario` turns every problem into a
 `ScenarioError` naming the field (`steps.1.wait_for.verdict: ...`).
 """
@@ -232,6 +235,9 @@ class Step(Frozen):
     create_appwrapper: AppWrapperSpec | None = None
     finish_appwrapper: str | None = Field(None, pattern=r"^[^/]+/[^/]+$")
     wait_for: Expect | None = None
+    mark: str | None = Field(None, pattern=NAME, max_length=40,
+                             description="names the moment of this step for `timings`: an "
+                             "action's start, or since when what a wait_for waits for held")
 
     @model_validator(mode="after")
     def _one_action(self) -> Step:
@@ -267,6 +273,8 @@ class Scenario(Frozen):
     appwrappers: list[AppWrapperSpec] = Field([], description="running when the story starts")
     steps: list[Step] = Field(min_length=1)
     time_limit: Duration = Field(120.0, description="the whole story must end within this")
+    timings: dict[str, tuple[str, str]] = Field(
+        {}, description="name -> [from mark, to mark]: measured each run, in the result")
 
     @model_validator(mode="after")
     def _unique_appwrappers(self) -> Scenario:
@@ -274,6 +282,21 @@ class Scenario(Frozen):
         dupes = sorted({k for k in keys if keys.count(k) > 1})
         if dupes:
             raise ValueError(f"appwrappers: {', '.join(dupes)} listed twice")
+        return self
+
+    @model_validator(mode="after")
+    def _timings_between_marks(self) -> Scenario:
+        marks = [step.mark for step in self.steps if step.mark]
+        dupes = sorted({m for m in marks if marks.count(m) > 1})
+        if dupes:
+            raise ValueError(f"steps: mark {', '.join(dupes)} given twice")
+        for name, (start, end) in self.timings.items():
+            unknown = [m for m in (start, end) if m not in marks]
+            if unknown:
+                raise ValueError(f"timings.{name}: no step is marked {', '.join(unknown)} "
+                                 f"(marks: {', '.join(marks) or 'none'})")
+            if marks.index(start) >= marks.index(end):
+                raise ValueError(f"timings.{name}: mark {start} must come before {end}")
         return self
 
     @model_validator(mode="after")
@@ -346,6 +369,12 @@ def check_fits(scenario: Scenario, nodes: int, origin: str = "") -> None:
                 raise ScenarioError(
                     f"scenario {origin or scenario.name}: steps.{index}.{step.action}: no node "
                     f"{name!r} in a {nodes}-node cluster (gpu-node-1..gpu-node-{nodes})")
+
+
+def measure(timings: dict[str, tuple[str, str]], marks: dict[str, float]) -> dict[str, float]:
+    """Each timing whose two marks were reached: seconds from the first to the second."""
+    return {name: round(marks[end] - marks[start], 2)
+            for name, (start, end) in timings.items() if start in marks and end in marks}
 
 
 def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

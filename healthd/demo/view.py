@@ -134,14 +134,31 @@ class LiveView:
         self.stream.flush()
 
 
+def timing_lines(marks: dict[str, float], timings: dict[str, float]) -> list[str]:
+    """The scenario's timings, then the marks in the order they happened, each with
+    its time after the first and after the one before (what each step of a chain
+    took); nothing when it has no marks."""
+    if not marks:
+        return []
+    out = [""] + [f"timing {name}: {seconds:.2f} s" for name, seconds in timings.items()]
+    ordered = sorted(marks.items(), key=lambda item: item[1])  # stable: ties keep step order
+    first = ordered[0][1]
+    rows, before = [], first
+    for name, t in ordered:
+        rows.append((name, f"{t:.2f}", f"{t - first:+.2f}", f"{t - before:+.2f}"))
+        before = t
+    return out + _table(("MARK", "AT (s)", "SINCE FIRST", "SINCE PREVIOUS"), rows)
+
+
 def summary(result: dict[str, Any], *, with_state: bool = True, wide: bool = False) -> str:
-    """The end of the story: PASSED/FAILED, the failure, the final state."""
+    """The end of the story: PASSED/FAILED, the failure, the timings, the final state."""
     verdict = "PASSED" if result["passed"] else "FAILED"
     head = (f"{verdict}: scenario {result['scenario']} ({len(result['steps_done'])} of "
             f"{result['step_count']} steps) in {result['duration_s']:.1f} s")
     out = [head]
     if result["failure"]:
         out.append(f"  {result['failure']}")
+    out += timing_lines(result.get("marks") or {}, result.get("timings") or {})
     final = result["timeline"][-1]["state"] if result["timeline"] else None
     if final is not None and with_state:
         out += ["", *render_state(final, wide=wide)]

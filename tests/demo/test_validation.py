@@ -33,6 +33,13 @@ def scenario(**fields: Any) -> dict[str, Any]:
     (scenario(nodes=0), "nodes:"),
     (scenario(machine="no-such-machine"), "machine:"),
     ({"steps": [GOOD_STEP]}, "name:"),
+    (scenario(steps=[{**GOOD_STEP, "mark": "a"}, {**GOOD_STEP, "mark": "a"}]),
+     "mark a given twice"),
+    (scenario(steps=[{**GOOD_STEP, "mark": "a"}], timings={"t": ["a", "b"]}),
+     "timings.t: no step is marked b (marks: a)"),
+    (scenario(steps=[{**GOOD_STEP, "mark": "a"}, {**GOOD_STEP, "mark": "b"}],
+              timings={"t": ["b", "a"]}), "timings.t: mark b must come before a"),
+    (scenario(steps=[{**GOOD_STEP, "mark": "Not A Name"}]), "steps.0.mark"),
 ])
 def test_errors_name_the_field(raw: dict[str, Any], field: str) -> None:
     with pytest.raises(ScenarioError, match="scenario") as caught:
