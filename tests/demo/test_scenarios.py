@@ -5,9 +5,7 @@ the expectation and what was seen; `--serve` keeps the cluster reachable."""
 
 from __future__ import annotations
 
-import argparse
 import io
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +13,7 @@ import aiohttp
 import pytest
 
 from healthd.cli import main
-from healthd.demo.command import play, run
+from healthd.demo.command import play
 from healthd.demo.scenario import (
     DEFAULT_SCENARIO,
     bundled_scenarios,
@@ -24,22 +22,9 @@ from healthd.demo.scenario import (
 )
 from healthd.kube.client import Kube
 from healthd.kube.objects import NODES
+from tests.demo.playing import played
 
 GPUHEALTH = "autopilot.ibm.com/gpuhealth"
-
-
-_PLAYED: dict[str, tuple[int, dict[str, Any]]] = {}
-
-
-def played(name: str) -> tuple[int, dict[str, Any]]:
-    """`healthd demo --scenario NAME --output json`: exit code and parsed output (each
-    scenario is played once per test session)."""
-    if name not in _PLAYED:
-        stream = io.StringIO()
-        args = argparse.Namespace(scenario=name, nodes=None, output="json", serve=None)
-        code = run(args, stream)
-        _PLAYED[name] = code, json.loads(stream.getvalue())
-    return _PLAYED[name]
 
 
 def verdicts_seen(result: dict[str, Any], node: str) -> set[str | None]:
