@@ -38,6 +38,8 @@ EXPECTED: dict[str, tuple[list[str], set[str], set[str]]] = {
     "pciebw_child": ([], {"size_mib", "cuda_child", "sim_child"}, set()),
     "peer_load": ([], {"measured", "computed_at_n", "computed_at_10000", "formulas"},
                   {"steady_state_writes", "most_peers_per_network"}),
+    "demo_repair": ([], {"runs", "passed", "fault_to_pass", "reset_job_s", "since_fault"},
+                    set()),
     "memory_soak": (["--minutes", "0.5", "--agents", "1"],
                     {"processes", "churn", "agent_slope_tail_median"},
                     {"controller_slope_kib_per_min_tail", "agent-0_slope_kib_per_min_tail"}),
