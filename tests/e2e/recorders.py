@@ -79,6 +79,7 @@ class Recorder:
         self._client, self._list, self._extract, self._kwargs = client, list_call, extract, kwargs
         self._names = None if names is None else set(names)
         self.history: dict[str, list[Any]] = {}
+        self.order: list[str] = []  # the objects by when each was first seen
         self.relists = 0  # lists after the first (410 Gone): a value may have been missed
         self._lock = threading.Lock()
         self._done = threading.Event()
@@ -96,6 +97,8 @@ class Recorder:
             return
         value = self._extract(obj)
         with self._lock:
+            if name not in self.history:
+                self.order.append(name)
             seen = self.history.setdefault(name, [])
             if not seen or seen[-1] != value:
                 seen.append(value)
