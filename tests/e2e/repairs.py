@@ -103,6 +103,14 @@ class RepairFleet:
                 if j["metadata"].get("annotations", {}).get("healthd.io/node-name")
                 in self.machines]
 
+    def reset_pods(self, node: str, phase: str) -> list[Obj]:
+        """The GPU-reset pods on `node` in `phase`."""
+        pods = self.healthd.core.list_namespaced_pod(
+            DEFAULT_REPAIR_NAMESPACE, label_selector=GPU_RESETS,
+            field_selector=f"spec.nodeName={node}").items
+        return [p for p in map(self.healthd.client.sanitize_for_serialization, pods)
+                if p["status"].get("phase") == phase]
+
     def events(self, node: str, reason: str) -> int:
         """How many times an Event `reason` was sent about `node` (counted again
         included)."""
