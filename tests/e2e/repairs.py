@@ -144,20 +144,25 @@ def repair_fleet(healthd: Healthd, root: Path, count: int, *, config: Obj | None
                  tag: str = "repair") -> Iterator[RepairFleet]:
     """`count` GPU nodes (healthy 8-GPU machines) with healthd running on them as
     Pods, and the tutorial's queues; returns once every node is PASS and a controller
-    leads. `config` goes over REPAIR_CONFIG."""
+    leads (in dry run, where none leads: once both replicas are ready). `config` goes
+    over REPAIR_CONFIG."""
     suffix = uuid.uuid4().hex[:4]
     nodes = [f"{tag}-{suffix}-{i}" for i in range(1, count + 1)]
     healthd.applier.apply(tutorial())
     healthd.add_nodes(*nodes)
     spec = load_machine_spec("healthy-8xh100")
     machines = {n: Machine(n, spec.model_copy(update={"node": n}), root / n) for n in nodes}
-    with Kubelet(healthd, machines, root / "kubelet",
-                 config=merge(REPAIR_CONFIG, config or {})) as kubelet:
+    config = merge(REPAIR_CONFIG, config or {})
+    with Kubelet(healthd, machines, root / "kubelet", config=config) as kubelet:
         fleet = RepairFleet(healthd, kubelet)
         for node in nodes:
             eventually(lambda n=node: healthd.label(n) == "PASS", 90,  # type: ignore[misc]
                        f"PASS on {node}")
-        fleet.leader()
+        eventually(lambda: len(kubelet.controllers()) == 2
+                   and all(c.ready() for c in kubelet.controllers()), 60,
+                   "both controller replicas ready")
+        if not config["controller"].get("dry_run"):
+            fleet.leader()
         yield fleet
 
 
