@@ -260,30 +260,38 @@ class Kubelet:
         for found in self.healthd.core.list_namespaced_pod(DEFAULT_REPAIR_NAMESPACE,
                                                            label_selector=GPU_RESETS).items:
             pod = self.healthd.client.sanitize_for_serialization(found)
-            meta, node = pod["metadata"], pod["spec"].get("nodeName")
-            with self._lock:
-                new = meta["name"] not in self.resets_played
-                if new and node in self.machines and pod["status"].get("phase") == "Running" \
-                        and meta.get("deletionTimestamp") is None:
-                    self.resets_played.append(meta["name"])
-                else:
-                    continue
-            threading.Thread(target=self._play_gpu_reset, args=(pod, self.machines[node]),
-                             name=f"reset-{meta['name']}", daemon=True).start()
+            if self._claim(pod):
+                threading.Thread(target=self._play_gpu_reset, name="gpu-reset",
+                                 args=(pod, self.machines[pod["spec"]["nodeName"]]),
+                                 daemon=True).start()
+
+    def _claim(self, pod: Obj) -> bool:
+        """Whether `pod` is a GPU-reset pod to run now (Running on one of the machines,
+        not run yet); it is then taken."""
+        meta = pod["metadata"]
+        due = (pod["spec"].get("nodeName") in self.machines
+               and pod["status"].get("phase") == "Running"
+               and meta.get("deletionTimestamp") is None)
+        with self._lock:
+            if not due or meta["name"] in self.resets_played:
+                return False
+            self.resets_played.append(meta["name"])
+            return True
 
     def _play_gpu_reset(self, pod: Obj, machine: Machine) -> None:
         """Run the pod's container on `machine`, then report how it ended."""
-        self.resets_allowed.wait()
-        runner = HealthdRunner(machine.spec_file, control=machine.control)
+        while not self.resets_allowed.wait(SYNC_S):
+            if self._done.is_set():
+                return
+        name = pod["metadata"]["name"]
         try:
-            ended = anyio.run(runner, pod)
-        except Exception as exc:  # it never ended: the Job's deadline fails it
-            self.errors.append(f"GPU reset {pod['metadata']['name']}: {exc!r}")
-            return
-        status = terminated_status(pod, ended, reason="Completed" if ended.exit_code == 0
-                                   else "Error")
-        self.healthd.core.patch_namespaced_pod_status(
-            pod["metadata"]["name"], DEFAULT_REPAIR_NAMESPACE, {"status": status})
+            ended = anyio.run(HealthdRunner(machine.spec_file, control=machine.control), pod)
+            status = terminated_status(pod, ended, reason="Completed" if ended.exit_code == 0
+                                       else "Error")
+            self.healthd.core.patch_namespaced_pod_status(name, DEFAULT_REPAIR_NAMESPACE,
+                                                          {"status": status})
+        except Exception as exc:  # not reported: the Job's deadline fails it
+            self.errors.append(f"GPU reset {name}: {exc!r}")
 
     # -- starting and stopping --------------------------------------------------------
 

@@ -90,10 +90,12 @@ class RepairFleet:
         doc = self.repair(node) or {}
         return [(a["remedy"], a["gpus"], a["outcome"]) for a in doc.get("attempts", [])]
 
-    def repaired(self, node: str) -> bool:
-        """PASS again, the repair over (its state idle, an attempt recorded)."""
-        return self.label(node) == "PASS" and self.state(node) == "" and bool(
-            self.attempts(node))
+    def repaired(self, node: str, attempt: int = 1) -> bool:
+        """PASS again, the repair over: its state idle, attempt number `attempt`
+        recorded and passed."""
+        attempts = self.attempts(node)
+        return self.label(node) == "PASS" and self.state(node) == "" and len(
+            attempts) >= attempt and attempts[-1][2] == "passed"
 
     def jobs(self) -> list[Obj]:
         """The GPU-reset Jobs for this fleet's nodes."""
@@ -221,6 +223,12 @@ class Watching:
 
     def lending(self) -> list[str | None]:
         return list(self._queue.values(SLACK))
+
+    def when(self, node: str, *, verdict: str | None = None,
+             state: str | None = None) -> float:
+        """When (time.time()) `node` last turned to `verdict`, or its repair to `state`."""
+        recorder, wanted = (self._verdicts, verdict) if state is None else (self._states, state)
+        return max(at for value, at in recorder.timed(node) if value == wanted)
 
     def events(self, node: str, reasons: Sequence[str] = REPAIR_EVENTS) -> list[tuple[str, int]]:
         """The Events among `reasons` sent about `node` since the start, in the order
