@@ -44,7 +44,8 @@ def test_opted_out_cordoned_and_breaker_held_nodes_are_not_repaired_and_say_why(
                 fleet.remap_pending(node)
             for node in mass:
                 held_for(fleet, node, "breaker is open")
-            assert fleet.metric("healthd_controller_breaker_open") == 1
+            eventually(lambda: fleet.metric("healthd_controller_breaker_open") == 1, 30,
+                       "the breaker's gauge")
 
         assert fleet.jobs() == []
         for node in fleet.nodes:

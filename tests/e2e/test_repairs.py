@@ -40,6 +40,8 @@ def test_a_pending_remap_under_a_running_appwrapper_is_repaired_without_an_admin
             phases.stop()
 
         assert seen.verdicts(bad) == ["PASS", "EVICT", "TESTING", "PASS"]
+        # The repair looks at the node first: the pod leaves only once healthd's reset
+        # has gone through the operator, which deletes it.
         assert seen.states(bad) == [None, "waiting", "resetting", "validating", ""]
         assert seen.lending() == [None, "8", None]  # 16 nominal; the node's 8 withheld
         assert phases.resets() == 1
