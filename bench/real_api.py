@@ -68,14 +68,19 @@ TRANSIENT = {429, 500, 503, 504}
 
 # -- the control plane ----------------------------------------------------------------
 
-def control_plane(root: Path) -> Any:
-    """A `tests.realcluster` ControlPlane in `root` without Kueue and the operator
-    (started by `.start()`, then `install_crds`)."""
+def control_plane(root: Path, *, with_addons: bool = False) -> Any:
+    """A `tests.realcluster` ControlPlane in `root`, without Kueue and the operator
+    unless `with_addons` (started by `.start()`; without them, then `install_crds`)."""
+    use_harness()
+    from tests.realcluster.cluster import ControlPlane
+    return ControlPlane(root, with_addons=with_addons)
+
+
+def use_harness() -> None:
+    """Make the test harness (`tests.realcluster`, `tests.e2e`) importable."""
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))  # the harness lives with the tests
     _whole_kubernetes_client()
-    from tests.realcluster.cluster import ControlPlane
-    return ControlPlane(root, with_addons=False)
 
 
 def _whole_kubernetes_client() -> None:
@@ -98,14 +103,19 @@ def install_crds(plane: Any) -> None:
 
 
 @contextlib.contextmanager
-def running_plane(root: Path) -> Iterator[Any]:
+def running_plane(root: Path, *, operator: Obj | None = None) -> Iterator[Any]:
     """The control plane up (with the CRDs) for the `with` block; stopped after it,
-    also on SIGTERM."""
-    plane = control_plane(root)
+    also on SIGTERM. With `operator` (its `appwrapper.autopilot` settings) Kueue and
+    the AppWrapper operator run too, the operator so configured."""
+    plane = control_plane(root, with_addons=operator is not None)
     previous = signal.signal(signal.SIGTERM, _exit_on_term)
     try:
+        if operator is not None:
+            from tests.realcluster import addons
+            plane.appwrapper_config = addons.appwrapper_config(**operator)
         plane.start()
-        install_crds(plane)
+        if operator is None:
+            install_crds(plane)
         yield plane
     finally:
         plane.stop()

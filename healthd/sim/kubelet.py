@@ -291,7 +291,7 @@ class FakeKubelet:
         started = now_text()
         pod = self._patch_pod(pod, phase="Running", podIP="10.0.0.10",
                               podIPs=[{"ip": "10.0.0.10"}], startTime=started,
-                              containerStatuses=[self._container_status(
+                              containerStatuses=[container_status(
                                   pod, {"running": {"startedAt": started}})])
         if self.mode is Mode.FAIL:
             return self._terminate(pod, Termination(137), reason="Error")
@@ -303,33 +303,7 @@ class FakeKubelet:
     def _terminate(self, pod: Obj, ended: Termination, *, reason: str) -> Obj:
         current = self.api.get("Pod", pod["metadata"]["name"], pod["metadata"]["namespace"])
         pod = current or pod
-        running = (pod["status"].get("containerStatuses") or [{}])[0].get("state", {})
-        terminated = {"exitCode": ended.exit_code, "reason": reason,
-                      "startedAt": running.get("running", {}).get("startedAt", now_text()),
-                      "finishedAt": now_text()}
-        message = self.termination_message(pod, ended)
-        if message:
-            terminated["message"] = message
-        return self._patch_pod(pod, phase="Succeeded" if ended.exit_code == 0 else "Failed",
-                               containerStatuses=[self._container_status(
-                                   pod, {"terminated": terminated})])
-
-    @staticmethod
-    def termination_message(pod: Obj, ended: Termination) -> str:
-        """What the kubelet reports: the termination log, or (FallbackToLogsOnError,
-        failed container, empty log) the tail of the logs; 4096 bytes at most."""
-        container = (pod["spec"].get("containers") or [{}])[0]
-        message = ended.message
-        fallback = container.get("terminationMessagePolicy") == "FallbackToLogsOnError"
-        if not message.strip() and ended.exit_code != 0 and fallback:
-            message = ended.logs.encode()[-LOG_FALLBACK_LIMIT:].decode(errors="ignore")
-        return message.encode()[:TERMINATION_LIMIT].decode(errors="ignore")
-
-    @staticmethod
-    def _container_status(pod: Obj, state: Obj) -> Obj:
-        container = (pod["spec"].get("containers") or [{}])[0]
-        return {"name": container.get("name", "main"), "image": container.get("image", ""),
-                "ready": "running" in state, "restartCount": 0, "state": state}
+        return self._patch_pod(pod, **terminated_status(pod, ended, reason=reason))
 
     def _patch_pod(self, pod: Obj, **status: Any) -> Obj:
         """Write status fields onto the stored pod (if it still exists)."""
@@ -340,6 +314,37 @@ class FakeKubelet:
         current["spec"] = pod["spec"]
         current["status"] = {**(current.get("status") or {}), **status}
         return self.api.put(current)
+
+
+def terminated_status(pod: Obj, ended: Termination, *, reason: str) -> Obj:
+    """The status a kubelet writes once the pod's container has ended: the phase, and
+    the container's terminated state with its exit code and termination message."""
+    running = ((pod.get("status") or {}).get("containerStatuses") or [{}])[0].get("state", {})
+    terminated = {"exitCode": ended.exit_code, "reason": reason,
+                  "startedAt": (running.get("running") or {}).get("startedAt", now_text()),
+                  "finishedAt": now_text()}
+    message = termination_message(pod, ended)
+    if message:
+        terminated["message"] = message
+    return {"phase": "Succeeded" if ended.exit_code == 0 else "Failed",
+            "containerStatuses": [container_status(pod, {"terminated": terminated})]}
+
+
+def termination_message(pod: Obj, ended: Termination) -> str:
+    """What the kubelet reports: the termination log, or (FallbackToLogsOnError,
+    failed container, empty log) the tail of the logs; 4096 bytes at most."""
+    container = (pod["spec"].get("containers") or [{}])[0]
+    message = ended.message
+    fallback = container.get("terminationMessagePolicy") == "FallbackToLogsOnError"
+    if not message.strip() and ended.exit_code != 0 and fallback:
+        message = ended.logs.encode()[-LOG_FALLBACK_LIMIT:].decode(errors="ignore")
+    return message.encode()[:TERMINATION_LIMIT].decode(errors="ignore")
+
+
+def container_status(pod: Obj, state: Obj) -> Obj:
+    container = (pod["spec"].get("containers") or [{}])[0]
+    return {"name": container.get("name", "main"), "image": container.get("image", ""),
+            "ready": "running" in state, "restartCount": 0, "state": state}
 
 
 def pods_of(api: Emulator, job_name: str, namespace: str) -> Sequence[Obj]:

@@ -45,6 +45,9 @@ EXPECTED: dict[str, tuple[list[str], set[str], set[str]]] = {
                     {"controller_slope_kib_per_min_tail", "agent-0_slope_kib_per_min_tail"}),
 }
 
+# Benchmarks that only run on the real control plane: each has its own e2e test below.
+REAL_ONLY = {"repair_real"}
+
 
 @pytest.fixture(scope="module")
 def runs() -> Iterator[dict[str, subprocess.CompletedProcess[str]]]:
@@ -73,7 +76,7 @@ def test_every_benchmark_is_covered() -> None:
     # plumbing and gpu_load the load real_gpu runs beside pciebw, not benchmarks
     scripts = {p.stem for p in BENCH.glob("*.py")} - {"common", "real_gpu", "reset_cluster",
                                                        "real_api", "gpu_load"}
-    assert scripts == set(EXPECTED)
+    assert scripts == set(EXPECTED) | REAL_ONLY
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -116,3 +119,21 @@ def test_label_to_reset_measures_on_the_real_api_server() -> None:
     assert row["memory"]["cached"] == {"nodes": 90, "pods": 360, "appwrappers": 90}
     assert row["latency_s"]["n"] == 5 * 4  # each of the 5 faults: its 4 AppWrappers reset
     assert row["burst_appwrappers_reset"] > 0 and row["burst_requests"]["event_post"] > 0
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_repair_real_times_each_step_from_fault_to_pass_on_the_real_control_plane() -> None:
+    if programs.go_binary() is None:
+        unavailable("needs Go (>= 1.25) on PATH to build the real control plane")
+    proc = subprocess.run([sys.executable, str(BENCH / "repair_real.py"), "--quick"],
+                          capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    figures = report["figures"]
+    assert (figures["api_server"], figures["runs"]) == ("kube-apiserver", 1)
+    assert {"fault_to_pass", "evict_to_appwrapper_reset", "reset_container"} <= set(
+        figures["busy"])
+    assert {"fault_to_pass", "evict_to_job", "reset_container"} <= set(figures["idle"])
+    for kind in ("busy", "idle"):
+        assert all(step["n"] == 1 for step in figures[kind].values()), figures[kind]

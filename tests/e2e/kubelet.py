@@ -10,6 +10,15 @@ token, as on a cluster. Like a real kubelet it keeps a deleted Pod until its pro
 has stopped (a finalizer of its own; kwok would remove the Pod at once), so what an
 agent writes while it shuts down is written with a token that is still valid.
 
+It also plays the controller's GPU-reset Jobs on its machines, as a node's kubelet
+runs their one container: once the real Job controller and scheduler have bound the
+Job's pod to a simulated node and kwok has marked it Running (kwok never completes a
+pod), the pod's own command (`healthd gpu-reset UUID...`) runs here, on that node's
+`Machine` (healthd.sim.kubelet.HealthdRunner: the simulated nvidia-smi resets the GPU
+the node's agent sees), and the pod's status says how it ended: Succeeded or Failed
+with the container's termination message, from which the real Job controller
+completes or fails the Job. `resets_allowed` cleared holds them Running until set.
+
 A `Machine` outlives the processes on it, as a node outlives its agent Pods: its
 clock, its kernel log and the agent's position in it, its RDMA ports. An NVML event
 reaches only the process running when it happens: the real NVML delivers it once, to
@@ -28,10 +37,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
 import yaml
 from kubernetes import client as k8s
+from prometheus_client.parser import text_string_to_metric_families
 
+from healthd.config.controller import DEFAULT_REPAIR_NAMESPACE
+from healthd.kube.conventions import Keys
 from healthd.sim.kernellog import SimKernelLog
+from healthd.sim.kubelet import HealthdRunner, terminated_status
 from healthd.sim.machine import MachineSpec
 from healthd.sim.shared import SUFFIX
 from tests.e2e.healthd import HEALTHD, NAMESPACE, Healthd, eventually, merge
@@ -40,6 +54,7 @@ from tests.realcluster.processes import Program, free_port, http_ok, log_tail
 Obj = dict[str, Any]
 FINALIZER = "e2e.healthd.io/container-running"  # the Pod's process has not stopped yet
 SYNC_S = 0.3  # how often the Pods are looked at
+GPU_RESETS = f"{Keys().gpu_reset}=true"  # the controller's GPU-reset Jobs' pods
 
 
 class Machine:
@@ -72,6 +87,17 @@ class Machine:
         """An RDMA port that shows `changes` from now on (a cable pulled, ...)."""
         self._command(op="rdma_port", device=device, **changes)
 
+    def inject(self, **fault: Any) -> None:
+        """A GPU fault the machine shows from now on (healthd.sim.machine.GpuFault)."""
+        self._command(op="inject", fault=fault)
+
+    def resets(self) -> list[int]:
+        """The GPUs reset on this machine so far, in order (each reset is a line the
+        simulated nvidia-smi appends to the control file)."""
+        lines = [json.loads(line) for line in self.control.read_text().splitlines()
+                 if line.strip()]
+        return [int(c["gpu"]) for c in lines if c.get("op") == "gpu_reset"]
+
     def log(self, message: str) -> None:
         """A line the driver writes to the machine's kernel log now (after the
         lines already there, dated by the machine's clock)."""
@@ -103,17 +129,27 @@ class Container:
     def ready(self) -> bool:
         return http_ok(f"http://127.0.0.1:{self.port}/readyz")
 
-    def runs(self) -> dict[str, float]:
-        """Completed runs per check (healthd_check_runs_total, every result); none
-        while the process does not answer."""
+    def metrics(self) -> str:
+        """Its /metrics page; "" while the process does not answer."""
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics",
                                         timeout=5) as answer:
-                text = answer.read().decode()
+                return str(answer.read().decode())
         except OSError:
-            return {}
+            return ""
+
+    def sample(self, name: str, **labels: str) -> float:
+        """The value of metric sample `name` with (at least) `labels`, summed; 0 when
+        there is none."""
+        return sum(s.value for family in text_string_to_metric_families(self.metrics())
+                   for s in family.samples
+                   if s.name == name and labels.items() <= s.labels.items())
+
+    def runs(self) -> dict[str, float]:
+        """Completed runs per check (healthd_check_runs_total, every result); none
+        while the process does not answer."""
         out: dict[str, float] = {}
-        for line in text.splitlines():
+        for line in self.metrics().splitlines():
             if line.startswith("healthd_check_runs_total{"):
                 labels, _, value = line.rpartition(" ")
                 check = labels.split('check="', 1)[1].split('"', 1)[0]
@@ -131,9 +167,12 @@ class Kubelet:
     root: Path
     config: Obj = field(default_factory=dict)
     containers: dict[str, Container] = field(default_factory=dict)  # by Pod uid
+    resets_played: list[str] = field(default_factory=list)  # GPU-reset pods run, by name
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
+        self.resets_allowed = threading.Event()
+        self.resets_allowed.set()
         self._lock = threading.Lock()
         self._stopping: dict[str, threading.Thread] = {}
         self._done = threading.Event()
@@ -207,11 +246,52 @@ class Kubelet:
             gone = set(self.containers) - seen
         for uid in gone:  # the Pod is gone
             self._stop_soon(uid)
+        self._play_gpu_resets()
 
     def _ours(self, pod: Obj) -> bool:
         if _is_agent(pod):
             return pod["spec"].get("nodeName") in self.machines
         return _name(pod) == "healthd-controller"
+
+    # -- GPU-reset Jobs -----------------------------------------------------------------
+
+    def _play_gpu_resets(self) -> None:
+        """Start each new GPU-reset pod that runs on one of the machines."""
+        for found in self.healthd.core.list_namespaced_pod(DEFAULT_REPAIR_NAMESPACE,
+                                                           label_selector=GPU_RESETS).items:
+            pod = self.healthd.client.sanitize_for_serialization(found)
+            if self._claim(pod):
+                threading.Thread(target=self._play_gpu_reset, name="gpu-reset",
+                                 args=(pod, self.machines[pod["spec"]["nodeName"]]),
+                                 daemon=True).start()
+
+    def _claim(self, pod: Obj) -> bool:
+        """Whether `pod` is a GPU-reset pod to run now (Running on one of the machines,
+        not run yet); it is then taken."""
+        meta = pod["metadata"]
+        due = (pod["spec"].get("nodeName") in self.machines
+               and pod["status"].get("phase") == "Running"
+               and meta.get("deletionTimestamp") is None)
+        with self._lock:
+            if not due or meta["name"] in self.resets_played:
+                return False
+            self.resets_played.append(meta["name"])
+            return True
+
+    def _play_gpu_reset(self, pod: Obj, machine: Machine) -> None:
+        """Run the pod's container on `machine`, then report how it ended."""
+        while not self.resets_allowed.wait(SYNC_S):
+            if self._done.is_set():
+                return
+        name = pod["metadata"]["name"]
+        try:
+            ended = anyio.run(HealthdRunner(machine.spec_file, control=machine.control), pod)
+            status = terminated_status(pod, ended, reason="Completed" if ended.exit_code == 0
+                                       else "Error")
+            self.healthd.core.patch_namespaced_pod_status(name, DEFAULT_REPAIR_NAMESPACE,
+                                                          {"status": status})
+        except Exception as exc:  # not reported: the Job's deadline fails it
+            self.errors.append(f"GPU reset {name}: {exc!r}")
 
     # -- starting and stopping --------------------------------------------------------
 

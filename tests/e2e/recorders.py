@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -79,6 +80,8 @@ class Recorder:
         self._client, self._list, self._extract, self._kwargs = client, list_call, extract, kwargs
         self._names = None if names is None else set(names)
         self.history: dict[str, list[Any]] = {}
+        self.seen_at: dict[str, list[float]] = {}  # when each value arrived (time.time())
+        self.order: list[str] = []  # the objects by when each was first seen
         self.relists = 0  # lists after the first (410 Gone): a value may have been missed
         self._lock = threading.Lock()
         self._done = threading.Event()
@@ -96,9 +99,12 @@ class Recorder:
             return
         value = self._extract(obj)
         with self._lock:
+            if name not in self.history:
+                self.order.append(name)
             seen = self.history.setdefault(name, [])
             if not seen or seen[-1] != value:
                 seen.append(value)
+                self.seen_at.setdefault(name, []).append(time.time())
 
     def _relist(self) -> str:
         listing = self._as_dict(self._list(**self._kwargs))
@@ -132,6 +138,12 @@ class Recorder:
     def values(self, name: str) -> list[Any]:
         with self._lock:
             return list(self.history.get(name, []))
+
+    def timed(self, name: str) -> list[tuple[Any, float]]:
+        """Each value with when it arrived here."""
+        with self._lock:
+            return list(zip(self.history.get(name, []), self.seen_at.get(name, []),
+                            strict=True))
 
     def stop(self, current: dict[str, Any] | None = None, timeout_s: float = 30) -> None:
         """Stop watching; first, with `current` (name -> the value a fresh read
