@@ -54,7 +54,8 @@ class ResourceType:
         return frozenset(COMMON_FIELDS + self.fields)
 
 
-CUSTOM_GROUPS = frozenset({"workload.codeflare.dev", "kueue.x-k8s.io"})
+CUSTOM_GROUPS = frozenset({"workload.codeflare.dev", "kueue.x-k8s.io",
+                           "remediation.medik8s.io"})
 
 _EVENT_FIELDS = (
     "involvedObject.kind",
@@ -111,6 +112,12 @@ RESOURCES: tuple[ResourceType, ...] = (
       returns_deleted=True, short_names=("rf",)),
     R("kueue.x-k8s.io", "v1beta1", "resourceflavors", "ResourceFlavor", False,
       returns_deleted=True, short_names=("rf",)),
+    # medik8s Self Node Remediation: the default reboot hand-off of repairs
+    R("remediation.medik8s.io", "v1alpha1", "selfnoderemediations", "SelfNodeRemediation",
+      True, status=True, returns_deleted=True, short_names=("snr",)),
+    R("remediation.medik8s.io", "v1alpha1", "selfnoderemediationtemplates",
+      "SelfNodeRemediationTemplate", True, status=True, returns_deleted=True,
+      short_names=("snrt",)),
 )
 
 

@@ -1,0 +1,103 @@
+"""A stand-in for the cluster's reboot operator (medik8s Self Node Remediation), and
+the minimal CRDs of its request and template kinds, for tests and the demo.
+
+healthd never reboots a node: it creates a request (a `SelfNodeRemediation` named
+after the node) and waits for the node's boot id to change. This plays the other
+side, through the Kubernetes API only, so it works against the API emulator and a
+real kube-apiserver alike: it watches the request kind and, once per request,
+
+1. reboots the node's simulated machine (the control-file op `reboot`: the GPUs keep
+   only what survives a reboot, healthd.sim.repairs), as the operator's agent on the
+   node does;
+2. sets the Node's `status.nodeInfo.bootID` to a new id through the status
+   subresource, as the kubelet does when it starts after the reboot.
+
+A request it does not know the machine of (a node it was not given) is left alone,
+as would be a node whose operator agent is not running; its node never reboots.
+Deleting the request ends the remediation (the real operator then lets the node run
+work again); this one has nothing to undo.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from healthd.kube.client import Kube
+from healthd.kube.errors import KubeError
+from healthd.kube.objects import NODES, Resource, meta, name_of
+from healthd.kube.watching import DELETED, watch_forever
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+GROUP, VERSION = "remediation.medik8s.io", "v1alpha1"
+REQUESTS = Resource(GROUP, VERSION, "selfnoderemediations", True, "SelfNodeRemediation")
+TEMPLATES = Resource(GROUP, VERSION, "selfnoderemediationtemplates", True,
+                     "SelfNodeRemediationTemplate")
+
+
+def crd(res: Resource) -> Obj:
+    """A minimal CustomResourceDefinition serving `res` (any spec and status kept)."""
+    schema = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{res.plural}.{res.group}"},
+        "spec": {"group": res.group, "scope": "Namespaced" if res.namespaced else "Cluster",
+                 "names": {"plural": res.plural, "singular": res.kind.lower(),
+                           "kind": res.kind, "listKind": f"{res.kind}List"},
+                 "versions": [{"name": res.version, "served": True, "storage": True,
+                               "schema": {"openAPIV3Schema": schema},
+                               "subresources": {"status": {}}}]}}
+
+
+def crds() -> list[Obj]:
+    """The request and template kinds' CRDs, for a real API server."""
+    return [crd(REQUESTS), crd(TEMPLATES)]
+
+
+def template(name: str, namespace: str, spec: Obj | None = None) -> Obj:
+    """A remediation template whose requests get `spec`."""
+    return {"apiVersion": TEMPLATES.api_version, "kind": TEMPLATES.kind,
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"template": {"spec": dict(spec or {})}}}
+
+
+class FakeRebootOperator:
+    """Reboots the simulated machine of each node a request names (module docstring).
+    `machines`: node name -> its machine's control file."""
+
+    def __init__(self, kube: Kube, machines: Mapping[str, Path], *,
+                 requests: Resource = REQUESTS, namespace: str | None = None) -> None:
+        self._kube, self._machines = kube, dict(machines)
+        self._requests, self._namespace = requests, namespace
+        self._done: set[str] = set()  # request uids acted on
+        self.rebooted: list[str] = []  # node names, in the order they were rebooted
+
+    async def run(self) -> None:
+        """Follow the requests until cancelled."""
+        async for event in watch_forever(self._kube, self._requests, self._namespace):
+            if event.type != DELETED:
+                await self._remediate(event.object)
+
+    async def _remediate(self, request: Obj) -> None:
+        uid, node = str(meta(request).get("uid", "")), name_of(request)
+        control = self._machines.get(node)
+        if uid in self._done or control is None:
+            return
+        self._done.add(uid)
+        with control.open("a") as handle:
+            handle.write(json.dumps({"op": "reboot"}) + "\n")
+        boot_id = str(uuid.uuid4())
+        try:
+            await self._kube.merge_patch(NODES, node, {"status": {"nodeInfo": {
+                "bootID": boot_id}}}, subresource="status")
+        except KubeError as exc:  # the kubelet would retry; so does a new request
+            log.warning("fake reboot operator: node %s: %s", node, exc)
+            self._done.discard(uid)
+            return
+        self.rebooted.append(node)
+        log.info("fake reboot operator: rebooted node %s (boot id %s)", node, boot_id)
