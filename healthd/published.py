@@ -345,6 +345,7 @@ REPAIR_STATES = ("", "waiting", "held", "resetting", "validating", "reboot-reque
 # in the health document's `testing[]` (beside any exclusive diagnostic's check key).
 TESTING_REPAIR_STATES = frozenset({"resetting", "validating"})
 REPAIR_TESTING = "repair"
+REBOOT_NEEDED = "reboot needed"  # how a `held` repair's reason starts when only a reboot helps
 
 
 @dataclass(frozen=True)
@@ -396,6 +397,16 @@ class Repair(Document):
         gpus = ", ".join(self.gpus)
         return f"{self.state} {gpus}" if gpus and self.state == "resetting" else self.state
 
+    @property
+    def note(self) -> str:
+        """What the node's condition says of the repair while the node is out and not
+        TESTING: a reboot needed, requested, or hardware inspection; else ""."""
+        if self.state == "held" and self.reason.startswith(REBOOT_NEEDED):
+            return REBOOT_NEEDED
+        if self.state == "reboot-requested":
+            return f"reboot requested ({self.request})" if self.request else "reboot requested"
+        return "hardware inspection" if self.state == "hardware-inspection" else ""
+
     def to_json(self) -> Json:
         body: Json = {"state": self.state, "since": self.since}
         for key in ("reason", "job", "run_id", "boot_id", "request"):
@@ -436,6 +447,17 @@ def read_last_run(obj: Mapping[str, Any], keys: Keys) -> LastRun | Undecodable |
 def read_repair(obj: Mapping[str, Any], keys: Keys) -> Repair | Undecodable | None:
     """The node's repair document, as `read_health` reads the health document."""
     return Repair.read(obj, keys.repair)
+
+
+def awaits_validation(obj: Mapping[str, Any], keys: Keys) -> bool:
+    """Whether the node is new to healthd's repairs: no repair record, and no verdict
+    published yet other than one that awaits this validation (`testing` holds the
+    repair's key). A node judged before (a fleet that turns the validation of new
+    nodes on) is not new. The agent and the controller read it the same way."""
+    if read_repair(obj, keys) is not None:
+        return False
+    health = read_health(obj, keys)
+    return health is None or (isinstance(health, Health) and REPAIR_TESTING in health.testing)
 
 
 # -- JSON plumbing ---------------------------------------------------------------------

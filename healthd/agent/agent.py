@@ -50,7 +50,7 @@ from checks.snapshot import NvmlGpuSource
 from healthd.agent.deepdiag import DeepDiagnostic
 from healthd.agent.deepruns import DeepRuns, deep_job_env
 from healthd.agent.event_runs import Activity, Feeds, effective_config, event_loops
-from healthd.agent.health import NodeHealth, policy_of
+from healthd.agent.health import NodeHealth, policy_of, validates_new_nodes
 from healthd.agent.metrics import AgentMetrics, read_cpu_model
 from healthd.agent.node_events import NodeEvents, UnavailableChecks
 from healthd.agent.node_status import NodePublisher
@@ -71,7 +71,7 @@ from healthd.kube.events import EventRecorder
 from healthd.kube.pods import gpu_pods
 from healthd.kube.pvc_probe import KubeProbeApi
 from healthd.kube.shapes import Node, view
-from healthd.published import Repair, read_repair
+from healthd.published import Repair, awaits_validation, read_repair
 from healthd.util.http import serve_http
 
 log = logging.getLogger(__name__)
@@ -207,7 +207,8 @@ class Agent:
         recorder = EventRecorder(kube, component=COMPONENT, host=self.node)
         publisher = NodePublisher(kube, self.node, self.keys, recorder, clock=self.clock)
         health = NodeHealth(policy_of(self.config), publisher, self.metrics, keys=self.keys,
-                            node=self.node, clock=self.clock)
+                            node=self.node, clock=self.clock,
+                            validates_new=validates_new_nodes(self.config))
         peers = PublishedPeers(self.keys, self._peers_changed)
         node_watch = NodeWatch(self.node, partial(self._observe_node, publisher, health, peers))
         events = NodeEvents(recorder, node_watch)
@@ -283,7 +284,8 @@ class Agent:
         peers.observe(node)
         health.resume(node, known=_known_check)
         repair = read_repair(node, self.keys)
-        health.observe_repair(repair if isinstance(repair, Repair) else None)
+        health.observe_repair(repair if isinstance(repair, Repair) else None,
+                              new=awaits_validation(node, self.keys))
         if self.config.expected_gpus is None and (count := _node_gpus(node)):
             self.inputs.expected_gpus = count
 

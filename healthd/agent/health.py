@@ -51,6 +51,15 @@ log = logging.getLogger(__name__)
 LABEL_WAIT_S = 60.0  # fault-to-label: give up measuring after this long
 
 
+AWAITING_VALIDATION = "awaiting the validation of a new node"
+
+
+def validates_new_nodes(config: Config) -> bool:
+    """Whether the controller validates a node it sees first before it may be PASS."""
+    repair = config.controller.repair
+    return repair.enabled and repair.validate_new_nodes and not config.controller.dry_run
+
+
 def policy_of(config: Config) -> Policy:
     """The verdict policy the agent's settings and the finding catalog make."""
     settings = config.agent
@@ -64,12 +73,17 @@ class NodeHealth:
     docstring)."""
 
     def __init__(self, policy: Policy, publisher: NodePublisher, metrics: AgentMetrics, *,
-                 keys: Keys, node: str, clock: Callable[[], float]) -> None:
+                 keys: Keys, node: str, clock: Callable[[], float],
+                 validates_new: bool = False) -> None:
         self.policy, self.publisher, self.metrics = policy, publisher, metrics
         self.keys, self.node, self.clock = keys, node, clock
         self.state: HealthState = initial(clock())
         self.last_run: str | None = None  # the answer to the latest on-demand request
         self.repair = ""  # what the controller's repair does now, while it holds TESTING
+        self.repair_note = ""  # what the condition says of a repair that keeps the node out
+        # The controller validates a node that has no repair record before it is PASS
+        # (controller.repair.validate_new_nodes): TESTING until it has one.
+        self.validates_new = validates_new
         self.dcgm_levels: dict[int, str | None] = {}  # level -> its label value
         self._deep: dict[str, int | None] = {}  # deep runs in TESTING -> their DCGM level
         self.resumed = False  # what the Node showed has been taken back
@@ -130,14 +144,23 @@ class NodeHealth:
         self._deep.pop(key, None)
         self.set_state(end_testing(self.state, key, at=self.clock()))
 
-    def observe_repair(self, repair: Repair | None) -> None:
+    def observe_repair(self, repair: Repair | None, *, new: bool = False) -> None:
         """The controller's repair as the Node shows it: while it resets or validates
         the GPUs the node is TESTING (key REPAIR_TESTING), as during an exclusive
-        diagnostic; held ERR and EVICT findings still win, as they do then."""
+        diagnostic; held ERR and EVICT findings still win, as they do then. A `new`
+        node (published.awaits_validation) awaits the validation of new nodes when
+        the controller does one."""
         doing = repair.doing if repair is not None and repair.testing else ""
-        if doing == self.repair:
+        if new and self.validates_new:
+            doing = AWAITING_VALIDATION
+        note = repair.note if repair is not None else ""
+        if (doing, note) == (self.repair, self.repair_note):
             return
-        self.repair = doing
+        if doing == self.repair:  # only what the condition says changed
+            self.repair_note = note
+            self.publish()
+            return
+        self.repair, self.repair_note = doing, note
         at = self.clock()
         self.set_state(start_testing(self.state, REPAIR_TESTING, at=at) if doing
                        else end_testing(self.state, REPAIR_TESTING, at=at))
@@ -184,7 +207,7 @@ class NodeHealth:
             self._shown.set()
         desired = desired_from(self.state, self.keys, node=self.node,
                                dcgm_levels=self.dcgm_levels, last_run=self.last_run,
-                               repair=self.repair)
+                               repair=self.repair, repair_note=self.repair_note)
         self.publisher.want(desired, self.state)
 
     def _label_level(self, level: int | None, result: CheckResult, at: float) -> None:

@@ -67,18 +67,21 @@ def desired_from(
     dcgm_levels: Mapping[int, str | None],
     last_run: str | None = None,
     repair: str = "",
+    repair_note: str = "",
 ) -> DesiredNode:
     """The published state for `state`. `dcgm_levels` maps a DCGM level to its label
     value (`dcgm_label_value(...)`); `last_run` is the answer to the last on-demand
     request (`requests.answer`), left alone when None; `repair` says what the
-    controller's repair does while it holds the node TESTING."""
+    controller's repair does while it holds the node TESTING, `repair_note` what the
+    condition says of a repair that keeps it out (`Repair.note`)."""
     labels: dict[str, str | None] = {keys.dcgm_level(n): v for n, v in dcgm_levels.items()}
     if state.judged:
         labels[keys.gpuhealth] = state.verdict.value
     annotations: dict[str, str | None] = {keys.health: health_json(state)}
     if last_run is not None:
         annotations[keys.last_run] = last_run
-    return DesiredNode(labels, annotations, condition(state, node=node, repair=repair))
+    return DesiredNode(labels, annotations, condition(state, node=node, repair=repair,
+                                                      repair_note=repair_note))
 
 
 # -- entities and messages -------------------------------------------------------------
@@ -107,15 +110,21 @@ def _more(count: int) -> str:
 # -- the GPUUnhealthy condition --------------------------------------------------------
 
 
-def condition(state: HealthState, *, node: str, repair: str = "") -> dict[str, Any]:
+def condition(state: HealthState, *, node: str, repair: str = "",
+              repair_note: str = "") -> dict[str, Any]:
     """GPUUnhealthy: True for ERR/EVICT, False for PASS/WARN/TESTING, Unknown before
-    any judgement. Reason: the top holding's code, else GPUsHealthy/DiagnosticRunning."""
+    any judgement. Reason: the top holding's code, else GPUsHealthy/DiagnosticRunning.
+    The message of a held finding ends with `repair_note` (`; repair: reboot needed`):
+    the controller's record says it, but only the agent writes the condition."""
     if not state.judged:
         status, reason = "Unknown", Reason.CANNOT_JUDGE.value
         message = f"no health check on {node} has given a judgement yet"
     else:
         status = "True" if state.verdict.unhealthy else "False"
         reason, message = _condition_reason(state, node, repair)
+        if repair_note and state.top is not None and state.verdict is not Verdict.TESTING:
+            note = f"; repair: {repair_note}"[:CONDITION_MESSAGE_CHARS // 2]
+            message = _clip(message, CONDITION_MESSAGE_CHARS - len(note)) + note
     return {
         "type": CONDITION_TYPE,
         "status": status,

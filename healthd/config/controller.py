@@ -18,7 +18,9 @@ the field). Durations accept `30s`, `5m`, `1h` and are stored as seconds::
       repair: {enabled: false, max_gpu_resets: 2, max_reboots: 2, window: 24h,
                remedies: {},                  # e.g. {XID_48: reboot, NIC_DOWN: humans}
                validation: [pciebw, "dcgm:2"], validation_timeout: 30m,
-               namespace: healthd-system-repair, reset_deadline: 15m}
+               namespace: healthd-system-repair, reset_deadline: 15m,
+               reboot: null,                  # or a remediation template (below)
+               reboot_timeout: 30m, validate_new_nodes: false}
       peers: {count: 16, rotate_every: 1h}  # ping's peer sets, on each Node
 """
 
@@ -27,7 +29,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 import checks
 from checks.catalog import is_known_code
@@ -125,6 +127,30 @@ class ElectionSettings(Frozen):
 
 
 RemedyName = Literal["reset", "reboot", "humans", "none"]
+TEMPLATE_SUFFIX = "Template"
+
+
+class RemediationTemplate(Frozen):
+    """The reboot hand-off: a remediation template, named as medik8s NodeHealthCheck's
+    `remediationTemplate` names one (e.g. `remediation.medik8s.io/v1alpha1`
+    `SelfNodeRemediationTemplate`). The request the controller creates for a node is
+    of the kind without the `Template` suffix, in the same group and namespace."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    api_version: str = Field(alias="apiVersion", pattern=r"^[a-z0-9.-]+/[a-z0-9]+$",
+                             description="group/version of the template and the request")
+    kind: str = Field(pattern=r"^[A-Z][A-Za-z0-9]*Template$",
+                      description="the template's kind; the request's is this minus Template")
+    namespace: str = Field(min_length=1, description="where the template is and the "
+                           "requests are created")
+    name: str = Field(min_length=1, description="the template's name")
+
+    @property
+    def request_kind(self) -> str:
+        return self.kind.removesuffix(TEMPLATE_SUFFIX)
+
+
 
 
 class RepairSettings(Frozen):
@@ -151,6 +177,15 @@ class RepairSettings(Frozen):
     reset_deadline: Duration = Field(
         900.0, description="a GPU-reset Job must be scheduled and done within this long "
         "(its activeDeadlineSeconds), or the reset failed")
+    reboot: RemediationTemplate | None = Field(
+        None, description="the remediation template a reboot request is made from; none: "
+        "a node that needs a reboot is held, saying so")
+    reboot_timeout: Duration = Field(
+        1800.0, description="a node whose boot id has not changed by then was not rebooted: "
+        "the request is withdrawn and the node goes to hardware inspection")
+    validate_new_nodes: bool = Field(
+        False, description="run the validation set on a GPU node that has never had a "
+        "repair record (a new node) before it counts as PASS")
 
     @field_validator("validation")
     @classmethod

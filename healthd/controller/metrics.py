@@ -15,7 +15,7 @@ state the controller acts on.
 | `healthd_controller_breaker_open` | gauge | | 1 while the circuit breaker stops resets |
 | `healthd_controller_bad_nodes` | gauge | | GPU nodes the breaker counts as bad (a bad verdict, NotReady or unreachable; a cordon alone is not) |
 | `healthd_controller_label_to_reset_seconds` | histogram | | from the watch event that made a node EVICT to the reset written |
-| `healthd_controller_repairs_total` | counter | action, outcome | repair steps: action `reset` (a GPU reset), `reboot`, `hardware-inspection`, `wait`, `held`; outcome `started`, `passed`, `failed`, `dry-run` (healthd.controller.repairs) |
+| `healthd_controller_repairs_total` | counter | action, outcome | repair steps: action `reset` (a GPU reset), `reboot` (a reboot request), `validate` (a new node's validation), `hardware-inspection`, `wait`, `held`; outcome `started`, `passed`, `failed`, `timed-out` (no reboot came), `dry-run` (healthd.controller.repairs) |
 | `healthd_controller_fault_to_pass_seconds` | histogram | | from a repaired node's first held finding to its validation passed |
 | `healthd_controller_nodes_in_hardware_inspection` | gauge | | GPU nodes whose repair is handed to humans (until an admin clears them) |
 | `healthd_controller_cache_synced` | gauge | kind | 1 once the cache of `kind` (`nodes`, `pods`, `appwrappers`, `clusterqueues`, `resourceflavors`) has its first full list; 0 while not leading |

@@ -15,13 +15,14 @@ from typing import Any
 from healthd.config import Config
 from healthd.kube.conventions import Keys
 from healthd.kube.objects import annotations_of, labels_of, spec_of
-from healthd.kube.shapes import Node
+from healthd.kube.shapes import Node, part
 from healthd.published import (
     Health,
     Holding,
     LastRun,
     Repair,
     RepairAttempt,
+    awaits_validation,
     dumps,
     read_health,
     read_last_run,
@@ -36,9 +37,11 @@ WAITING = "waiting"
 HELD = "held"
 RESETTING = "resetting"
 VALIDATING = "validating"
+REBOOT_REQUESTED = "reboot-requested"
 INSPECTION = "hardware-inspection"
 NOT_FAILING = frozenset({"PASS", "WARN", "SKIPPED"})  # a validation check that says so
 RUN_ID_PREFIX = "repair-"
+NEW_NODE_RUN_ID = "new-node"  # the validation of a node seen for the first time
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,8 @@ class NodeRepair:
     opted_out: bool
     cordoned: bool
     uid: str = ""  # names the node in Events (no read to find it)
+    boot_id: str = ""  # status.nodeInfo.bootID: the kubelet's, new after each reboot
+    new: bool = False  # never repaired nor judged before (published.awaits_validation)
 
     @property
     def state(self) -> str:
@@ -73,7 +78,19 @@ def node_repair(node: Node, keys: Keys) -> NodeRepair:
         last_run=last if isinstance(last, LastRun) else None,
         opted_out=labels_of(node).get(OPT_OUT_LABEL, "").lower() == "true",
         cordoned=spec_of(node).get("unschedulable") is True,
-        uid=str(node.get("metadata", {}).get("uid", "")))
+        uid=str(node.get("metadata", {}).get("uid", "")),
+        boot_id=boot_id_of(node), new=awaits_validation(node, keys))
+
+
+def boot_id_of(node: Node) -> str:
+    """The node's boot id as its kubelet reports it ("" when it reports none)."""
+    info = part(part(node.get("status")).get("nodeInfo")).get("bootID")
+    return info if isinstance(info, str) else ""
+
+
+def rebooted(node: NodeRepair) -> bool:
+    """Whether the node reports a boot id other than the one recorded with the request."""
+    return bool(node.boot_id) and node.boot_id != node.repair.boot_id
 
 
 def history(repair: Repair) -> tuple[Attempt, ...]:
@@ -136,10 +153,28 @@ def started_reset(repair: Repair, *, job: str, gpus: Sequence[str], reason: str,
                   job=job, attempts=(*repair.attempts, attempt), checks=checks)
 
 
-def validating(repair: Repair, now: float) -> Repair:
-    """The reset done: the validation request in flight, under its run id."""
-    run_id = f"{RUN_ID_PREFIX}{len(repair.attempts)}"
-    return replace(repair, state=VALIDATING, since=rfc3339(now), job="", run_id=run_id)
+def requested_reboot(repair: Repair, *, request: str, boot_id: str, reason: str,
+                     now: float, held: Iterable[Holding]) -> Repair:
+    """A new reboot attempt, its request named (and the boot id it must change from)
+    before the request is created; it remembers the checks that raised `held`."""
+    attempt = RepairAttempt(Remedy.REBOOT.value, rfc3339(now), (), "")
+    checks = tuple(dict.fromkeys(h.check for h in held if h.check))
+    return Repair(state=REBOOT_REQUESTED, since=rfc3339(now), reason=reason,
+                  request=request, boot_id=boot_id, attempts=(*repair.attempts, attempt),
+                  checks=checks)
+
+
+def validating(repair: Repair, now: float, run_id: str = "") -> Repair:
+    """The repair done (or a new node): the validation request in flight, under its run
+    id (`repair-<attempt>` unless given)."""
+    run_id = run_id or f"{RUN_ID_PREFIX}{len(repair.attempts)}"
+    return replace(repair, state=VALIDATING, since=rfc3339(now), job="", request="",
+                   boot_id="", run_id=run_id)
+
+
+def timed_out(repair: Repair, reason: str, now: float) -> Repair:
+    """The reboot in flight never came: the attempt `timed-out`, the node to humans."""
+    return replace(finished(repair, "timed-out", reason, now), state=INSPECTION)
 
 
 def finished(repair: Repair, outcome: str, reason: str, now: float) -> Repair:

@@ -17,14 +17,26 @@ cache gets a refusal, never a double step), and a new leader carries on from it.
                        set, run id `repair-<attempt>`) were written with the state;
                        the agent's `last-run` answer under that id passes or fails
                        the attempt; no answer within `validation_timeout` fails it
+    reboot-requested   the reboot request (healthd.controller.reboot_request, from
+                       the configured template) is created, again by a new leader;
+                       when the Node's `status.nodeInfo.bootID` differs from the
+                       one recorded, the request is deleted -> validating; no new
+                       boot id within `reboot_timeout`: the request is deleted, the
+                       attempt timed out -> hardware-inspection
     hardware-inspection  sticky: nothing more until an admin's clear
                        (`healthd.io/clear=true`) is answered by the node's agent;
                        then idle, history kept
 
-The annotation is written first, the Job created second: a leader killed in between
-leaves `resetting` with the Job's name, and the next one creates that Job (an
-AlreadyExists is fine). Every state change posts one Event on the Node; a state
-that does not change is not written (zero writes in steady state). A running GPU
+With `validate_new_nodes`, a new GPU node (no repair annotation, no verdict but one
+that awaits this; healthd.published.awaits_validation) goes to validating (run id
+`new-node`, no clear) before anything else.
+
+The annotation is written first, the Job (or the reboot request) created second: a
+leader killed in between leaves `resetting` with the Job's name (`reboot-requested`
+with the request's), and the next one creates it (an AlreadyExists of our own is
+fine; a request someone else created means someone else remediates the node). Every
+state change posts one Event on the Node; a state that does not change is not written
+(zero writes in steady state). A running GPU
 pod is known from the AppWrapper pods cache; any other pod holding a GPU keeps the
 Job unscheduled (it requests every GPU of the node) until its deadline fails it.
 
@@ -38,6 +50,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -48,10 +61,20 @@ from healthd.config import Config
 from healthd.controller.caches import NODES_KIND, PODS_KIND, Caches
 from healthd.controller.evictions import Worklist
 from healthd.controller.metrics import ControllerMetrics
+from healthd.controller.reboot_request import (
+    ours,
+    request_body,
+    request_name,
+    request_resource,
+    template_resource,
+    template_spec,
+)
 from healthd.controller.repair_state import (
     HELD,
     IDLE,
     INSPECTION,
+    NEW_NODE_RUN_ID,
+    REBOOT_REQUESTED,
     RESETTING,
     VALIDATING,
     WAITING,
@@ -60,10 +83,13 @@ from healthd.controller.repair_state import (
     finished,
     first_since,
     node_repair,
+    rebooted,
     repair_ops,
     repaired,
+    requested_reboot,
     situation,
     started_reset,
+    timed_out,
     validating,
     validation_passed,
     validation_set,
@@ -93,7 +119,7 @@ from healthd.kube.objects import (
 )
 from healthd.kube.shapes import KubeObject, Node, Pod, part, view
 from healthd.kube.watching import DELETED, watch_forever
-from healthd.published import Repair, read_repair
+from healthd.published import REBOOT_NEEDED, Repair, read_repair
 from healthd.repair.decision import Decision, Policy, Step, decide
 from healthd.util.times import parse_time
 
@@ -101,7 +127,9 @@ log = logging.getLogger(__name__)
 
 SETTLE_S = 0.1  # a burst of node events is looked at once
 RETRY_S = 5.0  # a step the API refused for a reason other than a conflict is retried
-REBOOT_NOT_CONFIGURED = "reboot needed: no reboot hand-off configured yet"
+HELD_RETRY_S = 30.0  # a reboot that cannot be requested (template, someone else's) is retried
+REBOOT_NOT_CONFIGURED = f"{REBOOT_NEEDED}: no reboot hand-off configured " \
+    "(controller.repair.reboot)"
 ACTIONS = {Step.RESET_GPUS: "reset", Step.REBOOT: "reboot", Step.WAIT: "wait",
            Step.HELD: "held", Step.HARDWARE_INSPECTION: "hardware-inspection",
            Step.NOTHING: "nothing"}
@@ -123,6 +151,7 @@ class RepairReactor:
         self._work = Worklist()
         self.jobs: dict[str, dict[str, Any]] = {}  # GPU-reset Job name -> as last seen
         self._ensured: set[str] = set()  # Jobs created (or found) this term
+        self._requested: set[str] = set()  # nodes whose reboot request exists, this term
         self._fault_since: dict[str, float] = {}  # node -> its repaired findings' start
         self._told: dict[str, tuple[str, str]] = {}  # dry run: the decision last logged
         self._inspection: set[str] = set()  # nodes in hardware inspection
@@ -208,6 +237,11 @@ class RepairReactor:
             await self._follow_reset(node, current, now)
         elif current.state == VALIDATING:
             await self._follow_validation(current, now)
+        elif current.state == REBOOT_REQUESTED:
+            await self._follow_reboot(current, now)
+        elif current.new and self._repair.validate_new_nodes and not current.held:
+            await self._validate(current, validating(current.repair, now, NEW_NODE_RUN_ID),
+                                 ("Normal", "NodeValidating", "a new node: validating"))
         elif current.state == INSPECTION and admin_cleared(current):
             await self._write(current, with_state(current.repair, IDLE, "cleared by an admin",
                                                   now),
@@ -252,9 +286,114 @@ class RepairReactor:
 
     async def request_reboot(self, current: NodeRepair, decision: Decision,
                              now: float) -> None:
-        """The seam for the reboot hand-off: for now the node is held, saying so."""
-        await self._settle(current, HELD, f"{REBOOT_NOT_CONFIGURED} ({decision.reason})", now,
-                           ("Warning", "RebootNeeded"), Step.REBOOT)
+        """Hand the reboot to the cluster's remediation: read the template, record the
+        attempt (with the boot id to change from), then create the request. Without
+        a template, or with one that cannot be used, the node is held, saying so."""
+        ref = self._repair.reboot
+        if ref is None:
+            await self._settle(current, HELD, f"{REBOOT_NOT_CONFIGURED} ({decision.reason})",
+                               now, ("Warning", "RebootNeeded"), Step.REBOOT)
+            return
+        problem = await self._reboot_problem(current.name)
+        if problem:
+            await self._settle(current, HELD, f"{REBOOT_NEEDED}: {problem}", now,
+                               ("Warning", "RebootRequestFailed"), Step.HELD)
+            self._later(current.name, HELD_RETRY_S)
+            return
+        request = request_name(ref, current.name)
+        new = requested_reboot(current.repair, request=request, boot_id=current.boot_id,
+                               reason=decision.reason, now=now,
+                               held=repaired(current.held, self._policy))
+        attempt = len(new.attempts)
+        message = f"requested a reboot ({request}, attempt {attempt}): {decision.reason}"
+        if not await self._write(current, new, event=("Normal", "RebootRequested", message)):
+            return
+        since = first_since(repaired(current.held, self._policy))
+        if since is not None:
+            self._fault_since[current.name] = since
+        self._metrics.count_repair("reboot", "started")
+        try:
+            await self._ensure_request(current.name)
+        except ForeignRequest:  # created meanwhile by someone else: the next pass says so
+            self._work.mark(current.name)
+        self._later(current.name, self._repair.reboot_timeout)
+
+    async def _reboot_problem(self, node: str) -> str:
+        """Why no reboot can be requested for `node` now ("" when one can): the
+        template unreadable or unusable, or someone else's request for the node."""
+        ref = self._repair.reboot
+        assert ref is not None
+        template_ref = f"{ref.kind} {ref.namespace}/{ref.name}"
+        try:
+            template = await self._kube.get(template_resource(ref), ref.name, ref.namespace)
+        except KubeError as exc:
+            return f"the remediation template {template_ref} cannot be read: {exc}"
+        if template_spec(template) is None:
+            return f"the remediation template {template_ref} has no spec.template.spec"
+        try:
+            existing = await self._kube.get(request_resource(ref), node, ref.namespace)
+        except NotFound:
+            return ""
+        except KubeError as exc:
+            return f"{request_name(ref, node)} cannot be read: {exc}"
+        if not ours(existing, node, self._keys.node_name):
+            return (f"someone else is remediating the node: {request_name(ref, node)} "
+                    "exists and was not created by healthd")
+        return ""
+
+    async def _ensure_request(self, node: str) -> None:
+        """Create the node's reboot request unless this term did; one of ours that
+        exists is it. KubeError (the API refused): retried by the loop."""
+        ref = self._repair.reboot
+        if ref is None or node in self._requested:
+            return
+        template = await self._kube.get(template_resource(ref), ref.name, ref.namespace)
+        body = request_body(ref, template, node, self._keys.node_name)
+        try:
+            await self._kube.create(request_resource(ref), body, ref.namespace)
+        except Conflict:  # AlreadyExists: ours from an earlier leader, or someone else's
+            existing = await self._kube.get(request_resource(ref), node, ref.namespace)
+            if not ours(existing, node, self._keys.node_name):
+                raise ForeignRequest(f"someone else is remediating the node: "
+                                     f"{request_name(ref, node)} exists and was not created "
+                                     "by healthd") from None
+        self._requested.add(node)
+
+    async def _withdraw_request(self, node: str) -> None:
+        """Delete the node's reboot request (the remediator keeps a node fenced while
+        its request exists); one already gone is fine."""
+        ref = self._repair.reboot
+        self._requested.discard(node)
+        if ref is None:
+            return
+        with contextlib.suppress(NotFound):
+            await self._kube.delete(request_resource(ref), node, ref.namespace)
+
+    async def _follow_reboot(self, current: NodeRepair, now: float) -> None:
+        repair = current.repair
+        if rebooted(current):
+            await self._withdraw_request(current.name)
+            await self._validate(current, validating(repair, now), (
+                "Normal", "RebootDone", f"the node rebooted (boot id {current.boot_id})"))
+            return
+        left = (parse_time(repair.since) or now) + self._repair.reboot_timeout - now
+        if left > 0:
+            try:
+                await self._ensure_request(current.name)
+            except ForeignRequest as exc:  # ours never got made: held, the attempt failed
+                why = f"{REBOOT_NEEDED}: {exc}"
+                await self._write(current, replace(finished(repair, "failed", why, now),
+                                                   state=HELD),
+                                  event=("Warning", "RebootRequestFailed", why))
+                return
+            self._later(current.name, left)
+            return
+        await self._withdraw_request(current.name)
+        why = (f"the node did not reboot within {self._repair.reboot_timeout:g} s of "
+               f"{repair.request or 'the request'}: hardware inspection")
+        if await self._write(current, timed_out(repair, why, now),
+                             event=("Warning", "RebootTimedOut", why)):
+            self._metrics.count_repair("reboot", "timed-out")
 
     async def _settle(self, current: NodeRepair, state: str, reason: str, now: float,
                       event: tuple[str, str], step: Step) -> None:
@@ -308,13 +447,20 @@ class RepairReactor:
             await self._finish(current, "failed",
                                f"the GPU-reset Job {repair.job} failed: {why}", now)
         elif outcome == "succeeded":
-            new = validating(repair, now)
-            checks = validation_set(self._config, repair)
-            extra = {self._keys.clear: "true", self._keys.run: checks,
-                     self._keys.run_id: new.run_id}
-            if await self._write(current, new, extra=extra, event=(
-                    "Normal", "RepairValidating", f"GPU reset done; validating: {checks}")):
-                self._later(current.name, self._repair.validation_timeout)
+            await self._validate(current, validating(repair, now),
+                                 ("Normal", "RepairValidating", "GPU reset done"))
+
+    async def _validate(self, current: NodeRepair, new: Repair,
+                        event: tuple[str, str, str]) -> None:
+        """Enter `validating`: the validation set requested from the node's agent under
+        `new.run_id`, with a clear of what a repair is for (none for a new node)."""
+        checks = validation_set(self._config, new)
+        extra = {self._keys.run: checks, self._keys.run_id: new.run_id}
+        if new.run_id != NEW_NODE_RUN_ID:
+            extra[self._keys.clear] = "true"
+        if await self._write(current, new, extra=extra,
+                             event=(event[0], event[1], f"{event[2]}; validating: {checks}")):
+            self._later(current.name, self._repair.validation_timeout)
 
     async def _reset_output(self, job: dict[str, Any]) -> str:
         """What its pod's termination message says of the GPUs it could not reset."""
@@ -347,7 +493,8 @@ class RepairReactor:
                            f"validation within {self._repair.validation_timeout:g} s", now)
 
     async def _finish(self, current: NodeRepair, outcome: str, why: str, now: float) -> None:
-        remedy = current.repair.attempts[-1].remedy if current.repair.attempts else "reset"
+        attempts = current.repair.attempts
+        remedy = attempts[-1].remedy if attempts and not attempts[-1].outcome else "validate"
         passed = outcome == "passed"
         event = ("Normal", "RepairSucceeded", why) if passed else (
             "Warning", "RepairFailed", why)
@@ -379,6 +526,10 @@ class RepairReactor:
             await self._events.record(_node_ref(current), type=event[0],
                                       reason=event[1], message=event[2])
         return True
+
+
+class ForeignRequest(Exception):
+    """A reboot request for the node exists that healthd did not create."""
 
 
 def _node_ref(node: NodeRepair) -> dict[str, Any]:

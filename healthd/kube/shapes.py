@@ -75,10 +75,15 @@ if TYPE_CHECKING:
         taints: list[Taint]
 
 
+    class NodeSystemInfo(TypedDict, total=False):
+        bootID: str  # the kubelet's report of the machine's boot: new after each reboot
+
+
     class NodeStatus(TypedDict, total=False):
         capacity: dict[str, str]  # resource -> quantity, e.g. {"nvidia.com/gpu": "8"}
         allocatable: dict[str, str]
         conditions: list[Condition]
+        nodeInfo: NodeSystemInfo
 
 
     class Node(KubeObject, total=False):

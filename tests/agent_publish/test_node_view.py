@@ -146,3 +146,15 @@ def test_a_pending_finding_is_not_published_until_it_is_raised() -> None:
     body = json.loads(health_json(twice))
     assert body["verdict"] == "WARN" and body["checks"]["power"]["status"] == "WARN"
     assert [h["code"] for h in body["held"]] == ["HW_SLOWDOWN"]
+
+
+def test_a_held_finding_says_what_the_repair_needs_and_a_healthy_node_does_not() -> None:
+    bad = judged(("xid", result("xid", finding("XID_79", 5, "GPU has fallen off the bus"))))
+    cond = desired_from(bad, KEYS, node=NODE, dcgm_levels={},
+                        repair_note="reboot needed").condition
+    assert (cond["status"], cond["reason"]) == ("True", "XID_79")
+    assert cond["message"].endswith("; repair: reboot needed")
+    assert "fallen off the bus" in cond["message"]
+    ok = judged(("remapped", result("remapped")))
+    cond = desired_from(ok, KEYS, node=NODE, dcgm_levels={}, repair_note="reboot needed").condition
+    assert "repair" not in cond["message"]

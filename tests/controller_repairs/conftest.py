@@ -1,9 +1,11 @@
 """A repaired node end to end on the API emulator: the real agent on a simulated
-machine (in-process), the real controller (with repairs on), and the fake Job
+machine (in-process), the real controller (with repairs on), the fake Job
 controller, scheduler and kubelet, which run the GPU-reset Job's own `healthd
 gpu-reset` command on that same machine (its control file), through the simulated
-nvidia-smi. What the tests read is what a user sees: the Node's label, its
-annotations, Events, the Jobs, the controller's metrics."""
+nvidia-smi, and, where a test asks, the fake reboot operator (healthd.sim.remediation),
+which reboots that machine when a reboot request names the node. What the tests read
+is what a user sees: the Node's label, its annotations, Events, the Jobs, the reboot
+requests, the controller's metrics."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.apiserver.testing import api  # noqa: F401
 from healthd.sim.kubelet import FakeKubelet, HealthdRunner
 from healthd.sim.machine import MachineSpec, load_machine_spec
+from healthd.sim.remediation import FakeRebootOperator, template
 from tests.agent.harness import NODE, Harness, fast_config, running_agent
 from tests.controller.conftest import (  # noqa: F401  (pytest fixtures)
     KubeFactory,
@@ -37,6 +40,17 @@ GPU = "nvidia.com/gpu"
 REPAIR_NS = "healthd-system-repair"
 REPAIR = "healthd.io/repair"
 OPT_OUT = "remediation.medik8s.io/exclude-from-remediation"
+BOOT_ID = "boot-1"
+SNR_NS = "medik8s"  # where the remediation template and the requests live
+SNR = "SelfNodeRemediation"
+TEMPLATE = {"apiVersion": "remediation.medik8s.io/v1alpha1",
+            "kind": "SelfNodeRemediationTemplate", "namespace": SNR_NS, "name": "automatic"}
+TEMPLATE_SPEC = {"remediationStrategy": "Automatic"}
+
+
+def snr_template() -> Obj:
+    """The admin's template the configured reference names."""
+    return template(TEMPLATE["name"], SNR_NS, TEMPLATE_SPEC)
 
 
 def gpu_node(*, labels: dict[str, str] | None = None, cordoned: bool = False) -> Obj:
@@ -44,7 +58,8 @@ def gpu_node(*, labels: dict[str, str] | None = None, cordoned: bool = False) ->
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": NODE, "labels": dict(labels or {}), "annotations": {}},
             "spec": {"unschedulable": True} if cordoned else {},
-            "status": {"capacity": capacity, "allocatable": capacity}}
+            "status": {"capacity": capacity, "allocatable": capacity,
+                       "nodeInfo": {"bootID": BOOT_ID}}}
 
 
 def gpu_pod(name: str = "trainer-0") -> Obj:
@@ -81,6 +96,7 @@ class Cluster:
     agent: Harness
     kubelet: FakeKubelet
     replica: Replica
+    operator: FakeRebootOperator | None = None
 
     def node(self) -> Obj:
         return self.api.get("Node", NODE)
@@ -95,6 +111,15 @@ class Cluster:
 
     def jobs(self) -> list[Obj]:
         return list(self.api.list("Job", REPAIR_NS))
+
+    def requests(self) -> list[Obj]:
+        """The reboot requests (SelfNodeRemediations) that exist now."""
+        return list(self.api.list(SNR, SNR_NS))
+
+    def requests_created(self) -> int:
+        """Accepted creates of reboot requests, whoever made them."""
+        return len([r for r in self.api.writes("POST", r".*/selfnoderemediations")
+                    if r.status == 201])
 
     def events(self, reason: str) -> list[Obj]:
         return [e for e in self.api.list("Event") if e.get("reason") == reason
@@ -112,21 +137,27 @@ class Cluster:
 @asynccontextmanager
 async def cluster(api: ApiEmulator, kube_for: KubeFactory, tmp_path: Path,  # noqa: F811
                   *, spec: str | MachineSpec = "remap-pending", node: Obj | None = None,
-                  config: Config | None = None, pods: tuple[Obj, ...] = ()
-                  ) -> AsyncIterator[Cluster]:
+                  config: Config | None = None, pods: tuple[Obj, ...] = (),
+                  template: bool = False, reboots: bool = False) -> AsyncIterator[Cluster]:
     """The node (seeded), its agent, the kubelet playing Jobs on its machine, and one
-    controller replica `ctl`."""
+    controller replica `ctl`; with `template`, the remediation template; with
+    `reboots`, that and the fake reboot operator for the machine."""
     machine = spec if isinstance(spec, MachineSpec) else load_machine_spec(spec)
     machine = machine.model_copy(update={"node": NODE})
     spec_file, control = tmp_path / "machine.json", tmp_path / "machine.control"
     spec_file.write_text(machine.model_dump_json())
     control.touch()
-    api.seed(node or gpu_node(), *pods)
+    api.seed(node or gpu_node(), *pods, *((snr_template(),) if template or reboots else ()))
     kubelet = FakeKubelet(api, runner=HealthdRunner(spec_file, control=control))
+    operator = FakeRebootOperator(kube_for("reboot-operator"), {NODE: control}) \
+        if reboots else None
     async with anyio.create_task_group() as group:
         group.start_soon(kubelet.run)
-        async with running_agent(api, tmp_path, spec=machine, seed=False,
+        if operator is not None:
+            group.start_soon(operator.run)
+        config = config or controller_config()  # one config file, as in the cluster
+        async with running_agent(api, tmp_path, spec=machine, seed=False, config=config,
                                  control=control) as agent, \
-                controllers(kube_for, config or controller_config(), "ctl") as (replica,):
-            yield Cluster(api, agent, kubelet, replica)
+                controllers(kube_for, config, "ctl") as (replica,):
+            yield Cluster(api, agent, kubelet, replica, operator)
         group.cancel_scope.cancel()

@@ -110,6 +110,9 @@ async def test_a_fault_that_survives_resets_is_reset_twice_then_needs_a_reboot(
         await eventually(lambda: c.events("RebootNeeded"), 5, "the Event")
         assert len(c.events("RepairFailed")) == 2
         assert label(c) == "ERR"  # kept out: the finding is still held
+        await eventually(lambda: (c.agent.condition() or {}).get("message", "").endswith(
+            "; repair: reboot needed"), 10, "the node's condition says so")
+        assert c.requests_created() == 0
 
 
 @pytest.mark.parametrize(("node", "config", "said"), [

@@ -5,8 +5,10 @@ AppWrapper on an EVICT node (re-reading it after a refused write), lowers and
 restores the slack queue's lendingLimit (re-reading the queue after a conflict),
 starts a GPU reset on a node with a pending row remap (its repair annotation, the Job
 in the repair namespace, which it follows, and the failed Job's pod, which says why),
-records Events, and hands the Lease over on stop. No request may be denied and every
-rule entry must decide one."""
+requests a reboot of a node whose GPU fell off the bus (the remediation template, the
+request made from it, deleted once the node's boot id changed), records Events, and
+hands the Lease over on stop. No request may be denied and every rule entry must
+decide one."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import pytest
 
 from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.rbac import RbacAuthorizer
+from healthd.sim.remediation import template
 from tests.controller.conftest import (
     KEYS,
     KubeFactory,
@@ -59,6 +62,23 @@ def remap_pending(name: str) -> Obj:
          "held": [held], "findings": [], "checks": {}})
     return out
 
+
+def gpu_off_the_bus(name: str) -> Obj:
+    """A node whose agent holds XID_79 on GPU 5: a reboot is due."""
+    out = node(name, "EVICT", codes=("XID_79",))
+    out["status"]["nodeInfo"] = {"bootID": "boot-1"}
+    return out
+
+
+def rebooted(api: ApiEmulator, name: str) -> None:
+    """What the kubelet reports once the node came back from its reboot."""
+    obj = api.get("Node", name)
+    obj["status"]["nodeInfo"]["bootID"] = "boot-2"
+    api.put(obj)
+
+
+REBOOT = {"apiVersion": "remediation.medik8s.io/v1alpha1",
+          "kind": "SelfNodeRemediationTemplate", "namespace": "medik8s", "name": "automatic"}
 pytestmark = pytest.mark.anyio
 
 
@@ -68,11 +88,12 @@ async def test_the_controller_needs_every_rule_and_no_more(
     api.authorizer = authz
     api.seed(node("n1"), node("n2"), appwrapper("a"), appwrapper("b"),
              gpu_pod("a", "n1"), gpu_pod("b", "n2"), default_flavor(), slack_queue(),
-             agent_pod(0, "n1"), agent_pod(1, "n2"), node("n3"))
+             agent_pod(0, "n1"), agent_pod(1, "n2"), node("n3"), node("n4"),
+             template("automatic", "medik8s", {"remediationStrategy": "Automatic"}))
     # Someone else's write lands first, once on the AppWrapper and once on the queue.
     api.fail("PATCH", r"/apis/workload\.codeflare\.dev/.*/appwrappers/a/status", 409)
     api.fail("PATCH", r"/apis/kueue\.x-k8s\.io/.*/clusterqueues/.*", 409)
-    async with controllers(kube_for, settings(repair={"enabled": True}),
+    async with controllers(kube_for, settings(repair={"enabled": True, "reboot": REBOOT}),
                            CONTROLLER) as (ctl,):
         await settled(ctl)
         await eventually(lambda: all(KEYS.peers in (api.get("Node", n) or {})["metadata"]
@@ -88,5 +109,11 @@ async def test_the_controller_needs_every_rule_and_no_more(
                          and events(api, "GPUReset"))
         fail_job(api)  # as the Job controller does: the controller reads why from its pod
         await eventually(lambda: events(api, "RepairFailed"))
+        api.put(gpu_off_the_bus("n4"))
+        await eventually(lambda: api.list("SelfNodeRemediation", "medik8s")
+                         and events(api, "RebootRequested"))
+        rebooted(api, "n4")
+        await eventually(lambda: events(api, "RebootDone")
+                         and not api.list("SelfNodeRemediation", "medik8s"))
     assert [str(r) for r in authz.denied] == []
     assert authz.unused(CONTROLLER) == []
