@@ -6,9 +6,9 @@ after the node) and waits for the node's boot id to change. This plays the other
 side, through the Kubernetes API only, so it works against the API emulator and a
 real kube-apiserver alike: it watches the request kind and, once per request,
 
-1. reboots the node's simulated machine (the control-file op `reboot`: the GPUs keep
-   only what survives a reboot, healthd.sim.repairs), as the operator's agent on the
-   node does;
+1. reboots the node's simulated machine (`reboot(node)`: with `by_control_file`, the
+   control-file op `reboot`; the GPUs keep only what survives a reboot,
+   healthd.sim.repairs), as the operator's agent on the node does;
 2. sets the Node's `status.nodeInfo.bootID` to a new id through the status
    subresource, as the kubelet does when it starts after the reboot.
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,24 @@ GROUP, VERSION = "remediation.medik8s.io", "v1alpha1"
 REQUESTS = Resource(GROUP, VERSION, "selfnoderemediations", True, "SelfNodeRemediation")
 TEMPLATES = Resource(GROUP, VERSION, "selfnoderemediationtemplates", True,
                      "SelfNodeRemediationTemplate")
+# Reboots the named node's simulated machine; False when it knows no such machine.
+Reboot = Callable[[str], bool]
+
+
+def by_control_file(machines: Mapping[str, Path]) -> Reboot:
+    """Reboots through each machine's control file (node name -> file), which every
+    process simulating that machine follows (healthd.sim.control)."""
+    known = dict(machines)
+
+    def reboot(node: str) -> bool:
+        control = known.get(node)
+        if control is None:
+            return False
+        with control.open("a") as handle:
+            handle.write(json.dumps({"op": "reboot"}) + "\n")
+        return True
+
+    return reboot
 
 
 def crd(res: Resource) -> Obj:
@@ -67,12 +85,11 @@ def template(name: str, namespace: str, spec: Obj | None = None) -> Obj:
 
 
 class FakeRebootOperator:
-    """Reboots the simulated machine of each node a request names (module docstring).
-    `machines`: node name -> its machine's control file."""
+    """Reboots the simulated machine of each node a request names (module docstring)."""
 
-    def __init__(self, kube: Kube, machines: Mapping[str, Path], *,
-                 requests: Resource = REQUESTS, namespace: str | None = None) -> None:
-        self._kube, self._machines = kube, dict(machines)
+    def __init__(self, kube: Kube, reboot: Reboot, *, requests: Resource = REQUESTS,
+                 namespace: str | None = None) -> None:
+        self._kube, self._reboot = kube, reboot
         self._requests, self._namespace = requests, namespace
         self._done: set[str] = set()  # request uids acted on
         self.rebooted: list[str] = []  # node names, in the order they were rebooted
@@ -85,19 +102,15 @@ class FakeRebootOperator:
 
     async def _remediate(self, request: Obj) -> None:
         uid, node = str(meta(request).get("uid", "")), name_of(request)
-        control = self._machines.get(node)
-        if uid in self._done or control is None:
+        if uid in self._done or not self._reboot(node):
             return
         self._done.add(uid)
-        with control.open("a") as handle:
-            handle.write(json.dumps({"op": "reboot"}) + "\n")
         boot_id = str(uuid.uuid4())
         try:
             await self._kube.merge_patch(NODES, node, {"status": {"nodeInfo": {
                 "bootID": boot_id}}}, subresource="status")
-        except KubeError as exc:  # the kubelet would retry; so does a new request
+        except KubeError as exc:  # rebooted, but the node's report did not get through
             log.warning("fake reboot operator: node %s: %s", node, exc)
-            self._done.discard(uid)
             return
         self.rebooted.append(node)
         log.info("fake reboot operator: rebooted node %s (boot id %s)", node, boot_id)

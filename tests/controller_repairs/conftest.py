@@ -25,7 +25,7 @@ from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.apiserver.testing import api  # noqa: F401
 from healthd.sim.kubelet import FakeKubelet, HealthdRunner
 from healthd.sim.machine import MachineSpec, load_machine_spec
-from healthd.sim.remediation import FakeRebootOperator, template
+from healthd.sim.remediation import FakeRebootOperator, by_control_file, template
 from tests.agent.harness import NODE, Harness, fast_config, running_agent
 from tests.controller.conftest import (  # noqa: F401  (pytest fixtures)
     KubeFactory,
@@ -149,7 +149,8 @@ async def cluster(api: ApiEmulator, kube_for: KubeFactory, tmp_path: Path,  # no
     control.touch()
     api.seed(node or gpu_node(), *pods, *((snr_template(),) if template or reboots else ()))
     kubelet = FakeKubelet(api, runner=HealthdRunner(spec_file, control=control))
-    operator = FakeRebootOperator(kube_for("reboot-operator"), {NODE: control}) \
+    operator = FakeRebootOperator(kube_for("reboot-operator"),
+                                  by_control_file({NODE: control})) \
         if reboots else None
     async with anyio.create_task_group() as group:
         group.start_soon(kubelet.run)

@@ -14,7 +14,7 @@ import pytest
 from healthd.kube.client import Kube
 from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.apiserver.testing import api  # noqa: F401  (the fixture)
-from healthd.sim.remediation import FakeRebootOperator, crds
+from healthd.sim.remediation import FakeRebootOperator, by_control_file, crds
 from tests.agent.harness import eventually
 
 pytestmark = pytest.mark.anyio
@@ -41,7 +41,7 @@ async def test_a_request_reboots_its_nodes_machine_once_and_the_node_reports_it(
     control.touch()
     api.seed(node("n1"), node("n2"))
     kube = Kube(api.async_client(user="operator"))
-    operator = FakeRebootOperator(kube, {"n1": control})
+    operator = FakeRebootOperator(kube, by_control_file({"n1": control}))
     async with anyio.create_task_group() as group:
         group.start_soon(operator.run)
         api.seed(request("n1"), request("n2"))
