@@ -46,6 +46,12 @@ def request_name(ref: RemediationTemplate, node: str) -> str:
     return f"{ref.request_kind} {ref.namespace}/{node}"
 
 
+def someone_elses(ref: RemediationTemplate, node: str) -> str:
+    """Why a node whose request someone else made is not ours to reboot."""
+    return (f"someone else is remediating the node: {request_name(ref, node)} exists "
+            "and was not created by healthd")
+
+
 def template_spec(template: Obj) -> Obj | None:
     """The template's `spec.template.spec` (None when it has no such map: unusable)."""
     inner = spec_of(template).get("template")

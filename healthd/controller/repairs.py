@@ -58,6 +58,7 @@ import anyio.abc
 
 from healthd.capacity.health import gpu_count
 from healthd.config import Config
+from healthd.config.controller import RemediationTemplate
 from healthd.controller.caches import NODES_KIND, PODS_KIND, Caches
 from healthd.controller.evictions import Worklist
 from healthd.controller.metrics import ControllerMetrics
@@ -66,6 +67,7 @@ from healthd.controller.reboot_request import (
     request_body,
     request_name,
     request_resource,
+    someone_elses,
     template_resource,
     template_spec,
 )
@@ -241,7 +243,7 @@ class RepairReactor:
             await self._follow_reboot(current, now)
         elif current.new and self._repair.validate_new_nodes and not current.held:
             await self._validate(current, validating(current.repair, now, NEW_NODE_RUN_ID),
-                                 ("Normal", "NodeValidating", "a new node: validating"))
+                                 ("Normal", "NodeValidating", "a new node"))
         elif current.state == INSPECTION and admin_cleared(current):
             await self._write(current, with_state(current.repair, IDLE, "cleared by an admin",
                                                   now),
@@ -294,7 +296,7 @@ class RepairReactor:
             await self._settle(current, HELD, f"{REBOOT_NOT_CONFIGURED} ({decision.reason})",
                                now, ("Warning", "RebootNeeded"), Step.REBOOT)
             return
-        problem = await self._reboot_problem(current.name)
+        problem = await self._reboot_problem(ref, current.name)
         if problem:
             await self._settle(current, HELD, f"{REBOOT_NEEDED}: {problem}", now,
                                ("Warning", "RebootRequestFailed"), Step.HELD)
@@ -318,11 +320,9 @@ class RepairReactor:
             self._work.mark(current.name)
         self._later(current.name, self._repair.reboot_timeout)
 
-    async def _reboot_problem(self, node: str) -> str:
+    async def _reboot_problem(self, ref: RemediationTemplate, node: str) -> str:
         """Why no reboot can be requested for `node` now ("" when one can): the
         template unreadable or unusable, or someone else's request for the node."""
-        ref = self._repair.reboot
-        assert ref is not None
         template_ref = f"{ref.kind} {ref.namespace}/{ref.name}"
         try:
             template = await self._kube.get(template_resource(ref), ref.name, ref.namespace)
@@ -336,10 +336,7 @@ class RepairReactor:
             return ""
         except KubeError as exc:
             return f"{request_name(ref, node)} cannot be read: {exc}"
-        if not ours(existing, node, self._keys.node_name):
-            return (f"someone else is remediating the node: {request_name(ref, node)} "
-                    "exists and was not created by healthd")
-        return ""
+        return "" if ours(existing, node, self._keys.node_name) else someone_elses(ref, node)
 
     async def _ensure_request(self, node: str) -> None:
         """Create the node's reboot request unless this term did; one of ours that
@@ -354,9 +351,7 @@ class RepairReactor:
         except Conflict:  # AlreadyExists: ours from an earlier leader, or someone else's
             existing = await self._kube.get(request_resource(ref), node, ref.namespace)
             if not ours(existing, node, self._keys.node_name):
-                raise ForeignRequest(f"someone else is remediating the node: "
-                                     f"{request_name(ref, node)} exists and was not created "
-                                     "by healthd") from None
+                raise ForeignRequest(someone_elses(ref, node)) from None
         self._requested.add(node)
 
     async def _withdraw_request(self, node: str) -> None:
