@@ -240,3 +240,25 @@ async def test_a_leader_killed_between_the_annotation_and_the_request_requests_o
     assert len(events(api, "RebootRequested")) == 1 and len(events(api, "RebootDone")) == 1
     annotations = api.get("Node", NODE)["metadata"]["annotations"]
     assert annotations[KEYS.run_id] == "repair-1" and annotations[KEYS.clear] == "true"
+
+
+async def test_a_request_someone_else_made_meanwhile_holds_the_node_and_is_left_alone(
+        api: ApiEmulator, kube_for: KubeFactory) -> None:
+    theirs = {"apiVersion": "remediation.medik8s.io/v1alpha1", "kind": SNR,
+              "metadata": {"name": NODE, "namespace": SNR_NS}, "spec": {}}
+    api.fail("POST", r".*/selfnoderemediations", 500, times=100)  # ours is not made yet
+    async with leader(api, kube_for, controller_config(reboot=TEMPLATE), xid79_node(),
+                      snr_template()):
+        await eventually(lambda: repair_of(api).get("state") == "reboot-requested", 15,
+                         "the attempt recorded")
+        api.seed(theirs)  # another remediator gets there first
+        api.clear_faults()
+        await eventually(lambda: repair_of(api).get("state") == "held", 15, "held")
+        assert "someone else is remediating the node" in str(repair_of(api)["reason"])
+        assert [(a["remedy"], a["outcome"]) for a in repair_of(api)["attempts"]] == [
+            ("reboot", "failed")]
+        await eventually(lambda: events(api, "RebootRequestFailed"), 5, "the Event")
+        await anyio.sleep(0.5)
+        assert len(events(api, "RebootRequestFailed")) == 1  # said once
+        assert created(api) == 0 and api.writes("DELETE", r".*/selfnoderemediations/.*") == []
+        assert api.list(SNR, SNR_NS)[0]["metadata"].get("labels") in (None, {})
