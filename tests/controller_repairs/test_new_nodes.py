@@ -4,17 +4,28 @@ its agent's word alone."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import anyio
 import pytest
 
 from healthd.sim.apiserver import ApiEmulator
-from tests.agent.harness import eventually
-from tests.controller.conftest import KubeFactory
-from tests.controller_repairs.conftest import Cluster, cluster, controller_config
+from tests.agent.harness import KEYS, NODE, eventually
+from tests.controller.conftest import KubeFactory, controllers
+from tests.controller_repairs.conftest import (
+    REPAIR_NS,
+    Cluster,
+    cluster,
+    controller_config,
+    gpu_node,
+)
 
 pytestmark = pytest.mark.anyio
+
+
+def annotations(api: ApiEmulator) -> dict[str, str]:
+    return dict(api.get("Node", NODE)["metadata"].get("annotations") or {})
 
 
 async def labels_until_settled(c: Cluster, settled: object) -> list[str | None]:
@@ -60,3 +71,38 @@ async def test_without_the_option_a_new_node_goes_pass_directly(
         assert [v for v in seen if v] == ["PASS"] and c.agent.verdict() == "PASS"
         assert c.repair() is None and c.events("NodeValidating") == []
         assert c.repair_writes() == []
+
+
+async def test_a_new_node_that_fails_its_validation_keeps_its_findings_and_is_repaired(
+        api: ApiEmulator, kube_for: KubeFactory) -> None:
+    """The agent's part played by the test: it answers the validation with a failed
+    check and holds what it found, as the agent does."""
+    api.seed(gpu_node())
+    async with controllers(kube_for, controller_config(validate_new_nodes=True), "ctl") as (
+            ctl,):
+        await eventually(lambda: annotations(api).get(KEYS.run_id) == "new-node", 15,
+                         "the validation asked for")
+        assert KEYS.clear not in annotations(api)  # nothing to clear on a new node
+        held = {"code": "REMAP_PENDING", "check": "remapped", "entity": "gpu3",
+                "severity": "ERR", "sticky": False, "message": "", "uuid": "GPU-3",
+                "since": "2026-01-01T00:00:00Z"}
+        answer = {"id": "new-node", "request": annotations(api)[KEYS.run], "kind": "run",
+                  "accepted": True, "start": "2026-01-01T00:00:00Z",
+                  "end": "2026-01-01T00:00:01Z", "verdict": "ERR",
+                  "checks": {"remapped": "ERR"}}
+        health = {"verdict": "ERR", "since": "2026-01-01T00:00:00Z", "top": "REMAP_PENDING",
+                  "held": [held], "findings": [], "checks": {}}
+        node = api.get("Node", NODE)
+        node["metadata"]["annotations"].update({
+            KEYS.last_run: json.dumps(answer), KEYS.health: json.dumps(health)})
+        node["metadata"]["labels"][KEYS.gpuhealth] = "ERR"
+        api.put(node)
+
+        await eventually(lambda: api.list("Job", REPAIR_NS), 15, "the repair goes on")
+        (failed,) = [e["message"] for e in api.list("Event") if e["reason"] == "RepairFailed"]
+        assert "remapped ERR" in failed
+        assert ctl.sample("healthd_controller_repairs_total",
+                          {"action": "validate", "outcome": "failed"}) == 1
+        doc = json.loads(annotations(api)[KEYS.repair])
+        assert doc["state"] == "resetting" and [a["remedy"] for a in doc["attempts"]] == [
+            "reset"]
