@@ -154,6 +154,7 @@ class RepairReactor:
         self.jobs: dict[str, dict[str, Any]] = {}  # GPU-reset Job name -> as last seen
         self._ensured: set[str] = set()  # Jobs created (or found) this term
         self._requested: set[str] = set()  # nodes whose reboot request exists, this term
+        self._refused: dict[str, str] = {}  # node -> why its request's create was refused
         self._fault_since: dict[str, float] = {}  # node -> its repaired findings' start
         self._told: dict[str, tuple[str, str]] = {}  # dry run: the decision last logged
         self._inspection: set[str] = set()  # nodes in hardware inspection
@@ -315,7 +316,7 @@ class RepairReactor:
             self._fault_since[current.name] = since
         self._metrics.count_repair("reboot", "started")
         try:
-            await self._ensure_request(current.name)
+            await self._ensure_request(current)
         except ForeignRequest:  # created meanwhile by someone else: the next pass says so
             self._work.mark(current.name)
         self._later(current.name, self._repair.reboot_timeout)
@@ -338,27 +339,42 @@ class RepairReactor:
             return f"{request_name(ref, node)} cannot be read: {exc}"
         return "" if ours(existing, node, self._keys.node_name) else someone_elses(ref, node)
 
-    async def _ensure_request(self, node: str) -> None:
+    async def _ensure_request(self, current: NodeRepair) -> None:
         """Create the node's reboot request unless this term did; one of ours that
-        exists is it. KubeError (the API refused): retried by the loop."""
-        ref = self._repair.reboot
+        exists is it. KubeError (the API refused): said once, retried by the loop."""
+        ref, node = self._repair.reboot, current.name
         if ref is None or node in self._requested:
             return
-        template = await self._kube.get(template_resource(ref), ref.name, ref.namespace)
-        body = request_body(ref, template, node, self._keys.node_name)
         try:
+            template = await self._kube.get(template_resource(ref), ref.name, ref.namespace)
+            body = request_body(ref, template, node, self._keys.node_name)
             await self._kube.create(request_resource(ref), body, ref.namespace)
         except Conflict:  # AlreadyExists: ours from an earlier leader, or someone else's
             existing = await self._kube.get(request_resource(ref), node, ref.namespace)
             if not ours(existing, node, self._keys.node_name):
                 raise ForeignRequest(someone_elses(ref, node)) from None
+        except KubeError as exc:
+            await self._say_refused(current, f"{request_name(ref, node)} could not be "
+                                    f"created: {exc}; retrying")
+            raise
         self._requested.add(node)
+        self._refused.pop(node, None)
+
+    async def _say_refused(self, current: NodeRepair, why: str) -> None:
+        """A Warning Event when the request's create is refused, once per reason."""
+        if self._refused.get(current.name) == why:
+            return
+        self._refused[current.name] = why
+        log.warning("node %s: %s", current.name, why, extra={"node": current.name})
+        await self._events.record(_node_ref(current), type="Warning",
+                                  reason="RebootRequestFailed", message=why)
 
     async def _withdraw_request(self, node: str) -> None:
         """Delete the node's reboot request (the remediator keeps a node fenced while
         its request exists); one already gone is fine."""
         ref = self._repair.reboot
         self._requested.discard(node)
+        self._refused.pop(node, None)
         if ref is None:
             return
         with contextlib.suppress(NotFound):
@@ -374,7 +390,7 @@ class RepairReactor:
         left = (parse_time(repair.since) or now) + self._repair.reboot_timeout - now
         if left > 0:
             try:
-                await self._ensure_request(current.name)
+                await self._ensure_request(current)
             except ForeignRequest as exc:  # ours never got made: held, the attempt failed
                 why = f"{REBOOT_NEEDED}: {exc}"
                 await self._write(current, replace(finished(repair, "failed", why, now),
