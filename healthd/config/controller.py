@@ -128,6 +128,8 @@ class ElectionSettings(Frozen):
 
 RemedyName = Literal["reset", "reboot", "humans", "none"]
 TEMPLATE_SUFFIX = "Template"
+_GROUP_VERSION = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?\.[a-z0-9.-]+/v[0-9][a-z0-9]*$")
+_TEMPLATE_KIND = re.compile(r"^[A-Z][A-Za-z0-9]*Template$")
 
 
 class RemediationTemplate(Frozen):
@@ -138,13 +140,29 @@ class RemediationTemplate(Frozen):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    api_version: str = Field(alias="apiVersion", pattern=r"^[a-z0-9.-]+/[a-z0-9]+$",
+    api_version: str = Field(alias="apiVersion",
                              description="group/version of the template and the request")
-    kind: str = Field(pattern=r"^[A-Z][A-Za-z0-9]*Template$",
-                      description="the template's kind; the request's is this minus Template")
+    kind: str = Field(description="the template's kind; the request's is this minus Template")
     namespace: str = Field(min_length=1, description="where the template is and the "
                            "requests are created")
     name: str = Field(min_length=1, description="the template's name")
+
+    @field_validator("api_version")
+    @classmethod
+    def _group_version(cls, value: str) -> str:
+        if not _GROUP_VERSION.match(value):
+            raise ValueError(f"{value!r} is not a custom resource's group/version: write "
+                             "it as NodeHealthCheck does, e.g. remediation.medik8s.io/v1alpha1")
+        return value
+
+    @field_validator("kind")
+    @classmethod
+    def _template_kind(cls, value: str) -> str:
+        if not _TEMPLATE_KIND.match(value):
+            raise ValueError(f"{value!r} is not a template's kind: name the template (e.g. "
+                             "SelfNodeRemediationTemplate); the request's kind is it without "
+                             "Template")
+        return value
 
     @property
     def request_kind(self) -> str:

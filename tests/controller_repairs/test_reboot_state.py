@@ -68,13 +68,17 @@ def test_a_template_without_a_spec_to_copy_is_unusable(template: dict[str, objec
     assert template_spec(template) is None
 
 
-@pytest.mark.parametrize("ref", [
-    {"apiVersion": "v1", "kind": "SelfNodeRemediationTemplate", "namespace": "m", "name": "a"},
-    {"apiVersion": "a.io/v1", "kind": "SelfNodeRemediation", "namespace": "m", "name": "a"},
-    {"apiVersion": "a.io/v1", "kind": "XTemplate", "namespace": "", "name": "a"},
+@pytest.mark.parametrize(("ref", "said"), [
+    ({"apiVersion": "v1", "kind": "SelfNodeRemediationTemplate", "namespace": "m",
+      "name": "a"}, "e.g. remediation.medik8s.io/v1alpha1"),
+    ({"apiVersion": "a.io/v1", "kind": "SelfNodeRemediation", "namespace": "m", "name": "a"},
+     "e.g. SelfNodeRemediationTemplate"),
+    ({"apiVersion": "a.io/v1", "kind": "XTemplate", "namespace": "", "name": "a"},
+     "namespace"),
 ])
-def test_a_reference_that_names_no_template_is_refused_at_start(ref: dict[str, str]) -> None:
-    with pytest.raises(ValidationError):
+def test_a_reference_that_names_no_template_is_refused_at_start(ref: dict[str, str],
+                                                                said: str) -> None:
+    with pytest.raises(ValidationError, match=said):
         RepairSettings.model_validate({"reboot": ref})
 
 
