@@ -49,6 +49,7 @@ from healthd.sim.appwrapper_operator import AppWrapperOperator
 from healthd.sim.kubelet import FakeKubelet, HealthdRunner, Runner, Termination
 from healthd.sim.machine import load_machine_spec
 from healthd.sim.multinode import SimulatedNodes, simulate_nodes
+from healthd.sim.remediation import FakeRebootOperator, Reboot, by_control_file, template
 from healthd.sim.shared import spec_file
 from healthd.util.http import serve_http
 
@@ -62,6 +63,7 @@ SYSTEM_NAMESPACE = "healthd-system"
 GPUS_PER_QUEUE = 8
 CONTROLLER_ID = "healthd-controller-0"
 ADMIN = "admin"
+REBOOT_OPERATOR_ID = "system:serviceaccount:medik8s:self-node-remediation"
 STOP_S = 5.0  # everything stops within this after the story
 PROBE_S = 1.0  # the kubelet's readiness probe period for the agent Pods
 Obj = dict[str, Any]
@@ -206,6 +208,12 @@ async def running_cluster(scenario: Scenario, config: Config, *, nodes: int,
             group.start_soon(cluster.operator.run)
             group.start_soon(_probe_agents, cluster)
             group.start_soon(FakeKubelet(api, runner=on_its_node(fleet)).run)
+            if (ref := config.controller.repair.reboot) is not None:
+                # The cluster's reboot remediation (medik8s Self Node Remediation's
+                # stand-in) and the admin's template the config names.
+                api.seed(template(ref.name, ref.namespace))
+                group.start_soon(FakeRebootOperator(client(REBOOT_OPERATOR_ID),
+                                                    reboots_its_node(fleet)).run)
             try:
                 yield cluster
             finally:
@@ -223,6 +231,12 @@ def on_its_node(fleet: SimulatedNodes) -> Runner:
         return await runners[pod["spec"]["nodeName"]](pod)
 
     return run
+
+
+def reboots_its_node(fleet: SimulatedNodes) -> Reboot:
+    """The reboot operator's hand on each node: its machine's control file."""
+    return by_control_file({name: sim.control for name, sim in fleet.nodes.items()
+                            if sim.control is not None})
 
 
 async def _serve_controller(cluster: DemoCluster) -> None:
