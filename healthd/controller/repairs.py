@@ -129,6 +129,7 @@ log = logging.getLogger(__name__)
 
 SETTLE_S = 0.1  # a burst of node events is looked at once
 RETRY_S = 5.0  # a step the API refused for a reason other than a conflict is retried
+JOB_START_S = 5.0  # from the recorded attempt to its Job's creation (a margin)
 HELD_RETRY_S = 30.0  # a reboot that cannot be requested (template, someone else's) is retried
 REBOOT_NOT_CONFIGURED = f"{REBOOT_NEEDED}: no reboot hand-off configured " \
     "(controller.repair.reboot)"
@@ -153,6 +154,7 @@ class RepairReactor:
         self._work = Worklist()
         self.jobs: dict[str, dict[str, Any]] = {}  # GPU-reset Job name -> as last seen
         self._ensured: set[str] = set()  # Jobs created (or found) this term
+        self._jobs_listed = anyio.Event()  # `jobs` holds every GPU-reset Job there is
         self._requested: set[str] = set()  # nodes whose reboot request exists, this term
         self._refused: dict[str, str] = {}  # node -> why its request's create was refused
         self._fault_since: dict[str, float] = {}  # node -> its repaired findings' start
@@ -201,7 +203,8 @@ class RepairReactor:
 
     async def _watch_jobs(self) -> None:
         async for event in watch_forever(self._kube, JOBS, self._repair.namespace,
-                                         label_selector=f"{self._keys.gpu_reset}=true"):
+                                         label_selector=f"{self._keys.gpu_reset}=true",
+                                         listed=self._jobs_listed.set):
             job = event.object
             if event.type == DELETED:
                 self.jobs.pop(name_of(job), None)
@@ -450,6 +453,13 @@ class RepairReactor:
     async def _follow_reset(self, node: Node, current: NodeRepair, now: float) -> None:
         repair = current.repair
         attempt = len(repair.attempts)
+        if self._job_gone(current, attempt, now):
+            # It ended long ago and the cluster removed it (its TTL) while no leader
+            # watched: its outcome is lost, and a second Job would reset the GPUs twice.
+            # The validation says whether the reset worked.
+            await self._validate(current, validating(repair, now), (
+                "Normal", "RepairValidating", "the GPU-reset Job ended and was removed"))
+            return
         await self._ensure_job(node, repair, attempt)
         job = self.jobs.get(job_name(current.name, attempt))
         outcome = job_outcome(job) if job is not None else ""
@@ -460,6 +470,17 @@ class RepairReactor:
         elif outcome == "succeeded":
             await self._validate(current, validating(repair, now),
                                  ("Normal", "RepairValidating", "GPU reset done"))
+
+    def _job_gone(self, current: NodeRepair, attempt: int, now: float) -> bool:
+        """The attempt's Job is not there, and it can no longer be running: it was
+        recorded longer ago than a Job may start and run (`reset_deadline`). (A Job a
+        dead leader never created reads the same: the validation then fails the attempt,
+        which is what it was.)"""
+        name = job_name(current.name, attempt)
+        if not self._jobs_listed.is_set() or name in self.jobs or name in self._ensured:
+            return False
+        since = parse_time(current.repair.since)
+        return since is not None and now - since > self._repair.reset_deadline + JOB_START_S
 
     async def _validate(self, current: NodeRepair, new: Repair,
                         event: tuple[str, str, str]) -> None:
