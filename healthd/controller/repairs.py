@@ -104,7 +104,7 @@ from healthd.controller.reset_job import (
     job_outcome,
     reset_job,
 )
-from healthd.controller.resets import counts
+from healthd.controller.resets import counts, owner_of
 from healthd.kube.client import Kube
 from healthd.kube.conventions import Keys
 from healthd.kube.errors import Conflict, Invalid, KubeError, NotFound
@@ -117,6 +117,7 @@ from healthd.kube.objects import (
     container_statuses_of,
     items_of,
     name_of,
+    namespace_of,
     node_name_of,
 )
 from healthd.kube.shapes import KubeObject, Node, Pod, part, view
@@ -129,6 +130,7 @@ log = logging.getLogger(__name__)
 
 SETTLE_S = 0.1  # a burst of node events is looked at once
 RETRY_S = 5.0  # a step the API refused for a reason other than a conflict is retried
+OTHER_PODS_S = 60.0  # a node whose GPUs pods we do not watch hold is looked at again
 JOB_START_S = 5.0  # from the recorded attempt to its Job's creation (a margin)
 HELD_RETRY_S = 30.0  # a reboot that cannot be requested (template, someone else's) is retried
 REBOOT_NOT_CONFIGURED = f"{REBOOT_NEEDED}: no reboot hand-off configured " \
@@ -276,6 +278,13 @@ class RepairReactor:
     async def _step(self, node: Node, current: NodeRepair, decision: Decision,
                     now: float) -> None:
         step, why = decision.step, decision.reason
+        if step in (Step.RESET_GPUS, Step.REBOOT) and (
+                others := await self._other_gpu_pods(current.name)):
+            # The caches hold AppWrapper pods only: any other pod on the GPUs is found
+            # by one read before acting, and is waited for as an AppWrapper's would be.
+            step, why = Step.WAIT, (f"{len(others)} running pod(s) not from an AppWrapper "
+                                    f"hold the node's GPUs: {', '.join(others[:3])}")
+            self._later(current.name, OTHER_PODS_S)
         if step is Step.RESET_GPUS:
             await self._start_reset(node, current, decision, now)
         elif step is Step.REBOOT:
@@ -289,6 +298,13 @@ class RepairReactor:
                                ("Warning", "HardwareInspection"), step)
         elif current.state != IDLE:
             await self._write(current, with_state(current.repair, IDLE, why, now))
+
+    async def _other_gpu_pods(self, node: str) -> list[str]:
+        """`ns/name` of the running pods on `node` that hold a GPU and were not made by
+        an AppWrapper (those the caches already count)."""
+        listing = await self._kube.list(PODS, field_selector=f"spec.nodeName={node}")
+        return sorted(f"{namespace_of(p)}/{name_of(p)}" for p in items_of(listing, Pod)
+                      if counts(p, self._settings.gpu_resource) and owner_of(p) is None)
 
     async def request_reboot(self, current: NodeRepair, decision: Decision,
                              now: float) -> None:

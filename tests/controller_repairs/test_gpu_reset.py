@@ -8,6 +8,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from healthd.controller import repairs
 from healthd.sim.apiserver import ApiEmulator
 from tests.agent.harness import KEYS, NODE, eventually
 from tests.controller.conftest import KubeFactory
@@ -90,6 +91,24 @@ async def test_a_running_gpu_pod_makes_the_repair_wait_until_it_ends(
         assert c.jobs() == []
 
         api.remove("Pod", "trainer-0", "team-a")
+        await repaired(c)
+        assert len(c.kubelet.jobs_seen) == 1
+
+
+async def test_a_gpu_pod_no_appwrapper_made_also_makes_the_repair_wait(
+        api: ApiEmulator, kube_for: KubeFactory, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(repairs, "OTHER_PODS_S", 0.5)  # looked at again sooner
+    pod = gpu_pod("notebook")
+    del pod["metadata"]["labels"]["workload.codeflare.dev/appwrapper"]
+    async with cluster(api, kube_for, tmp_path, pods=(pod,)) as c:
+        await eventually(lambda: c.state() == "waiting", 15, "the repair waits")
+        doc = c.repair()
+        assert doc is not None and "team-a/notebook" in doc["reason"]
+        await eventually(lambda: c.events("RepairWaiting"), 5, "the Event")
+        assert c.jobs() == []
+
+        api.remove("Pod", "notebook", "team-a")
         await repaired(c)
         assert len(c.kubelet.jobs_seen) == 1
 
