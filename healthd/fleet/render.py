@@ -186,15 +186,18 @@ def _status_row(row: Mapping[str, Any]) -> tuple[str, ...]:
     return (row["name"], row["verdict"], age(row["since_age_s"]),
             ",".join(row["top_codes"]) or "-", str(row.get("flaps") or "-"),
             _agent_state(row), _restarts(row),
-            "yes" if row.get("blamed") else "-", _repair(row.get("repair")),
+            "yes" if row.get("blamed") else "-", repair_text(row.get("repair")),
             ",".join(notes) or "-")
 
 
-def _repair(repair: Mapping[str, Any] | None) -> str:
-    """`resetting 2m`, `hardware-inspection 3h`: the state and its age; `-` when idle."""
+def repair_text(repair: Mapping[str, Any] | None) -> str:
+    """`resetting GPU-9cf5b221 2m`, `reboot-requested 4m`, `hardware-inspection 3h`:
+    the state, the GPUs it is about (their UUIDs' first part) and its age; `-` when
+    idle."""
     if not repair or not repair.get("state"):
         return "-"
-    return f"{repair['state']} {age(repair.get('since_age_s'))}"
+    gpus = ",".join(str(g)[:12] for g in repair.get("gpus") or ())
+    return " ".join(p for p in (repair["state"], gpus, age(repair.get("since_age_s"))) if p)
 
 
 def _agent_state(row: Mapping[str, Any]) -> str:

@@ -15,6 +15,7 @@ import pytest
 
 from healthd.cli import build_parser
 from healthd.fleet.command import status_command
+from healthd.fleet.render import repair_text
 from healthd.kube.conventions import Keys
 from healthd.sim.apiserver import ApiEmulator
 from tests.agent.harness import eventually
@@ -205,6 +206,16 @@ async def test_each_node_shows_its_repair(api: ApiEmulator, tmp_path: Path) -> N
         "state": "waiting", "since": stamp(60), "since_age_s": 60.0, "gpus": [],
         "reason": "1 running pod(s) still hold the node's GPUs", "attempts": 1}
     assert rows["n-pass"]["repair"] is None
+
+
+def test_a_repair_reads_as_its_state_its_gpus_and_its_age() -> None:
+    resetting = {"state": "resetting", "since_age_s": 120.0,
+                 "gpus": ["GPU-9cf5b221-73ea-4e88-80f8-1f2e4929bb78"]}
+    assert repair_text(resetting) == "resetting GPU-9cf5b221 2m"
+    assert repair_text({"state": "reboot-requested", "since_age_s": 240.0,
+                        "gpus": []}) == "reboot-requested 4m"
+    assert repair_text({"state": "", "since_age_s": 5.0}) == "-"
+    assert repair_text(None) == "-"
 
 
 async def test_the_table(api: ApiEmulator, tmp_path: Path) -> None:
