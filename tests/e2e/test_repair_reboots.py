@@ -1,8 +1,10 @@
 """The reboot hand-off on the real control plane: medik8s Self Node Remediation's
 kinds installed in the API server (our CRDs), the admin's template, the controller
-configured with it (`controller.repair.reboot`) and its RBAC from the manifests, and
-the fake reboot operator, which reboots a requested node's simulated machine and
-reports the node's new boot id as the kubelet would (tests/e2e/repairs.py).
+configured with it (`controller.repair.reboot`) and running as its ServiceAccount with
+the manifests' RBAC (a read or create it refused would show as a `RebootRequestFailed`
+Event, which the Events asserted leave no room for), and the fake reboot operator,
+which reboots a requested node's simulated machine and reports the node's new boot id
+as the kubelet would (tests/e2e/repairs.py).
 
 (b) A fault that two GPU resets do not clear but a reboot does. The simulated GPU
 keeps no such fault by itself (healthd.sim.repairs: a fault marked `hardware`
