@@ -23,10 +23,20 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from anyio.from_thread import start_blocking_portal
 from kubernetes import client as k8s
 
 from healthd.config.controller import DEFAULT_REPAIR_NAMESPACE
+from healthd.kube.client import Kube
 from healthd.sim.machine import load_machine_spec
+from healthd.sim.remediation import (
+    REQUESTS,
+    TEMPLATES,
+    FakeRebootOperator,
+    by_control_file,
+    crds,
+    template,
+)
 from tests.e2e.healthd import NAMESPACE, TEST_CONFIG, Healthd, eventually, merge
 from tests.e2e.kubelet import GPU_RESETS, Container, Kubelet, Machine
 from tests.e2e.mlbatch import KUEUE, SLACK, Workloads, appwrapper, tutorial
@@ -41,10 +51,16 @@ REPAIR_CONFIG: Obj = merge(TEST_CONFIG, {
     "codes": {"REMAP_PENDING": {"severity": "EVICT"}},
     "controller": {"repair": {"enabled": True, "validation_timeout": "60s"}},
 })
+MEDIK8S = "medik8s"  # the namespace of the remediation template and its requests
+# The admin's template (`controller.repair.reboot` names it) and what its requests get.
+REBOOT_TEMPLATE = {"apiVersion": TEMPLATES.api_version, "kind": TEMPLATES.kind,
+                   "namespace": MEDIK8S, "name": "automatic"}
+REBOOT_SPEC = {"remediationStrategy": "Automatic"}
 # The Events the controller's repairs post on a Node (healthd/controller/repairs.py).
 REPAIR_EVENTS = ("RepairWaiting", "GPUReset", "RepairValidating", "RepairSucceeded",
-                 "RepairFailed", "RepairHeld", "RebootNeeded", "HardwareInspection",
-                 "HardwareInspectionCleared")
+                 "RepairFailed", "RepairHeld", "RebootNeeded", "RebootRequested",
+                 "RebootRequestFailed", "RebootDone", "RebootTimedOut",
+                 "HardwareInspection", "HardwareInspectionCleared")
 REPAIRED_S = 120  # fault to PASS, on a busy 2-core machine
 
 
@@ -52,6 +68,7 @@ REPAIRED_S = 120  # fault to PASS, on a busy 2-core machine
 class RepairFleet:
     healthd: Healthd
     kubelet: Kubelet
+    operator: FakeRebootOperator | None = None  # with `reboots`
 
     @property
     def machines(self) -> dict[str, Machine]:
@@ -63,11 +80,18 @@ class RepairFleet:
 
     # -- faults ------------------------------------------------------------------------
 
-    def remap_pending(self, node: str) -> None:
+    def remap_pending(self, node: str, *, hardware: bool = False) -> None:
         """GPU `REMAPPED_GPU` of `node` remaps a row after an uncorrectable error; the
-        remap is pending until the GPU is reset."""
-        self.machines[node].inject(gpu=REMAPPED_GPU,
+        remap is pending until the GPU is reset (with `hardware`: for ever, a broken
+        GPU that no reset or reboot mends)."""
+        self.machines[node].inject(gpu=REMAPPED_GPU, hardware=hardware,
                                    remapped_rows={"uncorrectable": 1, "pending": True})
+
+    def needs_reboot(self, node: str) -> None:
+        """The driver asks for a node reboot on GPU `REMAPPED_GPU` of `node` (its
+        recovery action, NODE_REBOOT): a GPU reset does not carry it out, a reboot
+        does (healthd.sim.repairs)."""
+        self.machines[node].inject(gpu=REMAPPED_GPU, recovery_action="NODE_REBOOT")
 
     def uuid(self, node: str, gpu: int = REMAPPED_GPU) -> str:
         return self.machines[node].spec.uuid(gpu)
@@ -88,7 +112,8 @@ class RepairFleet:
     def attempts(self, node: str) -> list[tuple[str, list[str], str]]:
         """(remedy, GPUs, outcome) of each repair attempt the annotation records."""
         doc = self.repair(node) or {}
-        return [(a["remedy"], a["gpus"], a["outcome"]) for a in doc.get("attempts", [])]
+        return [(a["remedy"], a.get("gpus", []), a["outcome"])
+                for a in doc.get("attempts", [])]
 
     def repaired(self, node: str, attempt: int = 1) -> bool:
         """PASS again, the repair over: its state idle, attempt number `attempt`
@@ -96,6 +121,17 @@ class RepairFleet:
         attempts = self.attempts(node)
         return self.label(node) == "PASS" and self.state(node) == "" and len(
             attempts) >= attempt and attempts[-1][2] == "passed"
+
+    def boot_id(self, node: str) -> str:
+        """The boot id the Node reports (status.nodeInfo.bootID)."""
+        info = (self.healthd.node(node)["status"].get("nodeInfo") or {})
+        return str(info.get("bootID") or "")
+
+    def requests(self) -> list[Obj]:
+        """The reboot requests (SelfNodeRemediations) that exist now."""
+        listing = self.healthd.custom.list_namespaced_custom_object(
+            REQUESTS.group, REQUESTS.version, MEDIK8S, REQUESTS.plural)
+        return list(listing["items"])
 
     def jobs(self) -> list[Obj]:
         """The GPU-reset Jobs for this fleet's nodes."""
@@ -143,11 +179,11 @@ def repair_of(node: Obj) -> Obj | None:
 
 @contextlib.contextmanager
 def repair_fleet(healthd: Healthd, root: Path, count: int, *, config: Obj | None = None,
-                 tag: str = "repair") -> Iterator[RepairFleet]:
+                 tag: str = "repair", reboots: bool = False) -> Iterator[RepairFleet]:
     """`count` GPU nodes (healthy 8-GPU machines) with healthd running on them as
     Pods, and the tutorial's queues; returns once every node is PASS and a controller
     leads (in dry run, where none leads: once both replicas are ready). `config` goes
-    over REPAIR_CONFIG."""
+    over REPAIR_CONFIG; with `reboots`, the reboot hand-off (module docstring)."""
     suffix = uuid.uuid4().hex[:4]
     nodes = [f"{tag}-{suffix}-{i}" for i in range(1, count + 1)]
     healthd.applier.apply(tutorial())
@@ -155,8 +191,15 @@ def repair_fleet(healthd: Healthd, root: Path, count: int, *, config: Obj | None
     spec = load_machine_spec("healthy-8xh100")
     machines = {n: Machine(n, spec.model_copy(update={"node": n}), root / n) for n in nodes}
     config = merge(REPAIR_CONFIG, config or {})
-    with Kubelet(healthd, machines, root / "kubelet", config=config) as kubelet:
-        fleet = RepairFleet(healthd, kubelet)
+    if reboots:
+        install_reboot_template(healthd)
+        config = merge(config, {"controller": {"repair": {"reboot": REBOOT_TEMPLATE}}})
+        for node in nodes:  # the kubelet's report of the boot it runs in
+            healthd.core.patch_node_status(node, {"status": {"nodeInfo": {
+                "bootID": f"boot-{uuid.uuid4().hex[:8]}"}}})
+    with Kubelet(healthd, machines, root / "kubelet", config=config) as kubelet, \
+            reboot_operator(healthd, machines, reboots) as operator:
+        fleet = RepairFleet(healthd, kubelet, operator)
         for node in nodes:
             eventually(lambda n=node: healthd.label(n) == "PASS", 90,  # type: ignore[misc]
                        f"PASS on {node}")
@@ -166,6 +209,39 @@ def repair_fleet(healthd: Healthd, root: Path, count: int, *, config: Obj | None
         if not config["controller"].get("dry_run"):
             fleet.leader()
         yield fleet
+
+
+def install_reboot_template(healthd: Healthd) -> None:
+    """The remediation's kinds (CRDs) in the API server, and the admin's template."""
+    healthd.applier.apply([{"apiVersion": "v1", "kind": "Namespace",
+                            "metadata": {"name": MEDIK8S}}, *crds()])
+    healthd.applier.wait_established(c["metadata"]["name"] for c in crds())
+    healthd.applier.apply([template(REBOOT_TEMPLATE["name"], MEDIK8S, REBOOT_SPEC)])
+
+
+@contextlib.contextmanager
+def reboot_operator(healthd: Healthd, machines: dict[str, Machine],
+                    running: bool = True) -> Iterator[FakeRebootOperator | None]:
+    """The fake reboot operator for `machines`, following the requests in `MEDIK8S`
+    as the cluster's administrator, in a thread of its own (None unless `running`);
+    at the end, the requests it leaves for these nodes are deleted."""
+    if not running:
+        yield None
+        return
+    with start_blocking_portal() as portal:
+        kube = portal.call(Kube.connect, str(healthd.kubeconfig))
+        operator = FakeRebootOperator(kube, by_control_file(
+            {name: m.control for name, m in machines.items()}), namespace=MEDIK8S)
+        task = portal.start_task_soon(operator.run)
+        try:
+            yield operator
+        finally:
+            task.cancel()
+            portal.call(kube.close)
+            for node in machines:
+                with contextlib.suppress(k8s.ApiException):
+                    healthd.custom.delete_namespaced_custom_object(
+                        REQUESTS.group, REQUESTS.version, MEDIK8S, REQUESTS.plural, node)
 
 
 def run_appwrapper(fleet: RepairFleet, gpus: int = 8) -> tuple[str, str]:
@@ -191,6 +267,12 @@ def _verdict(node: Obj) -> str | None:
     return (node["metadata"].get("labels") or {}).get(GPUHEALTH)
 
 
+def _request(request: Obj) -> Obj:
+    """A reboot request as `Watching.requests` keeps it: which object, and what it asks."""
+    return {"uid": request["metadata"]["uid"], "spec": request.get("spec"),
+            "labels": request["metadata"].get("labels") or {}}
+
+
 def _event(event: Obj) -> tuple[str, str, int]:
     return (event["involvedObject"].get("name", ""), event.get("reason", ""),
             int(event.get("count") or 1))
@@ -210,9 +292,16 @@ class Watching:
         self._events = Recorder(healthd.client, core.list_event_for_all_namespaces, _event,
                                 field_selector="involvedObject.kind=Node")
         self._before = set(self._events.order)
+        self._recorders = [self._verdicts, self._states, self._queue, self._events]
+        self._requests: Recorder | None = None
+        if fleet.operator is not None:  # the reboot requests, named after their nodes
+            self._requests = Recorder(healthd.client, partial(
+                healthd.custom.list_namespaced_custom_object, REQUESTS.group,
+                REQUESTS.version, MEDIK8S, REQUESTS.plural), _request, names=nodes)
+            self._recorders.append(self._requests)
 
     def stop(self) -> None:
-        for recorder in (self._verdicts, self._states, self._queue, self._events):
+        for recorder in self._recorders:
             recorder.stop()
 
     def verdicts(self, node: str) -> list[str | None]:
@@ -220,6 +309,12 @@ class Watching:
 
     def states(self, node: str) -> list[str | None]:
         return list(self._states.values(node))
+
+    def requests(self, node: str) -> list[Obj]:
+        """Every reboot request for `node` that ever existed, in order, each as
+        `_request` shows it, again when it changed (with `reboots`)."""
+        assert self._requests is not None, "the fleet has no reboot hand-off"
+        return list(self._requests.values(node))
 
     def lending(self) -> list[str | None]:
         return list(self._queue.values(SLACK))
