@@ -214,6 +214,7 @@ async def at_once(cluster: Cluster, count: int, profile: Path | None,
     stride = max(1, (cluster.n - first) // count)
     indexes = [first + k * stride for k in range(count)]
     owners = sorted({name for i in indexes for _, name in owners_on(i, cluster.n)})
+    served_before = await cluster.served()  # outside the CPU window: /metrics costs
     requests_before, server_before = await cluster.counts(), await cluster.server_usage()
     sent_before = tally.snapshot()
     # CPU time, not wall time: other processes on the machine must not show up in it.
@@ -234,6 +235,7 @@ async def at_once(cluster: Cluster, count: int, profile: Path | None,
     took = max(max(times.values()) - at, 1e-6)
     requests = _difference(await cluster.counts(), requests_before)
     server_after = await cluster.server_usage()
+    served = _difference(await cluster.served(), served_before)
     server_cpu = None if server_before is None or server_after is None else \
         round(server_after["cpu_s"] - server_before["cpu_s"], 3)
     return {"burst_nodes": count, "burst_all_reset_s": round(took, 3),
@@ -244,6 +246,7 @@ async def at_once(cluster: Cluster, count: int, profile: Path | None,
             "burst_requests": requests,
             "burst_controller_requests": sent.totals(),
             "writes_per_reset_burst": sent.per(len(owners)),
+            "burst_server_served": {k: round(v, 1) for k, v in served.items()},
             "server_cpu_ms_per_reset": None if server_cpu is None else
             round(1000 * server_cpu / len(owners), 3),
             "controller_cpu_s": round(cpu, 3),
