@@ -10,6 +10,7 @@ import pytest
 
 from healthd.sim.apiserver import ApiEmulator
 from tests.controller.conftest import (
+    NS,
     KubeFactory,
     appwrapper,
     controllers,
@@ -59,7 +60,7 @@ NODES = 100
 PER_NODE = 4  # AppWrappers with a pod on each node, as label_to_reset's cluster has
 
 
-async def test_100_nodes_evict_at_once_cost_one_queue_write(
+async def test_100_nodes_evict_at_once_cost_one_queue_write_and_one_event_per_node(
         api: ApiEmulator, kube_for: KubeFactory) -> None:
     # AppWrapper j has one GPU pod on each of nodes j .. j+3 (mod NODES), as in the
     # benchmark's cluster; every node turns EVICT in one go (a rack losing power).
@@ -84,6 +85,12 @@ async def test_100_nodes_evict_at_once_cost_one_queue_write(
     # Each AppWrapper: one status write and one Warning Event naming its nodes.
     assert [len(status_writes(api, n)) for n in names] == [1] * NODES
     assert sorted(e["involvedObject"]["name"] for e in events(api, "NodeEvicted")) == names
+    # Each node: at most one Event, naming the AppWrappers reset because of it; together
+    # they name every AppWrapper reset.
+    on_nodes = events(api, "AppWrapperReset")
+    subjects = [e["involvedObject"]["name"] for e in on_nodes]
+    assert len(subjects) == len(set(subjects)) and set(subjects) <= set(nodes)
+    assert {aw for e in on_nodes for aw in names if f"{NS}/{aw}" in e["message"]} == set(names)
     # The slack queue: one write for the whole burst, and its Event; the limit is the
     # truth (every GPU of the cohort's lender is gone).
     assert len([r for r in burst if r.method == "PATCH" and "/clusterqueues/" in r.path]) == 1
