@@ -61,8 +61,8 @@ from healthd.kube.watching import older_version
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 4  # re-reads after a failed test before backing off
-SETTLE_S = 0.25  # no change for this long: the burst is over, write
-MAX_SETTLE_S = 2.0  # changes that never stop are written this often
+SETTLE_S = 0.5  # no change for this long: the burst is over, write
+MAX_SETTLE_S = 5.0  # changes that never stop are written this often
 Obj = dict[str, Any]  # a JSON patch operation
 
 

@@ -45,8 +45,8 @@ from healthd.kube.shapes import AppWrapper, KubeObject, Node, Pod, view
 log = logging.getLogger(__name__)
 
 SETTLE_S = 0.1  # lets a burst of node events land before the breaker judges the fleet
-BURST_QUIET_S = 0.25  # no new work for this long: the burst is over, its node Events go out
-BURST_MAX_S = 2.0  # a burst that never stops still reports this often
+BURST_QUIET_S = 0.5  # no new work for this long: the burst is over, its node Events go out
+BURST_MAX_S = 5.0  # a burst that never stops still reports this often
 CONCURRENCY = 32  # AppWrappers decided (and written) at once
 Obj = KubeObject  # any kind's object, as the caches' change callback gets it
 

@@ -80,6 +80,7 @@ async def test_100_nodes_evict_at_once_cost_one_queue_write_and_one_event_per_no
         await eventually(lambda: all(phase(api, n) == "Resetting" for n in names), within=30)
         await eventually(lambda: gpu_limit(api) == "0", within=30)
         await eventually(lambda: events(api, "LendingLimitUpdated"), within=30)
+        await eventually(lambda: len(events(api, "NodeEvicted")) >= NODES, within=30)
         await quiet(api)
     burst = api.requests[before:]
     # Each AppWrapper: one status write and one Warning Event naming its nodes.
@@ -100,7 +101,7 @@ async def test_100_nodes_evict_at_once_cost_one_queue_write_and_one_event_per_no
             and "/leases/" not in r.path] == []
 
 
-async def quiet(server: ApiEmulator, quiet_s: float = 0.5) -> None:
+async def quiet(server: ApiEmulator, quiet_s: float = 1.0) -> None:
     """Until no write but the Lease's reached the server for `quiet_s` (whatever was
     due is sent)."""
     seen = -1
