@@ -58,6 +58,7 @@ from reset_cluster import (
 
 from healthd.config import Config
 from healthd.controller.controller import Controller
+from healthd.controller.evictions import BURST_QUIET_S
 from healthd.controller.metrics import ControllerMetrics
 from healthd.kube.tally import RequestTally
 
@@ -66,7 +67,9 @@ THROUGHPUT_NODES = 100
 WAIT_S = 600.0
 P99_GOAL_S = 1.0
 RATE_GOAL = 100.0
-EVENTS_QUIET_S = 0.3  # no Event for this long after the last reset: the burst is over
+# No Event for this long after the last reset: the burst is over (its node Events go
+# out BURST_QUIET_S after its last reset).
+EVENTS_QUIET_S = BURST_QUIET_S + 0.3
 WHERE = ("own-process", "in-process")
 REAL = "kube-apiserver"
 
