@@ -58,14 +58,18 @@ from reset_cluster import (
 
 from healthd.config import Config
 from healthd.controller.controller import Controller
+from healthd.controller.evictions import BURST_QUIET_S
 from healthd.controller.metrics import ControllerMetrics
+from healthd.kube.tally import RequestTally
 
 NAME = "label_to_reset"
 THROUGHPUT_NODES = 100
 WAIT_S = 600.0
 P99_GOAL_S = 1.0
 RATE_GOAL = 100.0
-EVENTS_QUIET_S = 0.3  # no Event for this long after the last reset: the burst is over
+# No Event for this long after the last reset: the burst is over (its node Events go
+# out BURST_QUIET_S after its last reset).
+EVENTS_QUIET_S = BURST_QUIET_S + 0.3
 WHERE = ("own-process", "in-process")
 REAL = "kube-apiserver"
 
@@ -100,6 +104,7 @@ async def run_scale(n: int, faults: int, burst: int, where: str,
     async with open_cluster(where, n, other_pods) as cluster:
         rss_before = rss_mib()
         kube = await cluster.connect()
+        kube.tally = RequestTally()  # the controller's own requests, by kind
         controller = Controller(bench_config(), kube=kube, identity="bench",
                                 metrics=ControllerMetrics(CollectorRegistry()))
         try:
@@ -113,8 +118,12 @@ async def run_scale(n: int, faults: int, burst: int, where: str,
                 await anyio.sleep(0.5)  # the first evaluation and lending pass
                 memory = cache_memory(controller, rss_before)
                 idle = await idle_cpu(idle_s)
+                before = kube.tally.snapshot()
                 latencies = await one_at_a_time(cluster, faults)
-                throughput = await at_once(cluster, burst, profile)
+                await lending_settled(controller)
+                await cluster.events_quiet(EVENTS_QUIET_S, WAIT_S)
+                single = kube.tally.since(before)
+                throughput = await at_once(cluster, burst, profile, controller, kube.tally)
                 group.cancel_scope.cancel()
         finally:
             await kube.close()
@@ -125,6 +134,8 @@ async def run_scale(n: int, faults: int, burst: int, where: str,
             "controller_sync_s": round(synced_s, 3),
             "controller_sync_cpu_s": round(sync_cpu_s, 3), "memory": memory,
             "idle_cpu_pct_of_core": idle, "idle_s": idle_s, "latency_s": summary(latencies),
+            "single_fault_requests": single.totals(),
+            "writes_per_reset_single_fault": single.per(len(latencies)),
             **throughput}
 
 
@@ -185,14 +196,30 @@ async def one_at_a_time(cluster: Cluster, faults: int) -> list[float]:
     return samples
 
 
-async def at_once(cluster: Cluster, count: int, profile: Path | None) -> dict[str, Any]:
+async def lending_settled(controller: Controller, wait_s: float = WAIT_S) -> float:
+    """Wait until every slack queue, as cached, holds the lendingLimit due (so the
+    requests of a burst include its last queue write); the epoch time it did."""
+    assert controller.term is not None
+    caches, writer = controller.term.caches, controller.term.lending
+    with anyio.fail_after(wait_s):
+        while any(c.changed for name in controller.config.controller.slack_queues
+                  if (queue := caches.clusterqueues.get(name)) is not None
+                  for c in writer.model.evaluate(queue)):
+            await anyio.sleep(0.02)
+    return time.time()
+
+
+async def at_once(cluster: Cluster, count: int, profile: Path | None,
+                  controller: Controller, tally: RequestTally) -> dict[str, Any]:
     """`count` nodes of the second half turn EVICT at once: nodes per second, and
     what the burst cost the controller and the server."""
     first = cluster.n // 2 + PODS_PER_AW
     stride = max(1, (cluster.n - first) // count)
     indexes = [first + k * stride for k in range(count)]
     owners = sorted({name for i in indexes for _, name in owners_on(i, cluster.n)})
+    served_before = await cluster.served()  # outside the CPU window: /metrics costs
     requests_before, server_before = await cluster.counts(), await cluster.server_usage()
+    sent_before = tally.snapshot()
     # CPU time, not wall time: other processes on the machine must not show up in it.
     profiler = cProfile.Profile(time.thread_time) if profile else None
     cpu_before = own_cpu_s()
@@ -201,21 +228,30 @@ async def at_once(cluster: Cluster, count: int, profile: Path | None) -> dict[st
     with GcTime() as collecting:
         at = await cluster.evict(indexes)
         times = await cluster.reset_times(owners, WAIT_S)
+        lent = await lending_settled(controller)
         last_event = await cluster.events_quiet(EVENTS_QUIET_S, WAIT_S)
     cpu = own_cpu_s() - cpu_before
+    sent = tally.since(sent_before)
     if profiler and profile:
         profiler.disable()
         profiler.dump_stats(profile)
     took = max(max(times.values()) - at, 1e-6)
     requests = _difference(await cluster.counts(), requests_before)
     server_after = await cluster.server_usage()
+    served = _difference(await cluster.served(), served_before)
     server_cpu = None if server_before is None or server_after is None else \
         round(server_after["cpu_s"] - server_before["cpu_s"], 3)
     return {"burst_nodes": count, "burst_all_reset_s": round(took, 3),
             "burst_appwrappers_reset": len(owners), "nodes_per_s": round(count / took, 1),
             "appwrapper_resets_per_s": round(len(owners) / took, 1),
             "burst_last_event_s": round(last_event - at, 3),
+            "burst_lending_settled_s": round(lent - at, 3),
             "burst_requests": requests,
+            "burst_controller_requests": sent.totals(),
+            "writes_per_reset_burst": sent.per(len(owners)),
+            "burst_server_served": {k: round(v, 1) for k, v in served.items()},
+            "server_cpu_ms_per_reset": None if server_cpu is None else
+            round(1000 * server_cpu / len(owners), 3),
             "controller_cpu_s": round(cpu, 3),
             "controller_cpu_ms_per_reset": round(1000 * cpu / len(owners), 3),
             "controller_cpu_ms_per_node": round(1000 * cpu / count, 3),

@@ -22,11 +22,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
+import ssl
 import sys
 import tempfile
 import time
 import traceback
+import urllib.request
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -334,17 +338,53 @@ async def watch_events(kube: Kube, log_: ResetLog) -> None:
             log_.count(f"event_{event.type.lower()}")
 
 
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def served(plane: Any) -> dict[str, float]:
+    """What kube-apiserver served so far, from its /metrics: requests by verb and
+    resource (every client's: kwok's heartbeats, the benchmark's label writes,
+    healthd's), request body bytes by verb and resource, and watch events and their
+    bytes by kind (what the server pushed to every watcher)."""
+    context = ssl.create_default_context(cafile=str(plane.ca))
+    context.load_cert_chain(str(plane.pki / "admin.crt"), str(plane.pki / "admin.key"))
+    with urllib.request.urlopen(f"{plane.server}/metrics", timeout=60,
+                                context=context) as response:
+        text = response.read().decode()
+    out: Counter[str] = Counter()
+    for line in text.splitlines():
+        name, _, rest = line.partition("{")
+        if name not in _SERVED or "} " not in rest:
+            continue
+        labels = dict(_LABEL.findall(rest))
+        what = labels.get("kind") or "/".join(
+            filter(None, (labels.get("resource"), labels.get("subresource"))))
+        out[f"{_SERVED[name]} {labels.get('verb', '')} {what}".replace("  ", " ")] += \
+            float(rest.rsplit(" ", 1)[1])
+    return dict(out)
+
+
+_SERVED = {"apiserver_request_total": "requests",
+           "apiserver_request_body_size_bytes_sum": "request_bytes",
+           "apiserver_watch_events_total": "watch_events",
+           "apiserver_watch_events_sizes_sum": "watch_bytes"}
+
+
 class RealSide:
     """`reset_cluster.ServerSide` on the real API server."""
 
-    def __init__(self, portal: BlockingPortal, kube: Kube, pids: list[int]) -> None:
-        self.portal, self.kube, self.pids = portal, kube, pids
+    def __init__(self, portal: BlockingPortal, kube: Kube, pids: list[int],
+                 plane: Any) -> None:
+        self.portal, self.kube, self.pids, self.plane = portal, kube, pids, plane
 
     def evict(self, indexes: list[int]) -> float:
         return float(self.portal.call(label_evict, self.kube, indexes))
 
     def usage(self) -> dict[str, float]:
         return usage(self.pids)
+
+    def served(self) -> dict[str, float]:
+        return served(self.plane)
 
 
 def serve_real(n: int, other_pods: int, conn: Connection) -> None:
@@ -372,7 +412,7 @@ def serve_real(n: int, other_pods: int, conn: Connection) -> None:
                 "settle_s": round(settle_s, 2), "control_plane_rss_mib": {
                     name: usage([pid])["rss_mib"] for name, pid in pids.items()}}))
             try:
-                answer(RealSide(portal, kube, [pids["kube-apiserver"], pids["etcd"]]),
+                answer(RealSide(portal, kube, [pids["kube-apiserver"], pids["etcd"]], plane),
                        resets, conn)
             finally:
                 for watch in watches:

@@ -39,6 +39,7 @@ import anyio
 
 from healthd.kube.client import Kube
 from healthd.kube.conventions import GPU_RESOURCE, Keys
+from healthd.kube.tally import kind_of
 
 KEYS = Keys()
 AW_LABEL = "workload.codeflare.dev/appwrapper"
@@ -244,6 +245,7 @@ class Cluster(Protocol):
     async def events_quiet(self, quiet_s: float, wait_s: float) -> float: ...
     async def counts(self) -> dict[str, int]: ...
     async def server_usage(self) -> dict[str, float] | None: ...
+    async def served(self) -> dict[str, float]: ...
 
 
 class InlineCluster:
@@ -291,6 +293,9 @@ class InlineCluster:
 
     async def server_usage(self) -> dict[str, float] | None:
         return None  # the server's CPU is this process's
+
+    async def served(self) -> dict[str, float]:
+        return served_by_emulator(self.api)
 
 
 class ProcessCluster:
@@ -381,6 +386,9 @@ class ProcessCluster:
     async def server_usage(self) -> dict[str, float] | None:
         return dict(await self._ask(("usage", None)))
 
+    async def served(self) -> dict[str, float]:
+        return dict(await self._ask(("served", None)))
+
 
 # -- the child process ----------------------------------------------------------------
 
@@ -407,6 +415,7 @@ class ServerSide(Protocol):
 
     def evict(self, indexes: list[int]) -> float: ...
     def usage(self) -> dict[str, float]: ...
+    def served(self) -> dict[str, float]: ...
 
 
 class EmulatorSide:
@@ -418,6 +427,20 @@ class EmulatorSide:
 
     def usage(self) -> dict[str, float]:
         return {"cpu_s": own_cpu_s(), "rss_mib": rss_mib(os.getpid())}
+
+    def served(self) -> dict[str, float]:
+        return served_by_emulator(self.api)
+
+
+def served_by_emulator(api: Any) -> dict[str, float]:
+    """Requests and request bytes by kind, from the emulator's request log (the
+    benchmark's own label writes go straight to its store, so these are healthd's)."""
+    out: Counter[str] = Counter()
+    for r in api.recorder.requests:
+        kind = kind_of(r.method, r.path, r.body)
+        out[f"requests {kind}"] += 1
+        out[f"request_bytes {kind}"] += r.size
+    return dict(out)
 
 
 def answer(side: ServerSide, log: ResetLog, conn: Connection) -> None:
@@ -454,4 +477,6 @@ def _one(side: ServerSide, log: ResetLog, command: str, arg: Any) -> Any:
         return dict(log.counts)
     if command == "usage":
         return side.usage()
+    if command == "served":
+        return side.served()
     raise ValueError(f"unknown command {command!r}")

@@ -13,8 +13,10 @@ runs in it) they are posted by background tasks, at most `EVENT_BACKLOG` at a ti
 what is pending, for at most `DRAIN_S`, even when it is cancelled. Outside it (a
 one-off reset) they are posted before `reset` returns. Each reset gets its Warning
 Event on the AppWrapper; the Normal Event on an EVICT node is one per node per
-burst (`one_burst()`, which the reset loop enters per batch): a node carrying the
-pods of 40 AppWrappers gets one Event naming them, not 40.
+burst (`one_burst()`, which the reset loop holds over batches that follow each
+other closely): a node carrying the pods of 40 AppWrappers gets one Event naming
+them, not 40, and a rack whose node events were split into several batches still
+gets one Event per node.
 
 The write is one JSON patch guarded by `test` ops on the phase and on the
 conditions list as read, so a stale cache or a concurrent writer can never be

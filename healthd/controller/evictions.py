@@ -10,6 +10,9 @@ each marked AppWrapper with the pure `resets.decide` and hands due resets to the
 
 Marks coalesce: a burst of node events wakes the loop once, after a short settle
 time, so the circuit breaker sees a mass failure as one before any reset is tried.
+The batches that follow each other closely (none `BURST_QUIET_S` apart, for at most
+`BURST_MAX_S`) are one burst for the Resetter: each EVICT node gets one Event for it,
+however the node events of a rack that failed together were split into batches.
 The AppWrappers of one batch are decided concurrently (at most `CONCURRENCY` at a
 time; a batch holds each key once, and the next batch waits for this one, so no
 AppWrapper is ever decided twice at once), and the Resetter posts Events in the
@@ -42,6 +45,8 @@ from healthd.kube.shapes import AppWrapper, KubeObject, Node, Pod, view
 log = logging.getLogger(__name__)
 
 SETTLE_S = 0.1  # lets a burst of node events land before the breaker judges the fleet
+BURST_QUIET_S = 0.5  # no new work for this long: the burst is over, its node Events go out
+BURST_MAX_S = 5.0  # a burst that never stops still reports this often
 CONCURRENCY = 32  # AppWrappers decided (and written) at once
 Obj = KubeObject  # any kind's object, as the caches' change callback gets it
 
@@ -77,6 +82,15 @@ class Worklist:
             await anyio.sleep(settle_s)
         return self.drain()
 
+    async def take_within(self, wait_s: float,
+                          settle_s: float = 0) -> dict[str, float | None] | None:
+        """`take`, if a mark or poke comes within `wait_s`; else None."""
+        with anyio.move_on_after(max(0.0, wait_s)):
+            await self._wake.wait()
+        if not self._wake.is_set():
+            return None
+        return await self.take(settle_s)
+
 
 class Fleet:
     """GPU nodes and how many of them are bad, kept per node event (O(1)): what the
@@ -110,13 +124,16 @@ class EvictionReactor:
 
     def __init__(self, caches: Caches, resetter: Resetter, *, keys: Keys,
                  settings: ControllerSettings, clock: Callable[[], float] = time.time,
-                 settle_s: float = SETTLE_S) -> None:
+                 settle_s: float = SETTLE_S, burst_quiet_s: float = BURST_QUIET_S,
+                 burst_max_s: float = BURST_MAX_S) -> None:
         self._caches = caches
         self._resetter = resetter
         self._keys = keys
         self._settings = settings
         self._clock = clock
         self.settle_s = settle_s
+        self.burst_quiet_s, self.burst_max_s = burst_quiet_s, burst_max_s
+        self._state = BreakerState.CLOSED  # as last judged
         self.fleet = Fleet(keys=keys, settings=settings)
         self.evict: dict[str, tuple[str, ...]] = {}  # EVICT node -> its finding codes
         self._work = Worklist()
@@ -171,18 +188,28 @@ class EvictionReactor:
         self.mark_all()  # `handle` saw the first lists; decide all of it once
         async with self._resetter.sending_events(), anyio.create_task_group() as group:
             self._group = group
-            state = self._resetter.breaker.state
+            self._state = self._resetter.breaker.state
             while True:
-                batch = await self._work.take(self.settle_s)
-                state = await self._judge_fleet(state)
-                await self._evaluate_all(batch)
+                await self._burst(await self._work.take(self.settle_s))
+
+    async def _burst(self, batch: dict[str, float | None]) -> None:
+        """Decide `batch` and the batches that follow it closely, as one burst."""
+        ends = anyio.current_time() + self.burst_max_s
+        async with self._resetter.one_burst():
+            next_batch: dict[str, float | None] | None = batch
+            while next_batch is not None:
+                self._state = await self._judge_fleet(self._state)
+                await self._evaluate_all(next_batch)
+                left = ends - anyio.current_time()
+                next_batch = None if left <= 0 else \
+                    await self._work.take_within(min(self.burst_quiet_s, left), self.settle_s)
 
     async def _evaluate_all(self, batch: dict[str, float | None]) -> None:
         async def one(key: str, since: float | None) -> None:
             async with self._limiter:
                 await self._evaluate(key, since)
 
-        async with self._resetter.one_burst(), anyio.create_task_group() as group:
+        async with anyio.create_task_group() as group:
             for key, since in batch.items():
                 group.start_soon(one, key, since)
 

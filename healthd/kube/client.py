@@ -62,6 +62,7 @@ from healthd.kube.narrow import (
     load_kube_config,
 )
 from healthd.kube.objects import Resource
+from healthd.kube.tally import RequestTally
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -84,7 +85,8 @@ class Kube:
     `timeout_s` is the default deadline of one request (connect, send, read the
     answer); a request that passes it raises `Unavailable`. `watch_timeout_s` is
     each watch's server-side timeout; a watch silent `watch_read_margin_s` longer
-    than that is a dead connection (see the module docstring). Objects too deeply
+    than that is a dead connection (see the module docstring). `tally`, when set,
+    counts every request and its bytes (`healthd.kube.tally`). Objects too deeply
     nested to decode are left out of answers and counted in `undecodable` (the
     process's tally unless given; healthd.kube.decoding).
     """
@@ -101,6 +103,7 @@ class Kube:
         self.watch_read_margin_s = watch_read_margin_s
         self._generation = 0  # how many times the connections were dropped
         self._streams: set[aiohttp.StreamReader] = set()  # bodies of the open watches
+        self.tally: RequestTally | None = None  # counts requests when set (measuring only)
 
     # -- construction --------------------------------------------------------------
 
@@ -171,6 +174,12 @@ class Kube:
                 raw = await _read(resp)
         except TimeoutError as exc:
             raise await self._timed_out(generation, f"{method} {path}", deadline) from exc
+        except KubeError:
+            if self.tally is not None:
+                self.tally.note(method, path, body, 0, failed=True)
+            raise
+        if self.tally is not None:
+            self.tally.note(method, path, body, len(raw))
         value, pruned = _decode(method, path, raw)
         if pruned:
             return sift_answer(value, f"{method} {path}", plural_of(path), self.undecodable)

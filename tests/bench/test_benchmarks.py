@@ -103,6 +103,24 @@ def test_a_benchmark_that_cannot_measure_still_prints_json_and_fails() -> None:
     assert report["benchmark"] == "label_to_reset" and report["error"]
 
 
+def test_label_to_reset_counts_what_each_reset_asks_of_the_server(
+        runs: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    row = json.loads(runs["label_to_reset"].stdout)["figures"]["scales"][0]
+    resets, nodes = row["burst_appwrappers_reset"], row["burst_nodes"]
+    served = row["burst_server_served"]  # the emulator's request log, by kind
+    # Per reset one status patch and one Event on the AppWrapper; per node one Event;
+    # the slack queue once for the whole burst; nothing read back.
+    assert served["requests PATCH appwrappers/status"] == resets
+    assert served["requests POST events/AppWrapper"] == resets
+    assert served["requests POST events/Node"] == nodes
+    assert served["requests PATCH clusterqueues"] == 1
+    assert not [kind for kind in served if kind.startswith("requests GET")]
+    # The controller's own count agrees with the server's, bytes included.
+    per_reset = row["writes_per_reset_burst"]["PATCH appwrappers/status"]
+    assert per_reset["requests"] == 1.0
+    assert per_reset["sent_bytes"] * resets == served["request_bytes PATCH appwrappers/status"]
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_label_to_reset_measures_on_the_real_api_server() -> None:
@@ -119,6 +137,10 @@ def test_label_to_reset_measures_on_the_real_api_server() -> None:
     assert row["memory"]["cached"] == {"nodes": 90, "pods": 360, "appwrappers": 90}
     assert row["latency_s"]["n"] == 5 * 4  # each of the 5 faults: its 4 AppWrappers reset
     assert row["burst_appwrappers_reset"] > 0 and row["burst_requests"]["event_post"] > 0
+    # kube-apiserver's /metrics saw the controller's status patches, one per reset
+    served = row["burst_server_served"]
+    assert served["requests PATCH appwrappers/status"] == row["burst_appwrappers_reset"]
+    assert row["writes_per_reset_burst"]["PATCH appwrappers/status"]["requests"] == 1.0
 
 
 @pytest.mark.e2e

@@ -1,8 +1,8 @@
 """The request log and fault injection: what tests assert on and how they break things.
 
 Every request is recorded (method, path, query, content type, parsed body, status,
-time, user agent, user) so a test can say "no writes" or "exactly one PATCH to
-/api/v1/nodes/n1". Faults make the next N requests that match a method and a path
+time, user agent, user, the body's size) so a test can say "no writes" or "exactly
+one PATCH to /api/v1/nodes/n1". Faults make the next N requests that match a method and a path
 regex fail with a given status (and optional body), or only wait first.
 """
 
@@ -31,6 +31,7 @@ class RecordedRequest:
     time: float  # time.time() when it arrived
     user_agent: str
     user: str
+    size: int = 0  # bytes of the body as sent
 
     @property
     def is_write(self) -> bool:

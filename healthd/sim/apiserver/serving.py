@@ -120,7 +120,7 @@ class ApiHandler:
             self.recorder.record(RecordedRequest(
                 request.method, request.path, dict(request.query),
                 request.headers.get("Content-Type", ""), body, status, started,
-                request.headers.get("User-Agent", ""), _user(request)))
+                request.headers.get("User-Agent", ""), _user(request), len(text.encode())))
 
         try:
             resp = await self._faulted(request) or await self._dispatch(request, body, record)
