@@ -38,6 +38,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,7 @@ RATE_GOAL = 100.0
 EVENTS_QUIET_S = BURST_QUIET_S + 0.3
 WHERE = ("own-process", "in-process")
 REAL = "kube-apiserver"
+FIRST_REPORTS_S = 150.0  # kubelet-like reports begin 150 s after a node is Ready
 
 
 def bench_config() -> Config:
@@ -84,24 +86,25 @@ def bench_config() -> Config:
 # -- measuring ------------------------------------------------------------------------
 
 @asynccontextmanager
-async def open_cluster(where: str, n: int, other_pods: int) -> AsyncIterator[Cluster]:
+async def open_cluster(where: str, n: int, other_pods: int,
+                       heartbeat: str) -> AsyncIterator[Cluster]:
     if where == "in-process":
         from healthd.sim.apiserver import ApiEmulator  # only this mode has it here
         async with ApiEmulator() as api:
             yield InlineCluster(api, n)
     elif where == REAL:
         from real_api import serve_real  # only this mode needs the control plane
-        async with ProcessCluster(n, serve=serve_real, args=(other_pods,), where=REAL,
-                                  stop_s=120) as real:
+        async with ProcessCluster(n, serve=serve_real, args=(other_pods, heartbeat),
+                                  where=REAL, stop_s=120) as real:
             yield real
     else:
         async with ProcessCluster(n, history_limit=max(1000, n)) as remote:
             yield remote
 
 
-async def run_scale(n: int, faults: int, burst: int, where: str,
-                    profile: Path | None, other_pods: int, idle_s: float) -> dict[str, Any]:
-    async with open_cluster(where, n, other_pods) as cluster:
+async def run_scale(n: int, faults: int, burst: int, where: str, profile: Path | None,
+                    other_pods: int, idle: Idle) -> dict[str, Any]:
+    async with open_cluster(where, n, other_pods, idle.heartbeat) as cluster:
         rss_before = rss_mib()
         kube = await cluster.connect()
         kube.tally = RequestTally()  # the controller's own requests, by kind
@@ -117,7 +120,7 @@ async def run_scale(n: int, faults: int, burst: int, where: str,
                 synced_s, sync_cpu_s = time.monotonic() - start, own_cpu_s() - cpu_start
                 await anyio.sleep(0.5)  # the first evaluation and lending pass
                 memory = cache_memory(controller, rss_before)
-                idle = await idle_cpu(idle_s)
+                idle_figures = await idle_cpu(cluster, idle)
                 before = kube.tally.snapshot()
                 latencies = await one_at_a_time(cluster, faults)
                 await lending_settled(controller)
@@ -133,7 +136,7 @@ async def run_scale(n: int, faults: int, burst: int, where: str,
                if key in ("settle_s", "control_plane_rss_mib")},
             "controller_sync_s": round(synced_s, 3),
             "controller_sync_cpu_s": round(sync_cpu_s, 3), "memory": memory,
-            "idle_cpu_pct_of_core": idle, "idle_s": idle_s, "latency_s": summary(latencies),
+            **idle_figures, "latency_s": summary(latencies),
             "single_fault_requests": single.totals(),
             "writes_per_reset_single_fault": single.per(len(latencies)),
             **throughput}
@@ -173,11 +176,39 @@ def deep_size(objects: Any) -> int:
     return total
 
 
-async def idle_cpu(seconds: float) -> float:
-    """% of a core the controller uses with nothing to do (watches open)."""
+@dataclass(frozen=True)
+class Idle:
+    """How idle CPU is measured: over `seconds`, starting no earlier than `from_s`
+    after every node was Ready (the real API server's nodes heartbeating as
+    `heartbeat` says: kwok's stage, or a kubelet's Lease and 5-minute reports)."""
+
+    seconds: float
+    heartbeat: str = "kwok"
+    from_s: float = 0.0
+    profile: Path | None = None  # a CPU-time cProfile of the window, written here
+
+
+async def idle_cpu(cluster: Cluster, idle: Idle) -> dict[str, Any]:
+    """% of a core the controller uses with nothing to do (watches open), and the
+    Node writes (watch events) the server saw meanwhile."""
+    settled_at = getattr(cluster, "ready", {}).get("settled_at")
+    if settled_at is not None:
+        await anyio.sleep(max(0.0, settled_at + idle.from_s - time.time()))
+    before = (await cluster.counts()).get("node_modified", 0)
+    profiler = cProfile.Profile(time.thread_time) if idle.profile else None
     cpu = own_cpu_s()
-    await anyio.sleep(seconds)
-    return round(100 * (own_cpu_s() - cpu) / seconds, 2)
+    if profiler:
+        profiler.enable()
+    await anyio.sleep(idle.seconds)
+    cpu = own_cpu_s() - cpu
+    if profiler and idle.profile:
+        profiler.disable()
+        profiler.dump_stats(idle.profile)
+    writes = (await cluster.counts()).get("node_modified", 0) - before
+    return {"idle_cpu_pct_of_core": round(100 * cpu / idle.seconds, 2),
+            "idle_s": idle.seconds, "heartbeat": idle.heartbeat,
+            "idle_node_writes_per_s": round(writes / idle.seconds, 1),
+            "idle_cpu_us_per_node_write": round(1e6 * cpu / writes) if writes else None}
 
 
 async def one_at_a_time(cluster: Cluster, faults: int) -> list[float]:
@@ -336,13 +367,16 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Goal], 
     modes = (REAL,) if real else WHERE if args.emulator == "both" else (args.emulator,)
     other_pods = OTHER_PODS_PER_NODE if args.pods_per_node is None else \
         args.pods_per_node - PODS_PER_AW
+    from_s = args.idle_from_s if args.idle_from_s is not None else \
+        FIRST_REPORTS_S if real and args.heartbeat == "lease" else 0.0
+    idle = Idle(args.idle_s, args.heartbeat if real else "none", from_s, args.idle_profile)
     figures: dict[str, Any] = {}
     for where in modes:
         rows = []
         for n in sizes:
             profile = args.profile if n == sizes[-1] and where == modes[0] else None
             rows.append(anyio.run(run_scale, n, faults, burst, where, profile, other_pods,
-                                  args.idle_s))
+                                  idle))
             gc.collect()  # the next size starts from a clean heap
         key = "scales" if where == modes[0] else f"scales_{where.replace('-', '_')}"
         figures[key] = rows
@@ -392,6 +426,17 @@ if __name__ == "__main__":
     cli.add_argument("--idle-s", type=float, default=1.0,
                      help="seconds over which idle CPU is measured (default %(default)s; "
                           "kwok's heartbeats need 10 or more to average out)")
+    cli.add_argument("--heartbeat", choices=("kwok", "lease"), default="kwok",
+                     help="how the real API server's nodes keep alive: kwok's stage (the "
+                          "status every 20-45 s) or a kubelet's (a Lease, the status "
+                          "every 5 minutes); default %(default)s")
+    cli.add_argument("--idle-from-s", type=float,
+                     help="start the idle window this long after every node is Ready "
+                          f"(default {FIRST_REPORTS_S:.0f} with --heartbeat lease, when "
+                          "the first status reports come, else 0)")
     cli.add_argument("--profile", type=Path,
                      help="write a cProfile of the controller during the largest burst here")
+    cli.add_argument("--idle-profile", type=Path,
+                     help="write a cProfile of the controller during the idle window here "
+                          "(the last size's)")
     sys.exit(main(NAME, measure, cli.parse_args()))

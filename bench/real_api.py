@@ -5,11 +5,15 @@ their pinned Go modules and cached; the first build takes long), on loopback.
 - `control_plane(root)`: that control plane with Kueue's and the AppWrapper
   operator's CRDs but neither program: the benchmarks seed AppWrappers `Running` as
   the operator would leave them, and no operator acts on the resets, so what is timed
-  is healthd and the API server alone. kwok plays the nodes (heartbeats) and their
-  pods (it makes them Running).
+  is healthd and the API server alone. kwok plays the nodes (Ready, heartbeats: its
+  own stage every 20-45 s, or `--heartbeat lease`, a kubelet's: the Lease renewed,
+  the status reported every 5 minutes), with 16 workers per kind instead of its 4.
 - `seed(kube, objects)`: creates what `reset_cluster.cluster` yields, a few dozen
-  requests at a time; nodes get kwok's annotation, AppWrappers their status through
-  the status subresource (a create ignores it).
+  requests at a time; nodes get kwok's annotation, AppWrappers and pods their status
+  through the status subresource (a create ignores it): pods Running and Ready as
+  kwok would make them, written here because kwok's 4 or 16 workers rendering its
+  templates took over 10 minutes for 20,000 pods on a busy 2-core machine (kwok is
+  told to leave such pods alone).
 - `serve_real`: the child process of `reset_cluster.ProcessCluster` for
   label_to_reset: starts the control plane, seeds it, watches AppWrappers and
   healthd's Events (a real server has no request log: a reset is the watch event that
@@ -20,6 +24,8 @@ their pinned Go modules and cached; the first build takes long), on loopback.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import ipaddress
 import logging
 import os
 import re
@@ -68,6 +74,18 @@ RESOURCES = {"Node": NODES, "Pod": PODS, "AppWrapper": APPWRAPPERS,
              "ClusterQueue": CLUSTERQUEUES_V1BETA2}
 BENCH_NAMESPACES = [*(namespace(j) for j in range(TEAMS)), "healthd-system"]
 TRANSIENT = {429, 500, 503, 504}
+HEARTBEATS = ("kwok", "lease")  # kwok's status stage, or a kubelet's Lease and reports
+KWOK_WORKERS = 16  # kwok's workers per kind: its 4 wait on a busy server, not on CPU
+# The Leases are renewed every 100 s instead of a kubelet's 10: nothing the benchmark
+# measures reads them (the node lifecycle controller waits 10 minutes here), and
+# 5,000 nodes renewing every 10 s would keep a core of this machine busy.
+NODE_LEASE_S = 400
+# Each kubelet-like status report after a delay drawn from 150-450 s, 300 on average
+# as a kubelet's: nodes that kwok brought up within a minute report spread over the
+# 5 minutes, as a fleet's kubelets started at different times do, from 150 s on.
+KUBELET_REPORT_MS = (150_000, 450_000)
+POD_IPS = ipaddress.ip_network("10.244.0.0/16")  # the harness's kwok --cidr
+NODE_IP = "10.0.0.1"  # and its --node-ip
 
 
 # -- the control plane ----------------------------------------------------------------
@@ -75,9 +93,10 @@ TRANSIENT = {429, 500, 503, 504}
 def control_plane(root: Path, *, with_addons: bool = False) -> Any:
     """A `tests.realcluster` ControlPlane in `root`, without Kueue and the operator
     unless `with_addons` (started by `.start()`; without them, then `install_crds`)."""
-    use_harness()
-    from tests.realcluster.cluster import ControlPlane
-    return ControlPlane(root, with_addons=with_addons)
+    return _harness().ControlPlane(root, with_addons=with_addons,
+                                   kwok_parallelism=KWOK_WORKERS,
+                                   kubelet_report_ms=KUBELET_REPORT_MS,
+                                   node_lease_s=NODE_LEASE_S)
 
 
 def use_harness() -> None:
@@ -85,6 +104,13 @@ def use_harness() -> None:
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))  # the harness lives with the tests
     _whole_kubernetes_client()
+
+
+def _harness() -> Any:
+    """`tests.realcluster.cluster`, imported on first use."""
+    use_harness()
+    from tests.realcluster import cluster
+    return cluster
 
 
 def _whole_kubernetes_client() -> None:
@@ -174,33 +200,60 @@ async def retried(call: Callable[[], Awaitable[Obj]], attempts: int = 8) -> Obj 
     return None
 
 
-def for_kwok(obj: Obj) -> Obj:
-    """A node kwok manages (heartbeats, Ready); other objects unchanged."""
-    if obj["kind"] == "Node":
-        obj["metadata"]["annotations"] = {**obj["metadata"].get("annotations", {}), **KWOK_NODE}
-        obj["metadata"]["labels"]["type"] = "kwok"
-    return obj
+def for_kwok(objects: Iterable[Obj], heartbeat: str = "kwok") -> Iterator[Obj]:
+    """The objects as the cluster holds them: nodes kwok manages (Ready, heartbeats of
+    the kind `heartbeat` names), pods Running and Ready on them as kwok would make
+    them (the status written by `create`, kwok told to leave them alone)."""
+    harness = _harness()
+    ips = POD_IPS.hosts()
+    for obj in objects:
+        annotations = obj["metadata"].setdefault("annotations", {})
+        if obj["kind"] == "Node":
+            annotations.update(KWOK_NODE)
+            if heartbeat == "lease":
+                annotations.update([harness.KUBELET_HEARTBEAT])
+            obj["metadata"]["labels"]["type"] = "kwok"
+        elif obj["kind"] == "Pod":
+            annotations.update([harness.STATUS_WRITTEN])
+            obj["status"] = running(obj, str(next(ips)))
+        yield obj
+
+
+def running(pod: Obj, ip: str) -> Obj:
+    """A pod's status once it runs, as kwok's pod-ready stage writes it."""
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"phase": "Running", "hostIP": NODE_IP, "hostIPs": [{"ip": NODE_IP}],
+            "podIP": ip, "podIPs": [{"ip": ip}], "startTime": now,
+            "conditions": [{"type": kind, "status": "True", "lastTransitionTime": now}
+                           for kind in ("Initialized", "Ready", "ContainersReady")],
+            "containerStatuses": [
+                {"name": c["name"], "image": c["image"], "ready": True, "started": True,
+                 "restartCount": 0, "state": {"running": {"startedAt": now}}}
+                for c in pod["spec"]["containers"]]}
+
+
+STATUS_KINDS = ("AppWrapper", "Pod")  # a create ignores their status
 
 
 async def create(kube: Kube, obj: Obj) -> None:
     res = RESOURCES[obj["kind"]]
     await retried(lambda: kube.create(res, obj))
-    status = obj.get("status") if obj["kind"] == "AppWrapper" else None
+    status = obj.get("status") if obj["kind"] in STATUS_KINDS else None
     if status:  # a create ignores the status of a kind with a status subresource
         ns = obj["metadata"]["namespace"]
         await retried(lambda: kube.merge_patch(res, name_of(obj), {"status": status}, ns,
                                                subresource="status"))
 
 
-async def seed(kube: Kube, objects: Iterable[Obj]) -> None:
+async def seed(kube: Kube, objects: Iterable[Obj], heartbeat: str = "kwok") -> None:
     """The namespaces (with their default ServiceAccount, which pods need), then the
-    objects, created concurrently."""
+    objects (`for_kwok`), created concurrently."""
     await in_parallel(({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
                        for ns in BENCH_NAMESPACES), lambda o: create(kube, o))
     for ns in [*BENCH_NAMESPACES, "kube-system"]:
         await until(lambda ns=ns: _exists(kube, f"/api/v1/namespaces/{ns}/serviceaccounts/default"),
                     60, f"the default ServiceAccount of {ns}")
-    await in_parallel((for_kwok(obj) for obj in objects), lambda o: create(kube, o))
+    await in_parallel(for_kwok(objects, heartbeat), lambda o: create(kube, o))
 
 
 async def _exists(kube: Kube, path: str) -> bool:
@@ -370,6 +423,12 @@ _SERVED = {"apiserver_request_total": "requests",
            "apiserver_watch_events_sizes_sum": "watch_bytes"}
 
 
+async def watch_nodes(kube: Kube, log_: ResetLog) -> None:
+    """Node writes (heartbeats, status reports, labels) as watch events, counted."""
+    async for event in watch_forever(kube, NODES):
+        log_.count(f"node_{event.type.lower()}")
+
+
 class RealSide:
     """`reset_cluster.ServerSide` on the real API server."""
 
@@ -387,9 +446,10 @@ class RealSide:
         return served(self.plane)
 
 
-def serve_real(n: int, other_pods: int, conn: Connection) -> None:
+def serve_real(n: int, other_pods: int, heartbeat: str, conn: Connection) -> None:
     """The child of `ProcessCluster(serve=serve_real)`: the control plane seeded with
-    `reset_cluster.cluster(n, other_pods)`, then the parent's questions answered."""
+    `reset_cluster.cluster(n, other_pods)`, its nodes heartbeating as `heartbeat`
+    says, then the parent's questions answered."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s real-api %(message)s")
     try:
@@ -401,15 +461,18 @@ def serve_real(n: int, other_pods: int, conn: Connection) -> None:
             resets = ResetLog()
             listed = portal.call(lambda: _event())
             watches = [portal.start_task_soon(watch_events, kube, resets)]
-            portal.call(seed, kube, cluster(n, other_pods))
+            portal.call(seed, kube, cluster(n, other_pods), heartbeat)
             seed_s = time.monotonic() - started
             settle_s = portal.call(settled, kube)
+            settled_at = time.time()
             watches.append(portal.start_task_soon(watch_resets, kube, resets, listed))
+            watches.append(portal.start_task_soon(watch_nodes, kube, resets))
             portal.call(lambda: _wait(listed, 60))
             pids = plane.pids()
             conn.send(("ready", {
                 "kubeconfig": str(plane.admin_kubeconfig), "seed_s": seed_s,
-                "settle_s": round(settle_s, 2), "control_plane_rss_mib": {
+                "settle_s": round(settle_s, 2), "settled_at": settled_at,
+                "heartbeat": heartbeat, "control_plane_rss_mib": {
                     name: usage([pid])["rss_mib"] for name, pid in pids.items()}}))
             try:
                 answer(RealSide(portal, kube, [pids["kube-apiserver"], pids["etcd"]], plane),

@@ -37,6 +37,12 @@ START_S = 120.0  # a busy 2-core machine starts the API server in 10-40 s
 # 5 minutes; nothing else writes the Node meanwhile.
 KUBELET_HEARTBEAT = ("e2e.healthd.io/heartbeat", "lease")
 NODE_LEASE_S = 40  # the kubelet's default nodeLeaseDurationSeconds
+# The kubelet's nodeStatusReportFrequency (5 minutes): kwok's delay before each report,
+# from and to (ms). A kubelet's phase is its start time; kwok draws each delay anew.
+KUBELET_REPORT_MS = (300_000, 310_000)
+# A pod so annotated is not run by kwok: whoever made it wrote its status (Running,
+# Ready) itself, as a benchmark seeding tens of thousands of pods does.
+STATUS_WRITTEN = ("e2e.healthd.io/status", "written")
 # The parts that cache the API server's objects (besides healthd's own processes).
 CACHING_COMPONENTS = ("kube-controller-manager", "kube-scheduler", "kwok", "kueue", "appwrapper")
 
@@ -66,9 +72,16 @@ class Ports:
 class ControlPlane:
     """One control plane in `root`. Not thread-safe; one per test session."""
 
-    def __init__(self, root: Path, *, with_addons: bool = True) -> None:
+    def __init__(self, root: Path, *, with_addons: bool = True, kwok_parallelism: int = 4,
+                 kubelet_report_ms: tuple[int, int] = KUBELET_REPORT_MS,
+                 node_lease_s: int = NODE_LEASE_S) -> None:
         self.root = root
         self.with_addons = with_addons
+        # kwok's workers per kind (its default 4): at 5,000 nodes a busy server's
+        # latency, not its CPU, bounds how fast 4 workers bring nodes up.
+        self.kwok_parallelism = kwok_parallelism
+        self.kubelet_report_ms = kubelet_report_ms
+        self.node_lease_s = node_lease_s  # renewed every quarter of it, as a kubelet does
         self.ports = Ports()
         self.pki = root / "pki"
         self.logs = root / "logs"
@@ -154,7 +167,7 @@ class ControlPlane:
             f"--config={self._kwok_stages()}",
             "--manage-all-nodes=false",
             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-            f"--node-lease-duration-seconds={NODE_LEASE_S}",
+            f"--node-lease-duration-seconds={self.node_lease_s}",
             "--cidr=10.244.0.0/16", "--node-ip=10.0.0.1",
             f"--server-address=127.0.0.1:{self.ports.kwok}"])
 
@@ -165,13 +178,22 @@ class ControlPlane:
         stages = programs.module_dir("sigs.k8s.io/kwok",
                                      programs.pinned_version("kwok", "sigs.k8s.io/kwok"))
         stages = stages / "kustomize/stage"
-        files = ["node/fast/node-initialize.yaml", "pod/fast/pod-ready.yaml",
-                 "pod/fast/pod-delete.yaml"]
+        files = ["node/fast/node-initialize.yaml", "pod/fast/pod-delete.yaml"]
         docs = [(stages / f).read_text() for f in files]
-        docs += [yaml.safe_dump(stage) for stage in _heartbeats(stages / "node")]
+        docs.append(yaml.safe_dump(_pod_ready(stages / "pod/fast/pod-ready.yaml")))
+        docs += [yaml.safe_dump(stage)
+                 for stage in _heartbeats(stages / "node", self.kubelet_report_ms)]
+        docs.append(yaml.safe_dump(self._kwok_configuration()))
         path = self.root / "kwok-stages.yaml"
         path.write_text("\n---\n".join(docs))
         return path
+
+    def _kwok_configuration(self) -> dict[str, Any]:
+        workers = self.kwok_parallelism
+        return {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
+                "options": {"nodePlayStageParallelism": workers,
+                            "podPlayStageParallelism": workers,
+                            "nodeLeaseParallelism": workers}}
 
     # -- life cycle --------------------------------------------------------------------
 
@@ -280,10 +302,21 @@ class ControlPlane:
         return path
 
 
-def _heartbeats(stages: Path) -> list[dict[str, Any]]:
+def _pod_ready(stage_file: Path) -> dict[str, Any]:
+    """kwok's pod-ready stage, for every pod but those whose status was written for
+    them (STATUS_WRITTEN)."""
+    stage: dict[str, Any] = yaml.safe_load(stage_file.read_text())
+    key, value = STATUS_WRITTEN
+    stage["spec"]["selector"]["matchExpressions"].append(
+        {"key": f'.metadata.annotations["{key}"]', "operator": "NotIn", "values": [value]})
+    return stage
+
+
+def _heartbeats(stages: Path, report_ms: tuple[int, int]) -> list[dict[str, Any]]:
     """kwok's two node heartbeat stages, each for its nodes (see KUBELET_HEARTBEAT):
     the status rewritten every 20-45 s, or a Lease renewed and the status reported
-    every 5 minutes, as a kubelet does (its nodeStatusReportFrequency)."""
+    every `report_ms` (from, to), as a kubelet does (every 5 minutes, its
+    nodeStatusReportFrequency)."""
     key, value = KUBELET_HEARTBEAT
     selected = {"key": f'.metadata.annotations["{key}"]', "values": [value]}
     status = yaml.safe_load((stages / "heartbeat/node-heartbeat.yaml").read_text())
@@ -291,8 +324,8 @@ def _heartbeats(stages: Path) -> list[dict[str, Any]]:
     lease = yaml.safe_load(
         (stages / "heartbeat-with-lease/node-heartbeat-with-lease.yaml").read_text())
     lease["spec"]["selector"]["matchExpressions"].append({**selected, "operator": "In"})
-    lease["spec"]["delay"] = {"durationMilliseconds": 300_000,
-                              "jitterDurationMilliseconds": 310_000}
+    lease["spec"]["delay"] = {"durationMilliseconds": report_ms[0],
+                              "jitterDurationMilliseconds": report_ms[1]}
     return [status, lease]
 
 
