@@ -26,7 +26,7 @@ from healthd.sim.apiserver.testing import api  # noqa: F401
 from healthd.sim.kubelet import FakeKubelet, HealthdRunner
 from healthd.sim.machine import MachineSpec, load_machine_spec
 from healthd.sim.remediation import FakeRebootOperator, by_control_file, template
-from tests.agent.harness import NODE, Harness, fast_config, running_agent
+from tests.agent.harness import KEYS, NODE, Harness, fast_config, running_agent
 from tests.controller.conftest import (  # noqa: F401  (pytest fixtures)
     KubeFactory,
     Replica,
@@ -60,6 +60,21 @@ def gpu_node(*, labels: dict[str, str] | None = None, cordoned: bool = False) ->
             "spec": {"unschedulable": True} if cordoned else {},
             "status": {"capacity": capacity, "allocatable": capacity,
                        "nodeInfo": {"bootID": BOOT_ID}}}
+
+
+def holding_node(code: str, check: str, gpu: int, severity: str, *,
+                 sticky: bool = False) -> Obj:
+    """A GPU node whose agent (not running) published `code` held on GPU `gpu`: what
+    the controller reads without an agent to play it."""
+    node = gpu_node()
+    held = {"code": code, "check": check, "entity": f"gpu{gpu}", "severity": severity,
+            "sticky": sticky, "message": "", "since": "2026-01-01T00:00:00Z",
+            "uuid": f"GPU-{gpu}"}
+    node["metadata"]["labels"][KEYS.gpuhealth] = severity
+    node["metadata"]["annotations"][KEYS.health] = json.dumps(
+        {"verdict": severity, "since": "2026-01-01T00:00:00Z", "top": code,
+         "held": [held], "findings": [], "checks": {}})
+    return node
 
 
 def gpu_pod(name: str = "trainer-0") -> Obj:

@@ -15,20 +15,9 @@ from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.kubelet import FakeKubelet, Mode
 from tests.agent.harness import KEYS, NODE, eventually
 from tests.controller.conftest import KubeFactory, controllers
-from tests.controller_repairs.conftest import controller_config, gpu_node
+from tests.controller_repairs.conftest import controller_config, holding_node
 
 pytestmark = pytest.mark.anyio
-
-
-def held_node() -> dict[str, object]:
-    node = gpu_node()
-    held = {"code": "REMAP_PENDING", "check": "remapped", "entity": "gpu3", "severity": "ERR",
-            "sticky": False, "message": "", "since": "2026-01-01T00:00:00Z", "uuid": "GPU-3"}
-    node["metadata"]["labels"][KEYS.gpuhealth] = "ERR"  # type: ignore[index]
-    node["metadata"]["annotations"][KEYS.health] = json.dumps(  # type: ignore[index]
-        {"verdict": "ERR", "since": "2026-01-01T00:00:00Z", "top": "REMAP_PENDING",
-         "held": [held], "findings": [], "checks": {}})
-    return node
 
 
 def attempts(api: ApiEmulator) -> list[tuple[str, str]]:
@@ -43,7 +32,7 @@ def failures(api: ApiEmulator) -> list[str]:
 @asynccontextmanager
 async def running(api: ApiEmulator, kube_for: KubeFactory, mode: Mode,
                   **repair: object) -> AsyncIterator[FakeKubelet]:
-    api.seed(held_node())
+    api.seed(holding_node("REMAP_PENDING", "remapped", 3, "ERR"))
     kubelet = FakeKubelet(api, mode=mode)
     async with anyio.create_task_group() as group:
         group.start_soon(kubelet.run)

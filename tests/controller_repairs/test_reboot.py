@@ -28,13 +28,20 @@ from tests.controller_repairs.conftest import (
     Cluster,
     cluster,
     controller_config,
-    gpu_node,
     hardware,
+    holding_node,
     snr_template,
 )
 
 pytestmark = pytest.mark.anyio
+
+
 REPAIR_S = 60.0  # a loose bound: a few check rounds and `healthd` subprocesses
+
+
+def xid79_node() -> dict[str, object]:
+    """A node its agent found XID 79 on (a reboot's finding), GPU 5."""
+    return holding_node("XID_79", "xid", 5, "EVICT", sticky=True)
 
 
 def attempts(c: Cluster) -> list[tuple[str, str]]:
@@ -111,17 +118,6 @@ async def test_a_fault_that_survives_resets_and_reboots_goes_to_hardware_inspect
 
 
 # -- without an agent: the node shows what an agent left on it (XID_79 held on GPU 5) ---
-
-
-def xid79_node() -> dict[str, object]:
-    node = gpu_node()
-    held = {"code": "XID_79", "check": "xid", "entity": "gpu5", "severity": "EVICT",
-            "sticky": True, "message": "", "since": "2026-01-01T00:00:00Z", "uuid": "GPU-5"}
-    node["metadata"]["labels"][KEYS.gpuhealth] = "EVICT"  # type: ignore[index]
-    node["metadata"]["annotations"][KEYS.health] = json.dumps(  # type: ignore[index]
-        {"verdict": "EVICT", "since": "2026-01-01T00:00:00Z", "top": "XID_79",
-         "held": [held], "findings": [], "checks": {}})
-    return node
 
 
 def repair_of(api: ApiEmulator) -> dict[str, object]:
