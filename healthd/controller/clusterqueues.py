@@ -2,10 +2,7 @@
 
 `QueueWriter` follows the caches (`handle` is the caches' change callback: node and
 flavor changes move the `LendingModel`, any change marks the slack queues dirty) and
-its `run` loop reconciles dirty queues once the changes stop arriving: it waits until
-none came for `SETTLE_S`, at most `MAX_SETTLE_S` after it woke. So a burst (100 nodes
-EVICT at once, a rack losing power) costs the queue one write and one Event, not one
-per node, and a change that keeps coming is still written every `MAX_SETTLE_S`.
+its `run` loop reconciles dirty queues as soon as they are marked, coalescing bursts.
 Nothing is written before the node, queue and flavor caches have synced, and nothing
 is written when the queue already holds the right values (a restart costs no write).
 
@@ -61,8 +58,6 @@ from healthd.kube.watching import older_version
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 4  # re-reads after a failed test before backing off
-SETTLE_S = 0.5  # no change for this long: the burst is over, write
-MAX_SETTLE_S = 5.0  # changes that never stop are written this often
 Obj = dict[str, Any]  # a JSON patch operation
 
 
@@ -145,8 +140,7 @@ class QueueWriter:
     def __init__(self, kube: Kube, caches: Caches, events: EventRecorder, *,
                  settings: ControllerSettings, keys: Keys,
                  metrics: LendingMetrics | None = None, model: LendingModel | None = None,
-                 clock: Callable[[], float] = time.monotonic, settle_s: float = SETTLE_S,
-                 max_settle_s: float = MAX_SETTLE_S) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._kube = kube
         self._caches = caches
         self._events = events
@@ -157,8 +151,6 @@ class QueueWriter:
         self.model = model or LendingModel()
         self._dirty: set[str] = set()
         self._wake = anyio.Event()
-        self._marks = 0  # how many times work was marked: a settle waits for it to stop
-        self.settle_s, self.max_settle_s = settle_s, max_settle_s
         self._retry_at: dict[str, float] = {}
         self._backoff: dict[str, Backoff] = {}
         self._latest: dict[str, ClusterQueue] = {}  # our last read or write, until cached
@@ -213,7 +205,6 @@ class QueueWriter:
             self._dirty.update(self._settings.slack_queues)
         elif queue in self._settings.slack_queues:
             self._dirty.add(queue)
-        self._marks += 1
         self._wake.set()
 
     # -- the loop ------------------------------------------------------------------
@@ -225,20 +216,9 @@ class QueueWriter:
         self.mark_dirty()
         while True:
             await self._wait_for_work()
-            await self._quiet()
             for name in self._due():
                 self._dirty.discard(name)
                 await self.reconcile(name)
-
-    async def _quiet(self) -> None:
-        """Let a burst of changes land: until none came for `settle_s`, at most
-        `max_settle_s` from now."""
-        deadline = anyio.current_time() + self.max_settle_s
-        while (left := deadline - anyio.current_time()) > 0:
-            seen = self._marks
-            await anyio.sleep(min(self.settle_s, left))
-            if self._marks == seen:
-                return
 
     def _due(self) -> list[str]:
         now = self._clock()

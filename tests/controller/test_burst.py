@@ -60,7 +60,7 @@ NODES = 100
 PER_NODE = 4  # AppWrappers with a pod on each node, as label_to_reset's cluster has
 
 
-async def test_100_nodes_evict_at_once_cost_one_queue_write_and_one_event_per_node(
+async def test_100_nodes_evict_at_once_cost_one_event_per_node_and_a_true_limit(
         api: ApiEmulator, kube_for: KubeFactory) -> None:
     # AppWrapper j has one GPU pod on each of nodes j .. j+3 (mod NODES), as in the
     # benchmark's cluster; every node turns EVICT in one go (a rack losing power).
@@ -92,10 +92,11 @@ async def test_100_nodes_evict_at_once_cost_one_queue_write_and_one_event_per_no
     subjects = [e["involvedObject"]["name"] for e in on_nodes]
     assert len(subjects) == len(set(subjects)) and set(subjects) <= set(nodes)
     assert {aw for e in on_nodes for aw in names if f"{NS}/{aw}" in e["message"]} == set(names)
-    # The slack queue: one write for the whole burst, and its Event; the limit is the
-    # truth (every GPU of the cohort's lender is gone).
-    assert len([r for r in burst if r.method == "PATCH" and "/clusterqueues/" in r.path]) == 1
-    assert len(events(api, "LendingLimitUpdated")) == 1
+    # The slack queue: written as the nodes change (coalesced, never one write per
+    # node), each write with its Event; the limit is the truth (every GPU is gone).
+    patches = [r for r in burst if r.method == "PATCH" and "/clusterqueues/" in r.path]
+    assert 1 <= len(patches) < NODES
+    assert len(events(api, "LendingLimitUpdated")) == len(patches)
     # Nothing was read back: the caches and the tested patches were enough.
     assert [r.path for r in burst if r.method == "GET" and r.query.get("watch") != "true"
             and "/leases/" not in r.path] == []

@@ -64,6 +64,8 @@ def test_b_a_fault_two_resets_do_not_clear_is_rebooted_once_through_the_template
         with watching(fleet, [node]) as seen:
             fleet.needs_reboot(node)
             eventually(lambda: fleet.repaired(node, attempt=3), CHAIN_S, f"{node} repaired")
+            eventually(lambda: len(seen.lending()) > 1 and seen.lending()[-1] is None, 30,
+                       "the node's GPUs lent again")
 
         assert fleet.attempts(node) == [("reset", [fleet.uuid(node)], "failed"),
                                         ("reset", [fleet.uuid(node)], "failed"),
