@@ -330,10 +330,7 @@ class RepairReactor:
         message = f"requested a reboot ({request}, attempt {attempt}): {decision.reason}"
         if not await self._write(current, new, event=("Normal", "RebootRequested", message)):
             return
-        since = first_since(repaired(current.held, self._policy))
-        if since is not None:
-            self._fault_since[current.name] = since
-        self._metrics.count_repair("reboot", "started")
+        self._started(current, "reboot")
         try:
             await self._ensure_request(current)
         except ForeignRequest:  # created meanwhile by someone else: the next pass says so
@@ -436,6 +433,14 @@ class RepairReactor:
                              event=(*event, message)):
             self._metrics.count_repair(ACTIONS[step], "started")
 
+    def _started(self, current: NodeRepair, remedy: str) -> None:
+        """A repair attempt recorded: count it, and remember when its findings began
+        (the fault-to-PASS histogram's start)."""
+        since = first_since(repaired(current.held, self._policy))
+        if since is not None:
+            self._fault_since[current.name] = since
+        self._metrics.count_repair(remedy, "started")
+
     # -- a GPU reset ---------------------------------------------------------------
 
     async def _start_reset(self, node: Node, current: NodeRepair, decision: Decision,
@@ -449,10 +454,7 @@ class RepairReactor:
                    f"{new.job}): {decision.reason}")
         if not await self._write(current, new, event=("Normal", "GPUReset", message)):
             return
-        since = first_since(repaired(current.held, self._policy))
-        if since is not None:
-            self._fault_since[current.name] = since
-        self._metrics.count_repair("reset", "started")
+        self._started(current, "reset")
         await self._ensure_job(node, new, attempt)
 
     async def _ensure_job(self, node: Node, repair: Repair, attempt: int) -> None:
