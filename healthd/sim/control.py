@@ -39,6 +39,7 @@ from healthd.sim.rdma import SimRdma
 
 log = logging.getLogger(__name__)
 POLL_S = 0.2  # a test's change reaches the machine within this
+APPLIED_S = 3 * POLL_S  # by then every process following the file has applied a change
 
 
 class Machine(Protocol):

@@ -9,8 +9,12 @@ real kube-apiserver alike: it watches the request kind and, once per request,
 1. reboots the node's simulated machine (`reboot(node)`: with `by_control_file`, the
    control-file op `reboot`; the GPUs keep only what survives a reboot,
    healthd.sim.repairs), as the operator's agent on the node does;
-2. sets the Node's `status.nodeInfo.bootID` to a new id through the status
-   subresource, as the kubelet does when it starts after the reboot.
+2. `boot_s` later, sets the Node's `status.nodeInfo.bootID` to a new id through the
+   status subresource, as the kubelet does when it starts after the reboot. A real
+   node reports its new boot only once it is up again; so does this one: every
+   process simulating the machine follows its control file, and has rebooted it
+   within `APPLIED_S`, before the new boot id shows (else an agent could still see the old
+   GPUs after the boot id changed, which no real node shows).
 
 A request it does not know the machine of (a node it was not given) is left alone,
 as would be a node whose operator agent is not running; its node never reboots.
@@ -27,10 +31,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from healthd.kube.client import Kube
 from healthd.kube.errors import KubeError
 from healthd.kube.objects import NODES, Resource, meta, name_of
 from healthd.kube.watching import DELETED, watch_forever
+from healthd.sim.control import APPLIED_S
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -40,6 +47,7 @@ TEMPLATES = Resource(GROUP, VERSION, "selfnoderemediationtemplates", True,
                      "SelfNodeRemediationTemplate")
 # Reboots the named node's simulated machine; False when it knows no such machine.
 Reboot = Callable[[str], bool]
+BOOT_S = APPLIED_S  # from the reboot to the new boot id (module docstring)
 
 
 def by_control_file(machines: Mapping[str, Path]) -> Reboot:
@@ -88,8 +96,8 @@ class FakeRebootOperator:
     """Reboots the simulated machine of each node a request names (module docstring)."""
 
     def __init__(self, kube: Kube, reboot: Reboot, *, requests: Resource = REQUESTS,
-                 namespace: str | None = None) -> None:
-        self._kube, self._reboot = kube, reboot
+                 namespace: str | None = None, boot_s: float = BOOT_S) -> None:
+        self._kube, self._reboot, self._boot_s = kube, reboot, boot_s
         self._requests, self._namespace = requests, namespace
         self._done: set[str] = set()  # request uids acted on
         self.rebooted: list[str] = []  # node names, in the order they were rebooted
@@ -105,6 +113,7 @@ class FakeRebootOperator:
         if uid in self._done or not self._reboot(node):
             return
         self._done.add(uid)
+        await anyio.sleep(self._boot_s)  # the machine comes up again
         boot_id = str(uuid.uuid4())
         try:
             await self._kube.merge_patch(NODES, node, {"status": {"nodeInfo": {

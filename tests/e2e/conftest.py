@@ -18,20 +18,11 @@ from tests.realcluster.cluster import ControlPlane
 E2E_TIMEOUT_S = 300  # a story on real programs waits on their own clocks (60 s requeues)
 
 
-# The repair stories run last, (a) first: they leave GPU-reset Jobs, reboot CRDs and
-# restarted operators behind, which the older stories' Kueue timing does not expect.
-REPAIR_FILES = ("test_repairs.py", "test_repair_guards.py", "test_repair_leader.py",
-                "test_repair_reboots.py")
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/e2e/" in str(item.path).replace("\\", "/"):
             item.add_marker(pytest.mark.e2e)
             item.add_marker(pytest.mark.timeout(E2E_TIMEOUT_S))
-    last = sorted((i for i in items if i.path.name in REPAIR_FILES),
-                  key=lambda i: REPAIR_FILES.index(i.path.name))
-    items[:] = [i for i in items if i.path.name not in REPAIR_FILES] + last
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ import yaml
 from kubernetes import client as k8s
 
 from tests.deploy.manifests import OVERLAYS, PROBES, find, render
+from tests.e2e.mlbatch import APPWRAPPERS
 from tests.realcluster.apply import Applier, api_client
 from tests.realcluster.processes import Program, log_tail
 
@@ -338,10 +339,39 @@ class Healthd:
         self.controller = None
 
 
+    def remove_workloads(self, timeout_s: float = 60) -> None:
+        """Delete every AppWrapper left in the cluster and wait until they are gone: one
+        left behind (a test that failed before its own delete) would be admitted onto
+        the next test's new GPU nodes and hold their GPUs."""
+        group, version, plural = APPWRAPPERS
+
+        def left() -> list[tuple[str, str]]:
+            try:
+                listing = self.custom.list_cluster_custom_object(group, version, plural)
+            except k8s.ApiException:  # a cluster without the AppWrapper kind
+                return []
+            return [(o["metadata"]["namespace"], o["metadata"]["name"])
+                    for o in listing.get("items", [])]
+
+        for namespace, name in left():
+            with contextlib.suppress(k8s.ApiException):
+                self.custom.delete_namespaced_custom_object(group, version, namespace,
+                                                            plural, name)
+        eventually(lambda: not left(), timeout_s, "the AppWrappers left behind deleted")
+
     def remove_nodes(self) -> None:
+        """Delete the nodes add_nodes made, and the Pods bound to them at once, as the
+        controller-manager's Pod GC would some 40 s later: a healthd controller
+        replica scheduled onto a test's GPU node must not be killed during the next
+        test (its leader's metrics would start again from zero)."""
         for name in self.nodes:
             with contextlib.suppress(k8s.ApiException):
                 self.core.delete_node(name)
+            for pod in self.core.list_pod_for_all_namespaces(
+                    field_selector=f"spec.nodeName={name}").items:
+                with contextlib.suppress(k8s.ApiException):
+                    self.core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace,
+                                                    grace_period_seconds=0)
         self.nodes.clear()
 
 
@@ -352,4 +382,5 @@ def healthd_on(kubeconfig: Path, root: Path) -> Iterator[Healthd]:
         yield healthd
     finally:
         healthd.stop()
+        healthd.remove_workloads()
         healthd.remove_nodes()

@@ -44,6 +44,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from healthd.config.controller import DEFAULT_REPAIR_NAMESPACE
 from healthd.kube.conventions import Keys
+from healthd.sim.control import APPLIED_S
 from healthd.sim.kernellog import SimKernelLog
 from healthd.sim.kubelet import HealthdRunner, terminated_status
 from healthd.sim.machine import MachineSpec
@@ -286,6 +287,9 @@ class Kubelet:
         name = pod["metadata"]["name"]
         try:
             ended = anyio.run(HealthdRunner(machine.spec_file, control=machine.control), pod)
+            # On a node every process sees a reset GPU at once; here the agent follows
+            # the machine's control file: it has the reset before the pod is reported.
+            time.sleep(APPLIED_S)
             status = terminated_status(pod, ended, reason="Completed" if ended.exit_code == 0
                                        else "Error")
             self.healthd.core.patch_namespaced_pod_status(name, DEFAULT_REPAIR_NAMESPACE,
