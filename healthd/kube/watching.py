@@ -92,8 +92,8 @@ class WatchEvent:
 
 async def _stream(kube: Kube, res: Resource, namespace: str | None, *,
                   label_selector: str | None, field_selector: str | None,
-                  resource_version: str | None, timeout_s: int | None
-                  ) -> AsyncGenerator[WatchEvent, None]:
+                  resource_version: str | None, timeout_s: int | None,
+                  batch_s: float = 0) -> AsyncGenerator[WatchEvent, None]:
     """One watch request, BOOKMARKs included; ERROR events raise their error. A
     stream silent past its timeout plus the client's margin is a dead connection."""
     timeout_s = kube.watch_timeout_s if timeout_s is None else timeout_s
@@ -101,7 +101,7 @@ async def _stream(kube: Kube, res: Resource, namespace: str | None, *,
              "labelSelector": label_selector, "fieldSelector": field_selector,
              "resourceVersion": resource_version}
     lines = kube.stream(res.path(namespace), query=query,
-                        read_timeout_s=timeout_s + kube.watch_read_margin_s)
+                        read_timeout_s=timeout_s + kube.watch_read_margin_s, batch_s=batch_s)
     async with aclosing(lines):
         async for line in lines:
             kind, obj = line.get("type"), line.get("object")
@@ -320,11 +320,13 @@ async def watch_forever(kube: Kube, res: Resource, namespace: str | None = None,
                         reread: bool = False, rewinds: Rewinds | None = None,
                         project: Projection | None = None,
                         listed: Callable[[], None] | None = None,
-                        page_size: int = LIST_PAGE) -> AsyncGenerator[WatchEvent, None]:
+                        page_size: int = LIST_PAGE,
+                        batch_s: float = 0) -> AsyncGenerator[WatchEvent, None]:
     """List, then watch and resume forever; relist on 410 and when the server's
     history moved back; back off while unreachable. `reread` relists at the end of
     every stream; `rewinds` is shared with the client's other watches; `project`,
-    `listed` and `page_size` as in the module docstring.
+    `listed` and `page_size` as in the module docstring; `batch_s` reads the
+    stream no more often than that (`Kube.stream`).
 
     Never raises `KubeError`; runs until cancelled (or the consumer stops iterating).
     """
@@ -349,7 +351,7 @@ async def watch_forever(kube: Kube, res: Resource, namespace: str | None = None,
                     listed()
                 backoff.reset()
             events = _stream(kube, res, namespace, resource_version=pos.version or None,
-                             timeout_s=timeout_s, **pos.selectors)
+                             timeout_s=timeout_s, batch_s=batch_s, **pos.selectors)
             async with aclosing(events):
                 while (event := await next_event(events, pos.listed_at)) is not None:
                     received = True

@@ -36,7 +36,8 @@ async def test_hardware_inspection_is_sticky_until_an_admin_clears_the_node(
     async with cluster(api, kube_for, tmp_path, spec="remap-failure") as c:
         await eventually(lambda: c.state() == "hardware-inspection", 15, "to humans")
         await eventually(lambda: c.events("HardwareInspection"), 5, "the Event")
-        assert c.metric("healthd_controller_nodes_in_hardware_inspection") == 1
+        await eventually(lambda: c.metric("healthd_controller_nodes_in_hardware_inspection")
+                         == 1, 5, "the gauge")  # from the node as the watch brings it back
         await anyio.sleep(1.0)
         assert c.jobs() == [] and len(c.repair_writes()) == 1
         assert c.agent.verdict() == "EVICT"  # kept out
@@ -51,6 +52,7 @@ async def test_hardware_inspection_is_sticky_until_an_admin_clears_the_node(
         await eventually(lambda: c.state() == "" and c.agent.verdict() == "PASS", 15,
                          "back in service")
         await eventually(lambda: c.events("HardwareInspectionCleared"), 5, "the Event")
-        assert c.metric("healthd_controller_nodes_in_hardware_inspection") == 0
+        await eventually(lambda: c.metric("healthd_controller_nodes_in_hardware_inspection")
+                         == 0, 5, "the gauge")
         assert len(c.events("HardwareInspection")) == 1
         assert c.jobs() == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager
+from itertools import pairwise
 
 import anyio
 import pytest
@@ -207,3 +208,75 @@ async def test_forever_retries_failed_lists_and_watches(api: ApiEmulator, kube: 
         api.seed(pod("b"))
         await until(lambda: len(seen) == 2)
     assert len(list_calls(api)) == 3
+
+
+WRITES = 20
+WRITE_EVERY_S = 0.05
+BATCH_S = 0.5
+
+
+async def arrivals(api: ApiEmulator, kube: Kube,
+                   batch_s: float) -> tuple[list[tuple[str, float]], float]:
+    """A node's label written `WRITES` times, `WRITE_EVERY_S` apart, as a watch with
+    `batch_s` hands the changes over: (label value, when it was handed over); and
+    how long the writes took."""
+    api.put(node("hb", {"beat": "0"}))
+    seen: list[tuple[str, float]] = []
+
+    async def consume() -> None:
+        async for event in watch_forever(kube, NODES, batch_s=batch_s):
+            seen.append((event.object["metadata"]["labels"]["beat"], anyio.current_time()))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(consume)
+        await until(lambda: len(seen) == 1)
+        started = anyio.current_time()
+        for beat in range(1, WRITES + 1):
+            await anyio.sleep(WRITE_EVERY_S)
+            api.put(node("hb", {"beat": str(beat)}))
+        writes_s = anyio.current_time() - started
+        await until(lambda: seen[-1][0] == str(WRITES))
+        tg.cancel_scope.cancel()
+    return seen[1:], writes_s
+
+
+def handovers(seen: list[tuple[str, float]]) -> int:
+    """How many times the watch handed changes over: changes handed over together
+    follow each other within a few milliseconds."""
+    return 1 + sum(1 for (_, a), (_, b) in pairwise(seen) if b - a > 0.02)
+
+
+async def test_a_batched_watch_reads_many_changes_at_a_time_and_loses_none(
+        api: ApiEmulator, kube: Kube) -> None:
+    one_by_one, _ = await arrivals(api, kube, batch_s=0)
+    batched, writes_s = await arrivals(api, kube, batch_s=BATCH_S)
+    expected = [str(b) for b in range(1, WRITES + 1)]
+    assert [v for v, _ in one_by_one] == expected
+    assert [v for v, _ in batched] == expected  # every change, in order
+    # Read once per batch_s while the writes went on, not once per write.
+    times = str([round(t - batched[0][1], 3) for _, t in batched])
+    assert handovers(batched) <= writes_s / BATCH_S + 2, times
+    assert handovers(batched) < handovers(one_by_one) / 2, times
+
+
+async def test_a_batched_watch_hands_a_burst_over_at_once(api: ApiEmulator, kube: Kube) -> None:
+    """What the server sends together after a quiet spell (nodes that failed together)
+    is handed over together, first change included: the circuit breaker judges the
+    fleet on the whole burst, not on its first node."""
+    api.put(node("rack", {"beat": "0"}))
+    seen: list[tuple[str, float]] = []
+
+    async def consume() -> None:
+        async for event in watch_forever(kube, NODES, batch_s=BATCH_S):
+            seen.append((event.object["metadata"]["name"], anyio.current_time()))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(consume)
+        await until(lambda: len(seen) == 1)
+        await anyio.sleep(2 * BATCH_S)  # quiet
+        for name in ("r1", "r2", "r3", "r4"):
+            api.put(node(name))
+        await until(lambda: len(seen) == 5)
+        tg.cancel_scope.cancel()
+    assert [n for n, _ in seen[1:]] == ["r1", "r2", "r3", "r4"]
+    assert handovers(seen[1:]) == 1
