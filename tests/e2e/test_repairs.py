@@ -36,6 +36,8 @@ def test_a_pending_remap_under_a_running_appwrapper_is_repaired_without_an_admin
                 eventually(lambda: workloads.running_nodes("blue", name) == [other]
                            and workloads.phase("blue", name) == "Running", 60,
                            "the job running on the other node")
+                eventually(lambda: len(seen.lending()) > 1 and seen.lending()[-1] is None, 30,
+                           "the node's GPUs lent again")
         finally:
             phases.stop()
 
