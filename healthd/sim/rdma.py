@@ -7,6 +7,8 @@ a flaky link counting errors would.
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,15 @@ class SimRdma:
                              f"{', '.join(f'{d}/{n}' for d, n in ports) or 'none'})")
         self._write(RdmaPortSpec.model_validate({**current.model_dump(), **changes}))
 
+    def _put(self, path: Path, text: str) -> None:
+        """Replace a file whole: a reader (the agent, another process) never sees it
+        empty or half written, as it never sees a real sysfs attribute so."""
+        # Staged beside the tree, never in it: readers list its folders.
+        writer = f"{os.getpid()}.{threading.get_ident()}"
+        staged = self.root.parent / f".{self.root.name}-{path.name}.{writer}"
+        staged.write_text(text)
+        os.replace(staged, path)
+
     def _write(self, port: RdmaPortSpec) -> None:
         base = self.root / port.device / "ports" / str(port.port)
         (base / "counters").mkdir(parents=True, exist_ok=True)
@@ -70,9 +81,9 @@ class SimRdma:
             "rate": f"{rate:g} Gb/sec ({_WIDTH[layer]})",
         }
         for name, text in files.items():
-            (base / name).write_text(text + "\n")
+            self._put(base / name, text + "\n")
         for name, value in port.counters.items():
-            (base / "counters" / name).write_text(f"{value}\n")
+            self._put(base / "counters" / name, f"{value}\n")
         if port.netdev:
             (self.root / port.device / "device" / "net" / port.netdev).mkdir(
                 parents=True, exist_ok=True)
