@@ -56,6 +56,12 @@ Obj = dict[str, Any]
 FINALIZER = "e2e.healthd.io/container-running"  # the Pod's process has not stopped yet
 SYNC_S = 0.3  # how often the Pods are looked at
 GPU_RESETS = f"{Keys().gpu_reset}=true"  # the controller's GPU-reset Jobs' pods
+# kwok 0.8 drops a Pod bound to a node in the moment after it took the node's Lease
+# (the Pod's event is judged against its Lease cache, which has no Lease yet, and
+# nothing looks again): the DaemonSet's Pod on a new node then stays Pending. Any
+# change to the Pod makes kwok look again; one is made after NUDGE_S of Pending.
+NUDGE_S = 3.0
+NUDGED = "e2e.healthd.io/kwok-look-again"
 
 
 class Machine:
@@ -176,6 +182,7 @@ class Kubelet:
         self.resets_allowed.set()
         self._lock = threading.Lock()
         self._stopping: dict[str, threading.Thread] = {}
+        self._pending: dict[str, float] = {}  # Pod uid -> when last seen Pending, or nudged
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kubelet", daemon=True)
         self.errors: list[str] = []
@@ -243,11 +250,23 @@ class Kubelet:
                     self._release(pod)
             elif pod["status"].get("phase") == "Running" and uid not in self.containers:
                 self._start(pod)
+            elif pod["status"].get("phase") == "Pending" and pod["spec"].get("nodeName"):
+                self._nudge_if_stuck(pod)
         with self._lock:
             gone = set(self.containers) - seen
         for uid in gone:  # the Pod is gone
             self._stop_soon(uid)
         self._play_gpu_resets()
+
+    def _nudge_if_stuck(self, pod: Obj) -> None:
+        """Make kwok look again at a bound Pod Pending for NUDGE_S (see NUDGE_S)."""
+        meta, now = pod["metadata"], time.monotonic()
+        since = self._pending.setdefault(meta["uid"], now)
+        if now - since < NUDGE_S:
+            return
+        self._pending[meta["uid"]] = now
+        self.healthd.core.patch_namespaced_pod(meta["name"], NAMESPACE, {
+            "metadata": {"annotations": {NUDGED: str(int(time.time()))}}})
 
     def _ours(self, pod: Obj) -> bool:
         if _is_agent(pod):
