@@ -193,7 +193,17 @@ def held_fleet(healthd: Healthd, held: Sequence[Held], root: Path, *,
                    poll_s=1.0)
         eventually(lambda: _slack_limit(healthd) == fleet.lending(), 60,
                    f"lendingLimit {fleet.lending()}")
+        # The controller-manager's node controller sends its own Event about a new
+        # node within its monitor period (5 s); it must not land while watching.
+        eventually(lambda: _registered(healthd) >= set(nodes), 60,
+                   "every node registered by the controller-manager")
         yield fleet
+
+
+def _registered(healthd: Healthd) -> set[str]:
+    """The nodes the controller-manager's node controller has sent RegisteredNode for."""
+    return {e.involved_object.name for e in healthd.core.list_event_for_all_namespaces(
+        field_selector="involvedObject.kind=Node,reason=RegisteredNode").items}
 
 
 def _slack_limit(healthd: Healthd) -> str | None:
