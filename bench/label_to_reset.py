@@ -48,6 +48,7 @@ from prometheus_client import CollectorRegistry
 from reset_cluster import (
     OTHER_PODS_PER_NODE,
     PODS_PER_AW,
+    WRITTEN_BY,
     Cluster,
     InlineCluster,
     ProcessCluster,
@@ -194,7 +195,7 @@ async def idle_cpu(cluster: Cluster, idle: Idle) -> dict[str, Any]:
     settled_at = getattr(cluster, "ready", {}).get("settled_at")
     if settled_at is not None:
         await anyio.sleep(max(0.0, settled_at + idle.from_s - time.time()))
-    before = (await cluster.counts()).get("node_modified", 0)
+    counted = await cluster.counts()
     profiler = cProfile.Profile(time.thread_time) if idle.profile else None
     cpu = own_cpu_s()
     if profiler:
@@ -204,10 +205,14 @@ async def idle_cpu(cluster: Cluster, idle: Idle) -> dict[str, Any]:
     if profiler and idle.profile:
         profiler.disable()
         profiler.dump_stats(idle.profile)
-    writes = (await cluster.counts()).get("node_modified", 0) - before
+    after = await cluster.counts()
+    writes = after.get("node_modified", 0) - counted.get("node_modified", 0)
+    by = {key.removeprefix(WRITTEN_BY): round((n - counted.get(key, 0)) / idle.seconds, 1)
+          for key, n in after.items() if key.startswith(WRITTEN_BY)}
     return {"idle_cpu_pct_of_core": round(100 * cpu / idle.seconds, 2),
             "idle_s": idle.seconds, "heartbeat": idle.heartbeat,
             "idle_node_writes_per_s": round(writes / idle.seconds, 1),
+            "idle_node_writes_per_s_by_writer": {k: v for k, v in by.items() if v},
             "idle_cpu_us_per_node_write": round(1e6 * cpu / writes) if writes else None}
 
 

@@ -46,7 +46,7 @@ import anyio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from common import REPO
 from reset_cluster import NAMESPACES as TEAMS
-from reset_cluster import ResetLog, answer, cluster, namespace, node, rss_mib
+from reset_cluster import WRITTEN_BY, ResetLog, answer, cluster, namespace, node, rss_mib
 
 from healthd.kube.client import Kube
 from healthd.kube.conventions import CONTROLLER_COMPONENT
@@ -424,9 +424,22 @@ _SERVED = {"apiserver_request_total": "requests",
 
 
 async def watch_nodes(kube: Kube, log_: ResetLog) -> None:
-    """Node writes (heartbeats, status reports, labels) as watch events, counted."""
+    """Node writes (heartbeats, status reports, labels) as watch events, counted, and
+    each MODIFIED counted again by its writer (`WRITTEN_BY`)."""
     async for event in watch_forever(kube, NODES):
         log_.count(f"node_{event.type.lower()}")
+        if event.type == "MODIFIED":
+            log_.count(WRITTEN_BY + writer(event.object))
+
+
+def writer(obj: Obj) -> str:
+    """Who made the object's last write: the newest `managedFields` entry's manager
+    and subresource (server-side bookkeeping every write updates)."""
+    entries = obj.get("metadata", {}).get("managedFields") or []
+    if not entries:
+        return "unknown"
+    newest = max(entries, key=lambda e: e.get("time") or "")
+    return "/".join(filter(None, [newest.get("manager"), newest.get("subresource")]))
 
 
 class RealSide:

@@ -123,6 +123,9 @@ def pods(n: int, other_pods: int = OTHER_PODS_PER_NODE) -> int:
 
 # -- what the server saw --------------------------------------------------------------
 
+WRITTEN_BY = "node_modified_by "  # a count of Node writes, by writer, follows
+
+
 class ResetLog:
     """When each AppWrapper was seen reset, when the last Event came, and what was
     seen counted by kind; filled by whoever sees the server (the emulator's request
