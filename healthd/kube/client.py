@@ -29,9 +29,11 @@ Usage::
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import socket
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Iterator, Mapping
 from contextlib import aclosing
 from pathlib import Path
 from types import TracebackType
@@ -452,16 +454,36 @@ async def _what_follows(resp: RESTResponse, seconds: float) -> bytes:
     protocol = connection.protocol if connection is not None else None
     if protocol is None or protocol.transport is None:
         return b""
-    protocol.pause_reading()
-    try:
-        await anyio.sleep(seconds)
-    finally:
-        if protocol.transport is not None:
-            protocol.resume_reading()
+    with _socket_unread(protocol.transport):
+        protocol.pause_reading()
+        try:
+            await anyio.sleep(seconds)
+        finally:
+            if protocol.transport is not None:
+                protocol.resume_reading()
     # What waited in the socket is read by the event loop's next turns.
     with anyio.move_on_after(_CATCH_UP_S):
         return bytes(await resp.response.content.readany())
     return b""
+
+
+@contextlib.contextmanager
+def _socket_unread(transport: asyncio.BaseTransport) -> Iterator[None]:
+    """The socket under `transport` left unread for the block. A plain transport's
+    pause_reading does that already; a TLS transport's only stops handing data up
+    and goes on reading the socket, a wake-up per piece the server sends, until
+    its read buffer is full: its buffer limit at 0 stops the socket at once."""
+    limits = getattr(transport, "get_read_buffer_limits", None)
+    if limits is None:
+        yield
+        return
+    low, high = limits()
+    transport.set_read_buffer_limits(high=0)  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        if not transport.is_closing():
+            transport.set_read_buffer_limits(high=high, low=low)  # type: ignore[attr-defined]
 
 
 def _decode(method: str, path: str, raw: bytes) -> tuple[dict[str, Any], bool]:
