@@ -27,6 +27,7 @@ async def test_a_node_being_repaired_is_testing_and_says_what_the_repair_does(
 
         h.annotate(**{KEYS.repair: repair("resetting", "GPU-1", "GPU-2")})
         await eventually(lambda: h.verdict() == "TESTING", 5, "TESTING")
+        assert await h.parts.publisher.flush(10)  # the condition goes out after the label
         condition = h.condition()
         assert condition is not None and condition["status"] == "False"
         assert condition["message"] == "GPU repair: resetting GPU-1, GPU-2"

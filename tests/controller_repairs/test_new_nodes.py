@@ -50,6 +50,7 @@ async def test_a_new_node_is_testing_until_its_validation_passes(
         seen = await labels_until_settled(c, lambda: c.repair() is not None and c.state() == ""
                                           and c.agent.verdict() == "PASS")
         assert [v for v in seen if v] == ["TESTING", "PASS"]  # never PASS before it passed
+        assert await c.agent.parts.publisher.flush(10)  # the condition follows the label
         condition = c.agent.condition()
         assert condition is not None and condition["reason"] == "GPUsHealthy"
         last = c.agent.last_run()
