@@ -5,6 +5,7 @@ Ctrl-C (SIGINT) stops it."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -36,9 +37,11 @@ def test_the_log_never_runs_back_and_wide_shows_findings_and_stderr_says_who() -
 
 
 def test_serve_removes_its_kubeconfig_folder_on_ctrl_c() -> None:
+    # PYTHONFAULTHANDLER: a demo that does not stop can be made to print every
+    # thread's stack (SIGABRT), so a hang says where it is.
     proc = subprocess.Popen([*HEALTHD, "demo", "--scenario", "mass-failure-breaker",
                              "--serve", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     assert proc.stdout is not None
     deadline, kubeconfig = time.monotonic() + 120, None
     try:
@@ -50,7 +53,13 @@ def test_serve_removes_its_kubeconfig_folder_on_ctrl_c() -> None:
         proc.send_signal(signal.SIGINT)
         # Both pipes read to the end (nothing blocks on a full one); 0.7 s as a rule,
         # once over 30 s in a full run on a busy machine: a hang guard, not a goal.
-        proc.communicate(timeout=90)
+        try:
+            proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            _, stacks = proc.communicate(timeout=30)
+            raise AssertionError("still running 90 s after SIGINT; its threads:\n"
+                                 + stacks[-8000:]) from None
         code = proc.returncode
     finally:
         if proc.poll() is None:
