@@ -166,7 +166,21 @@ async def _serve(cluster: DemoCluster, stream: TextIO, hold: Hold | None) -> Non
 
 async def _serve_from(cluster: DemoCluster, stream: TextIO, hold: Hold | None,
                       folder: Path) -> None:
-    kubeconfig = cluster.api.write_kubeconfig(folder / "kubeconfig")
+    notice = await _notice(cluster, cluster.api.write_kubeconfig(folder / "kubeconfig"))
+    if hold is not None:
+        print(notice, file=stream, flush=True)
+        await hold(cluster)
+        return
+    # Ctrl-C is caught before the notice says so: a signal sent by whoever reads it
+    # always reaches this wait, never the default handler's cancellation on the way.
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        print(notice, file=stream, flush=True)
+        async for _ in signals:
+            return
+
+
+async def _notice(cluster: DemoCluster, kubeconfig: Path) -> str:
+    """Where the served cluster is and what to try on it."""
     free = await _free_node(cluster)
     diagnose = (f"healthd trigger --kubeconfig {kubeconfig} --nodes {free} --checks dcgm:3 "
                 "--wait" if free else "every node's GPUs are busy: a deep diagnostic would "
@@ -181,8 +195,7 @@ async def _serve_from(cluster: DemoCluster, stream: TextIO, hold: Hold | None,
            f"  controller  http://127.0.0.1:{cluster.controller_port}/metrics"]
     out += [f"  {name:<11} http://127.0.0.1:{port}/metrics"
             for name, port in cluster.agent_ports().items()]
-    print("\n".join(out), file=stream, flush=True)
-    await (hold or wait_for_signal)(cluster)
+    return "\n".join(out)
 
 
 async def _free_node(cluster: DemoCluster) -> str | None:
@@ -192,12 +205,6 @@ async def _free_node(cluster: DemoCluster) -> str | None:
 
     busy = await busy_nodes(cluster.admin, cluster.keys, cluster.nodes)
     return next((node for node in cluster.nodes if node not in busy), None)
-
-
-async def wait_for_signal(cluster: DemoCluster) -> None:
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for _ in signals:
-            return
 
 
 def _node_count(scenario: Scenario, asked: int | None) -> int:

@@ -64,5 +64,7 @@ def test_serve_removes_its_kubeconfig_folder_on_ctrl_c() -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert code in (0, 130)
+    # Ctrl-C is how --serve ends: caught by the demo's own wait even when sent the
+    # moment the notice is read, so the story's result (it passed) is the exit code.
+    assert code == 0
     assert not kubeconfig.parent.exists()
