@@ -232,4 +232,5 @@ async def test_a_resumed_damped_holding_is_released_by_clean_runs(
     async with running_agent(api, tmp_path, spec=_spec(rdma={"devices": 8}), config=config,
                              seed=False) as h:
         await eventually(lambda: h.verdict() == "PASS", 20, "PASS once the port stays up")
+        assert await h.parts.publisher.flush(10)  # the Event follows the label's write
         assert [e["message"].split(":")[0] for e in h.events()][-1] == "GPU health ERR -> PASS"
