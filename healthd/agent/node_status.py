@@ -26,7 +26,11 @@ rules of the published state hold in one place:
   an annotation refused on its own is not sent again until its value changes. The
   condition goes out either way.
 - Any other API failure keeps the desired state and retries with backoff and jitter; the
-  first success writes the latest state. The loop never dies; `in_sync` and
+  first success writes the latest state. Any write that goes through starts the
+  backoff again (the server answers: what is left, such as the condition after the
+  labels, is not kept waiting by failures from before). A server that could not be
+  reached at all is tried again as soon as the node's watch delivers the node (it
+  answers again), not only when the backoff ends. The loop never dies; `in_sync` and
   `last_error` tell /readyz and the metrics where it stands.
 
 The server's answer to each patch is taken as the observed node (no waiting for the
@@ -131,6 +135,7 @@ class NodePublisher:
         self._refused: dict[str, str] = {}  # annotation -> the value refused as too large
         self._wake: anyio.Event | None = None
         self._progress: anyio.Event | None = None
+        self._answers: anyio.Event | None = None  # set when the watch delivers the node
 
     # -- state for probes and metrics ----------------------------------------------
 
@@ -160,6 +165,8 @@ class NodePublisher:
         if not isinstance(node_obj, dict):
             return
         seen = _Observed.of(node_obj)
+        if self._answers is not None:  # whatever its version, the server answers again
+            self._answers.set()
         if self._observed is not None and older_version(seen.resource_version,
                                                  self._observed.resource_version):
             if _ours(seen, self._keys) != _ours(self._observed, self._keys):
@@ -193,12 +200,26 @@ class NodePublisher:
                 await self._sync()
             except Exception as exc:  # the writer must outlive any failure
                 self._failed(exc)
-                await anyio.sleep(_delay(self._backoff, exc))
+                await self._back_off(exc)
                 continue
             self._backoff.reset()
             self._last_error = ""
             self._done = generation
             self._signal()
+
+    async def _back_off(self, exc: Exception) -> None:
+        """Wait before the next try: the backoff's delay, cut short when the server
+        could not be reached and the node's watch now delivers the node."""
+        delay = _delay(self._backoff, exc)
+        if not _unreached(exc):
+            await anyio.sleep(delay)
+            return
+        self._answers = anyio.Event()
+        try:
+            with anyio.move_on_after(delay):
+                await self._answers.wait()
+        finally:
+            self._answers = None
 
     async def flush(self, timeout_s: float) -> bool:
         """Wait until the node shows the latest desired state; False on timeout."""
@@ -214,7 +235,7 @@ class NodePublisher:
         `KubeError` (`Invalid` when a `test` failed); the answer becomes the observed
         node."""
         answer = await self._kube.json_patch(NODES, self._node, ops)
-        self._take(_Observed.of(answer))
+        self._wrote(answer)
         return answer
 
     # -- one synchronisation -------------------------------------------------------------
@@ -253,9 +274,8 @@ class NodePublisher:
                 await self._write_metadata(metadata)
             cond = self._condition_patch(desired)
             if cond is not None:
-                answer = await self._kube.strategic_patch(
-                    NODES, self._node, {"status": {"conditions": [cond]}}, subresource="status")
-                self._take(_Observed.of(answer))
+                self._wrote(await self._kube.strategic_patch(
+                    NODES, self._node, {"status": {"conditions": [cond]}}, subresource="status"))
         await self._announce(state)
 
     async def _write_metadata(self, metadata: dict[str, Any]) -> None:
@@ -279,8 +299,7 @@ class NodePublisher:
                     self._refuse(part, refused)
 
     async def _patch_metadata(self, metadata: dict[str, Any]) -> None:
-        answer = await self._kube.merge_patch(NODES, self._node, {"metadata": metadata})
-        self._take(_Observed.of(answer))
+        self._wrote(await self._kube.merge_patch(NODES, self._node, {"metadata": metadata}))
 
     def _refuse(self, part: dict[str, Any], exc: TooLarge) -> None:
         for key, value in (part.get("annotations") or {}).items():
@@ -365,6 +384,11 @@ class NodePublisher:
 
     # -- bookkeeping -------------------------------------------------------------------
 
+    def _wrote(self, answer: dict[str, Any]) -> None:
+        """A write went through: its answer is the node now, and the server answers."""
+        self._take(_Observed.of(answer))
+        self._backoff.reset()
+
     def _take(self, seen: _Observed) -> None:
         if not self._took:  # the label before any write of ours (a re-read is not)
             self._took = True
@@ -392,6 +416,11 @@ class NodePublisher:
         log.warning("cannot publish node state: %s", self._last_error,
                     extra={"node": self._node})
         self._signal()
+
+
+def _unreached(exc: Exception) -> bool:
+    """The server could not be reached (no answer at all, not a refusal)."""
+    return isinstance(exc, Unavailable) and exc.status is None
 
 
 def _delay(backoff: Backoff, exc: Exception) -> float:

@@ -125,15 +125,18 @@ class Harness:
 
 
 @asynccontextmanager
-async def running(emulator: ApiEmulator, *, seed: bool = True) -> AsyncIterator[Harness]:
-    """A publisher for the node, its loop running; the node seeded unless `seed` is False."""
+async def running(emulator: ApiEmulator, *, seed: bool = True,
+                  backoff: Backoff | None = None) -> AsyncIterator[Harness]:
+    """A publisher for the node, its loop running; the node seeded unless `seed` is False;
+    short backoff delays unless `backoff` says otherwise."""
     if seed:
         emulator.seed(node_object())
     kube = Kube(emulator.async_client(), timeout_s=2)
     clock = Clock()
     events = EventRecorder(kube, component=COMPONENT, host=NODE)
     publisher = NodePublisher(kube, NODE, KEYS, events,
-                              backoff=Backoff(initial=0.05, maximum=0.2), clock=clock)
+                              backoff=backoff or Backoff(initial=0.05, maximum=0.2),
+                              clock=clock)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(publisher.run)

@@ -11,6 +11,7 @@ import anyio
 import pytest
 
 from healthd.agent.verdict import Policy, Trigger, apply, end_testing, initial, start_testing
+from healthd.kube.backoff import Backoff
 from healthd.kube.conventions import CONDITION_TYPE, Reason, dcgm_label_value
 from healthd.kube.objects import NODES
 from tests.agent_publish.conftest import (
@@ -201,6 +202,54 @@ async def test_server_errors_are_retried_until_written(api) -> None:
         api.fail("PATCH", f"/api/v1/nodes/{NODE}", 500, times=2)
         await h.published(remap_pending())
         assert h.node()["metadata"]["labels"][KEYS.gpuhealth] == "ERR"
+
+
+class Delays(Backoff):
+    """A backoff without jitter that remembers each delay it gave."""
+
+    def __init__(self, initial: float, maximum: float) -> None:
+        super().__init__(initial=initial, maximum=maximum, jitter=0)
+        self.given: list[float] = []
+
+    def next(self) -> float:
+        self.given.append(super().next())
+        return self.given[-1]
+
+
+async def test_a_write_that_goes_through_starts_the_backoff_again(api) -> None:
+    delays = Delays(initial=0.05, maximum=0.4)
+    async with running(api, backoff=delays) as h:
+        api.fail("PATCH", f"/api/v1/nodes/{NODE}", 500, times=3)
+        api.fail("PATCH", f"/api/v1/nodes/{NODE}/status", 500, times=1)
+        await h.published(remap_pending())
+        # Three refused label writes, then the labels went through and the condition
+        # was refused once: it waits the first delay again, not a fourth, longer one.
+        assert delays.given == [0.05, 0.1, 0.2, 0.05]
+        assert condition(h.node())["status"] == "True"
+
+
+async def test_a_server_that_was_unreachable_is_written_when_the_watch_sees_it_again(
+        api) -> None:
+    async with running(api, backoff=Backoff(initial=30, maximum=30)) as h:
+        await h.published(healthy())
+        await api.go_away()
+        h.publish(remap_pending())
+        assert not await h.publisher.flush(0.3)  # unreachable: 30 s until the next try
+        await api.come_back()
+        h.publisher.observe(h.node())  # the node's watch reconnected and delivered it
+        assert await h.publisher.flush(5), h.publisher.last_error
+        assert h.node()["metadata"]["labels"][KEYS.gpuhealth] == "ERR"
+
+
+async def test_a_refusal_keeps_its_backoff_whatever_the_watch_delivers(api) -> None:
+    async with running(api, backoff=Backoff(initial=30, maximum=30)) as h:
+        await h.published(healthy())
+        api.fail("PATCH", f"/api/v1/nodes/{NODE}", 500, times=1)
+        h.publish(remap_pending())
+        assert not await h.publisher.flush(0.3)
+        h.publisher.observe(h.node())  # the server answers, but it refused: no early try
+        assert not await h.publisher.flush(0.5)
+        assert h.node()["metadata"]["labels"][KEYS.gpuhealth] == "PASS"
 
 
 async def test_someone_removing_our_label_gets_it_back(api) -> None:
