@@ -10,7 +10,7 @@ requests, the controller's metrics."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,6 +147,20 @@ class Cluster:
 
     def metric(self, name: str, **labels: str) -> float:
         return self.replica.sample(name, labels)
+
+
+async def labels_until_settled(c: Cluster, settled: Callable[[], bool],
+                               within: float = 60.0) -> list[str | None]:
+    """The node's label values, each change once, until `settled()` holds; the value
+    that settles it is always the last one seen (read in the same turn)."""
+    seen: list[str | None] = []
+    with anyio.fail_after(within):
+        while True:
+            if not seen or seen[-1] != c.agent.verdict():
+                seen.append(c.agent.verdict())
+            if settled():
+                return seen
+            await anyio.sleep(0.02)
 
 
 @asynccontextmanager

@@ -20,6 +20,7 @@ from tests.controller_repairs.conftest import (
     controller_config,
     gpu_node,
     gpu_pod,
+    labels_until_settled,
 )
 
 pytestmark = pytest.mark.anyio
@@ -38,19 +39,9 @@ async def repaired(c: Cluster) -> None:
 async def test_a_pending_remap_on_an_idle_node_is_reset_validated_and_released(
         api: ApiEmulator, kube_for: KubeFactory, tmp_path: Path) -> None:
     async with cluster(api, kube_for, tmp_path) as c:
-        labels: list[str | None] = []
         await eventually(lambda: label(c) == "ERR", 10, "the agent raises REMAP_PENDING")
-
-        async def follow() -> None:
-            while True:
-                if not labels or labels[-1] != label(c):
-                    labels.append(label(c))
-                await anyio.sleep(0.02)
-
-        async with anyio.create_task_group() as group:
-            group.start_soon(follow)
-            await repaired(c)
-            group.cancel_scope.cancel()
+        labels = await labels_until_settled(
+            c, lambda: label(c) == "PASS" and c.state() == "", REPAIR_S)
 
         uuid = c.agent.sim.spec.uuid(3)
         doc = c.repair()

@@ -15,10 +15,10 @@ from tests.agent.harness import KEYS, NODE, eventually
 from tests.controller.conftest import KubeFactory, controllers
 from tests.controller_repairs.conftest import (
     REPAIR_NS,
-    Cluster,
     cluster,
     controller_config,
     gpu_node,
+    labels_until_settled,
 )
 
 pytestmark = pytest.mark.anyio
@@ -26,18 +26,6 @@ pytestmark = pytest.mark.anyio
 
 def annotations(api: ApiEmulator) -> dict[str, str]:
     return dict(api.get("Node", NODE)["metadata"].get("annotations") or {})
-
-
-async def labels_until_settled(c: Cluster, settled: object) -> list[str | None]:
-    """The node's label values, each change once, until `settled()` holds."""
-    seen: list[str | None] = []
-    with anyio.fail_after(60):
-        while True:
-            if not seen or seen[-1] != c.agent.verdict():
-                seen.append(c.agent.verdict())
-            if settled():  # type: ignore[operator]
-                return seen
-            await anyio.sleep(0.02)
 
 
 async def test_a_new_node_is_testing_until_its_validation_passes(
