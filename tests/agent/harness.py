@@ -71,6 +71,13 @@ class Harness:
         assert self.agent.parts is not None, "the agent has not connected yet"
         return self.agent.parts
 
+    async def judged(self, within: float = 10.0) -> None:
+        """Until the node shows the agent's first judgement, every write of it done. (The
+        publisher is in sync before it has anything to write: alone, that says nothing;
+        and an agent is ready a moment before its first verdict is handed on.)"""
+        await eventually(lambda: self.parts.health.showing and self.parts.publisher.in_sync
+                         and self.verdict() is not None, within, "the first judgement written")
+
     # -- what the user sees on the Node ------------------------------------------------
 
     def node(self) -> dict[str, Any]:

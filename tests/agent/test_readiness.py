@@ -45,7 +45,7 @@ def config_with(**checks: Any) -> Config:
 async def test_readyz_stays_ok_without_writes_and_fails_while_rounds_are_stuck(
         api: ApiEmulator, tmp_path: Path) -> None:
     async with running_agent(api, tmp_path, config=config_with()) as h:
-        await eventually(lambda: h.parts.publisher.in_sync, what="publisher in sync")
+        await h.judged()
         api.clear_log()
         await anyio.sleep(2 * (STALE_TURNS * ROUND_S + DEADLINE_S))  # rounds keep ending
         assert await h.scrape("/readyz") == (200, "ok")

@@ -61,7 +61,7 @@ BAD = [
 async def test_bad_requests_get_an_error_and_a_warning_and_change_nothing_else(
         api: ApiEmulator, tmp_path: Path) -> None:
     async with running_agent(api, tmp_path) as h:
-        await eventually(lambda: h.parts.publisher.in_sync, what="first state written")
+        await h.judged()
         labels, health = h.labels(), h.annotations()[KEYS.health]
         for number, (text, error) in enumerate(BAD):
             run_id = f"bad-{number}"
