@@ -355,19 +355,28 @@ class RepairAttempt:
     remedy: str  # "reset" or "reboot"
     at: str  # RFC 3339: when it was started (the Job created, the request made)
     gpus: tuple[str, ...] = ()  # the GPUs reset (UUIDs)
-    outcome: str = ""  # "" while in progress; "passed", "failed", "timed-out"
+    # "" while in progress; "passed", "failed", "timed-out", or "refused" (a reset that
+    # something still holding the GPUs kept from running: not spent from the budget)
+    outcome: str = ""
+    ended: str = ""  # RFC 3339: when the outcome was known (the next attempt's pause)
+    note: str = ""  # what the outcome said, clipped (a refusal names what held the GPUs)
 
     def to_json(self) -> Json:
         body: Json = {"remedy": self.remedy, "at": self.at}
         if self.gpus:
             body["gpus"] = list(self.gpus)
         body["outcome"] = self.outcome
+        if self.ended:
+            body["ended"] = self.ended
+        if self.note:
+            body["note"] = self.note
         return body
 
     @classmethod
     def from_json(cls, body: Json) -> RepairAttempt:
         return cls(remedy=_str(body, "remedy"), at=_str(body, "at"),
-                   gpus=_strings(body.get("gpus")), outcome=_str(body, "outcome"))
+                   gpus=_strings(body.get("gpus")), outcome=_str(body, "outcome"),
+                   ended=_str(body, "ended"), note=_str(body, "note"))
 
 
 @dataclass(frozen=True)
@@ -381,11 +390,15 @@ class Repair(Document):
     reason: str = ""  # why (a decision's reason, a failure)
     gpus: tuple[str, ...] = ()  # the GPUs the step is about
     job: str = ""  # the GPU reset Job (namespace/name) while resetting
+    started: str = ""  # RFC 3339: when that Job was created (all had let go of the GPUs)
     run_id: str = ""  # the validation request's id while validating
     boot_id: str = ""  # the node's boot id when a reboot was requested
     request: str = ""  # the reboot request object (kind namespace/name)
     attempts: tuple[RepairAttempt, ...] = ()
     checks: tuple[str, ...] = ()  # the check keys that raised the findings being repaired
+    # While resetting: the GPU Operator's operand labels the controller set to "false"
+    # on the node, with the values it found, to be put back whatever the outcome.
+    operands: Mapping[str, str] = field(default_factory=_frozen)
 
     @property
     def testing(self) -> bool:
@@ -409,13 +422,15 @@ class Repair(Document):
 
     def to_json(self) -> Json:
         body: Json = {"state": self.state, "since": self.since}
-        for key in ("reason", "job", "run_id", "boot_id", "request"):
+        for key in ("reason", "job", "started", "run_id", "boot_id", "request"):
             if getattr(self, key):
                 body[key] = getattr(self, key)
         if self.gpus:
             body["gpus"] = list(self.gpus)
         if self.checks:
             body["checks"] = list(self.checks)
+        if self.operands:
+            body["operands"] = dict(self.operands)
         body["attempts"] = [a.to_json() for a in self.attempts]
         return body
 
@@ -423,11 +438,13 @@ class Repair(Document):
     def from_json(cls, body: Json) -> Repair:
         return cls(state=_str(body, "state"), since=_str(body, "since"),
                    reason=_str(body, "reason"), gpus=_strings(body.get("gpus")),
-                   job=_str(body, "job"), run_id=_str(body, "run_id"),
+                   job=_str(body, "job"), started=_str(body, "started"),
+                   run_id=_str(body, "run_id"),
                    boot_id=_str(body, "boot_id"), request=_str(body, "request"),
                    attempts=tuple(RepairAttempt.from_json(item)
                                   for item in dicts(body.get("attempts"))),
-                   checks=_strings(body.get("checks")))
+                   checks=_strings(body.get("checks")),
+                   operands=_text_map(body.get("operands")))
 
 
 # -- reading them from an object -------------------------------------------------------

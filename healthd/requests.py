@@ -125,9 +125,10 @@ def _argument_error(selected: list[Selected], registry: Mapping[str, type[BaseCh
     return ""
 
 
-def pointer(key: str) -> str:
-    """The JSON pointer to annotation `key` (RFC 6901: `~` -> `~0`, `/` -> `~1`)."""
-    return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+def pointer(key: str, field: str = "annotations") -> str:
+    """The JSON pointer to annotation `key` (or to label `key`, with field "labels";
+    RFC 6901: `~` -> `~0`, `/` -> `~1`)."""
+    return f"/metadata/{field}/" + key.replace("~", "~0").replace("/", "~1")
 
 
 def take_ops(request: Request, keys: Keys) -> list[dict[str, Any]]:

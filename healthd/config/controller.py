@@ -171,6 +171,42 @@ class RemediationTemplate(Frozen):
 
 
 
+# The NVIDIA GPU Operator's operands that hold a node's GPUs, each a DaemonSet that
+# selects its nodes on one of these labels: "false" removes its pod from the node.
+GPU_OPERATOR_OPERANDS = (
+    "nvidia.com/gpu.deploy.device-plugin",
+    "nvidia.com/gpu.deploy.dcgm",
+    "nvidia.com/gpu.deploy.dcgm-exporter",
+    "nvidia.com/gpu.deploy.gpu-feature-discovery",
+)
+
+
+class GpuOperatorSettings(Frozen):
+    """Pausing the GPU Operator's operands on a node while its GPUs are reset: a real
+    `nvidia-smi --gpu-reset` refuses a GPU their NVML sessions hold."""
+
+    enabled: bool = Field(
+        True, description="pause the operands on a node being reset; only the operand "
+        "labels the node carries are touched (the operator labels every GPU node it "
+        "manages), so a cluster without the operator loses nothing")
+    operands: tuple[str, ...] = Field(
+        GPU_OPERATOR_OPERANDS, description="the operand labels set to false before a "
+        "reset and put back after it")
+
+    @field_validator("operands")
+    @classmethod
+    def _label_keys(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [k for k in keys if not _LABEL_KEY.fullmatch(k)]
+        if bad:
+            raise ValueError(f"not a label key: {', '.join(bad)} (e.g. "
+                             "nvidia.com/gpu.deploy.dcgm)")
+        return keys
+
+
+_LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*"
+                        r"[A-Za-z0-9])?")
+
+
 class RepairSettings(Frozen):
     """Repairs after the AppWrapper reset (healthd.repair.decision): what each finding
     needs, and how often a node may be repaired before it goes to humans."""
@@ -195,6 +231,16 @@ class RepairSettings(Frozen):
     reset_deadline: Duration = Field(
         900.0, description="a GPU-reset Job must be scheduled and done within this long "
         "(its activeDeadlineSeconds), or the reset failed")
+    release_timeout: Duration = Field(
+        300.0, description="how long the node's agent and the paused GPU Operator operands "
+        "may take to let go of the GPUs before the reset is given up as refused")
+    max_refusals: int = Field(3, ge=1, description="GPU resets refused in a row (something "
+                              "still held the GPUs) before the node is held, naming it")
+    attempt_pause: Duration = Field(
+        60.0, description="the pause after an attempt that did not pass (failed, refused, "
+        "timed out) before the next; doubled after each one in a row")
+    attempt_pause_max: Duration = Field(3600.0, description="the longest pause")
+    gpu_operator: GpuOperatorSettings = Field(default_factory=GpuOperatorSettings)
     reboot: RemediationTemplate | None = Field(
         None, description="the remediation template a reboot request is made from; none: "
         "a node that needs a reboot is held, saying so")

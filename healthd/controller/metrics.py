@@ -15,9 +15,11 @@ state the controller acts on.
 | `healthd_controller_breaker_open` | gauge | | 1 while the circuit breaker stops resets |
 | `healthd_controller_bad_nodes` | gauge | | GPU nodes the breaker counts as bad (a bad verdict, NotReady or unreachable; a cordon alone is not) |
 | `healthd_controller_label_to_reset_seconds` | histogram | | from the watch event that made a node EVICT to the reset written |
-| `healthd_controller_repairs_total` | counter | action, outcome | repair steps: action `reset` (a GPU reset), `reboot` (a reboot request), `validate` (a new node's validation), `hardware-inspection`, `wait`, `held`; outcome `started`, `passed`, `failed`, `timed-out` (no reboot came), `dry-run` (healthd.controller.repairs) |
+| `healthd_controller_repairs_total` | counter | action, outcome | repair steps: action `reset` (a GPU reset), `reboot` (a reboot request), `validate` (a new node's validation), `hardware-inspection`, `wait`, `held`; outcome `started`, `passed`, `failed`, `timed-out` (no reboot came, a reset past its bound), `refused` (a reset something still holding the GPUs kept from running), `dry-run` (healthd.controller.repairs) |
 | `healthd_controller_fault_to_pass_seconds` | histogram | | from a repaired node's first held finding to its validation passed |
 | `healthd_controller_nodes_in_hardware_inspection` | gauge | | GPU nodes whose repair is handed to humans (until an admin clears them) |
+| `healthd_controller_repair_nodes` | gauge | state | GPU nodes per repair state (`waiting`, `held`, `resetting`, `validating`, `reboot-requested`, `hardware-inspection`), every state shown, 0 included |
+| `healthd_controller_repair_state_since_timestamp_seconds` | gauge | node, state | when a node in a repair entered its state (Unix time); no series for an idle node: `time() - ` it is how long a repair has been stuck |
 | `healthd_controller_cache_synced` | gauge | kind | 1 once the cache of `kind` (`nodes`, `pods`, `appwrappers`, `clusterqueues`, `resourceflavors`) has its first full list; 0 while not leading |
 | `healthd_controller_leader` | gauge | | 1 while this replica holds the Lease |
 | `healthd_kube_undecodable_objects_total` | counter | kind | objects left out of what the controller sees because they are nested too deep to decode (an AppWrapper's free-form template, say), by resource (`appwrappers`, ...); each object counted and logged once (healthd.kube.decoding) |
@@ -29,6 +31,7 @@ Quantities are exported as plain numbers (`500m` is 0.5, `2000G` is 2e12).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import Iterable, Iterator, Mapping
 from decimal import Decimal
@@ -44,6 +47,9 @@ LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300)
 # A GPU reset and its validation take minutes; a repair waiting for work to leave, hours.
 REPAIR_BUCKETS = (30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 43200, 86400)
 _QUEUE_LABELS = ("queue", "flavor", "resource")
+# The repair states a node can be in besides idle (healthd.controller.repair_state).
+REPAIR_GAUGE_STATES = ("waiting", "held", "resetting", "validating", "reboot-requested",
+                       "hardware-inspection")
 
 
 class ControllerMetrics:
@@ -95,6 +101,15 @@ class ControllerMetrics:
         self.in_inspection = Gauge(
             "healthd_controller_nodes_in_hardware_inspection",
             "GPU nodes whose repair is handed to humans", registry=registry)
+        self.repair_nodes = Gauge(
+            "healthd_controller_repair_nodes", "GPU nodes per repair state", ["state"],
+            registry=registry)
+        self.repair_since = Gauge(
+            "healthd_controller_repair_state_since_timestamp_seconds",
+            "when a node in a repair entered its state", ["node", "state"], registry=registry)
+        self._repair_states: dict[str, tuple[str, float]] = {}  # node -> (state, since)
+        for state in REPAIR_GAUGE_STATES:
+            self.repair_nodes.labels(state=state)  # visible at 0 before the first repair
         self.cache_synced = Gauge(
             "healthd_controller_cache_synced", "1 once the cache has its first full list",
             ["kind"], registry=registry)
@@ -140,6 +155,18 @@ class ControllerMetrics:
 
     def set_in_inspection(self, nodes: int) -> None:
         self.in_inspection.set(nodes)
+
+    def set_repair_state(self, node: str, state: str, since: float | None) -> None:
+        """Node `node`'s repair is in `state` since `since` ("" : idle, or gone)."""
+        old = self._repair_states.pop(node, None)
+        if old is not None:
+            _remove(self.repair_since, {"node": node, "state": old[0]})
+        if state:
+            self._repair_states[node] = (state, since or 0.0)
+            self.repair_since.labels(node=node, state=state).set(since or 0.0)
+        counts = collections.Counter(s for s, _ in self._repair_states.values())
+        for name in REPAIR_GAUGE_STATES:
+            self.repair_nodes.labels(state=name).set(counts.get(name, 0))
 
     # -- lending -------------------------------------------------------------------
 

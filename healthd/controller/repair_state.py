@@ -8,11 +8,12 @@ passes the node as its cache holds it, and `now`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from healthd.config import Config
+from healthd.config.controller import GpuOperatorSettings
 from healthd.kube.conventions import Keys
 from healthd.kube.objects import annotations_of, labels_of, spec_of
 from healthd.kube.shapes import Node, part
@@ -42,6 +43,7 @@ INSPECTION = "hardware-inspection"
 NOT_FAILING = frozenset({"PASS", "WARN", "SKIPPED"})  # a validation check that says so
 RUN_ID_PREFIX = "repair-"
 NEW_NODE_RUN_ID = "new-node"  # the validation of a node seen for the first time
+NOTE_CHARS = 300  # of an attempt's outcome, in the record
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,8 @@ class NodeRepair:
     uid: str = ""  # names the node in Events (no read to find it)
     boot_id: str = ""  # status.nodeInfo.bootID: the kubelet's, new after each reboot
     new: bool = False  # never repaired nor judged before (published.awaits_validation)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    released: str = ""  # the GPU-reset Job the node's agent let go of NVML for
 
     @property
     def state(self) -> str:
@@ -79,7 +83,8 @@ def node_repair(node: Node, keys: Keys) -> NodeRepair:
         opted_out=labels_of(node).get(OPT_OUT_LABEL, "").lower() == "true",
         cordoned=spec_of(node).get("unschedulable") is True,
         uid=str(node.get("metadata", {}).get("uid", "")),
-        boot_id=boot_id_of(node), new=awaits_validation(node, keys))
+        boot_id=boot_id_of(node), new=awaits_validation(node, keys),
+        labels=labels_of(node), released=annotations.get(keys.nvml_released, ""))
 
 
 def boot_id_of(node: Node) -> str:
@@ -99,7 +104,8 @@ def history(repair: Repair) -> tuple[Attempt, ...]:
     for a in repair.attempts:
         at = parse_time(a.at)
         if at is not None and a.remedy in (Remedy.RESET, Remedy.REBOOT):
-            out.append(Attempt(Remedy(a.remedy), at, a.gpus))
+            out.append(Attempt(Remedy(a.remedy), at, a.gpus, a.outcome,
+                               parse_time(a.ended), a.note))
     return tuple(out)
 
 
@@ -144,13 +150,16 @@ def with_state(repair: Repair, state: str, reason: str, now: float,
 
 
 def started_reset(repair: Repair, *, job: str, gpus: Sequence[str], reason: str,
-                  now: float, held: Iterable[Holding]) -> Repair:
+                  now: float, held: Iterable[Holding],
+                  operands: Mapping[str, str] | None = None) -> Repair:
     """A new reset attempt, its Job named before it is created; it remembers the
-    checks that raised `held` (the findings it is for), which validate it."""
+    checks that raised `held` (the findings it is for), which validate it, and the
+    operand labels paused for it (`operands`, with the values to put back)."""
     attempt = RepairAttempt(Remedy.RESET.value, rfc3339(now), tuple(gpus), "")
     checks = tuple(dict.fromkeys(h.check for h in held if h.check))
     return Repair(state=RESETTING, since=rfc3339(now), reason=reason, gpus=tuple(gpus),
-                  job=job, attempts=(*repair.attempts, attempt), checks=checks)
+                  job=job, attempts=(*repair.attempts, attempt), checks=checks,
+                  operands=dict(operands or {}))
 
 
 def requested_reboot(repair: Repair, *, request: str, boot_id: str, reason: str,
@@ -168,8 +177,8 @@ def validating(repair: Repair, now: float, run_id: str = "") -> Repair:
     """The repair done (or a new node): the validation request in flight, under its run
     id (`repair-<attempt>` unless given)."""
     run_id = run_id or f"{RUN_ID_PREFIX}{len(repair.attempts)}"
-    return replace(repair, state=VALIDATING, since=rfc3339(now), job="", request="",
-                   boot_id="", run_id=run_id)
+    return replace(repair, state=VALIDATING, since=rfc3339(now), job="", started="",
+                   request="", boot_id="", run_id=run_id, operands={})
 
 
 def timed_out(repair: Repair, reason: str, now: float) -> Repair:
@@ -178,11 +187,39 @@ def timed_out(repair: Repair, reason: str, now: float) -> Repair:
 
 
 def finished(repair: Repair, outcome: str, reason: str, now: float) -> Repair:
-    """The attempt in flight ended with `outcome`; the node is idle again."""
+    """The attempt in flight ended with `outcome` (noted with the reason unless it
+    passed); the node is idle again."""
     attempts = repair.attempts
     if attempts and not attempts[-1].outcome:
-        attempts = (*attempts[:-1], replace(attempts[-1], outcome=outcome))
+        note = "" if outcome == "passed" else reason[:NOTE_CHARS]
+        attempts = (*attempts[:-1], replace(attempts[-1], outcome=outcome,
+                                            ended=rfc3339(now), note=note))
     return Repair(state=IDLE, since=rfc3339(now), reason=reason, attempts=attempts)
+
+
+# -- the GPU Operator's operands ----------------------------------------------------------
+
+PAUSED = "false"  # an operand label's value that removes its pod from the node
+
+
+def operands_to_pause(labels: Mapping[str, str], settings: GpuOperatorSettings) -> dict[str, str]:
+    """The operand labels to set to "false" before a reset, with the values found:
+    those the node carries and are not "false" already (the operator's DaemonSets
+    select on them; a label the node lacks runs no operand there). None when pausing
+    is off."""
+    if not settings.enabled:
+        return {}
+    return {k: labels[k] for k in settings.operands if k in labels and labels[k] != PAUSED}
+
+
+def operand_labels(paused: Mapping[str, str], labels: Mapping[str, str], *,
+                   restore: bool) -> dict[str, str]:
+    """The label writes that pause (`restore=False`) or put back the operands: back to
+    the value found, but only where the label still says "false" (an admin who set it
+    meanwhile has the last word)."""
+    if not restore:
+        return {k: PAUSED for k in paused}
+    return {k: v for k, v in paused.items() if labels.get(k) == PAUSED}
 
 
 def validation_set(config: Config, repair: Repair) -> str:
@@ -214,9 +251,11 @@ def validation_passed(last: LastRun, held: Iterable[Holding], policy: Policy) ->
 
 
 def repair_ops(node: NodeRepair, new: Repair, keys: Keys,
-               extra: dict[str, str] | None = None) -> list[dict[str, Any]]:
+               extra: dict[str, str] | None = None,
+               labels: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """A JSON patch writing `new` only over the annotation as read (its text, or none),
-    plus `extra` annotations (a request)."""
+    plus `extra` annotations (a request) and `labels` (the operands paused or put
+    back: in the same write, so no leader can die between the two)."""
     path = pointer(keys.repair)
     # `null` tests that there is none yet (the API server's JSON patch reads an absent
     # member as null): no version test, which a cache that drops unchanged events
@@ -225,4 +264,8 @@ def repair_ops(node: NodeRepair, new: Repair, keys: Keys,
     ops.append({"op": "add", "path": path, "value": dumps(new.to_json())})
     for key, value in (extra or {}).items():
         ops.append({"op": "add", "path": pointer(key), "value": value})
+    if labels and not node.labels:  # a node without labels has no /metadata/labels
+        ops.append({"op": "add", "path": "/metadata/labels", "value": {}})
+    for key, value in (labels or {}).items():
+        ops.append({"op": "add", "path": pointer(key, "labels"), "value": value})
     return ops

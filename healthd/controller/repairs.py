@@ -85,6 +85,8 @@ from healthd.controller.repair_state import (
     finished,
     first_since,
     node_repair,
+    operand_labels,
+    operands_to_pause,
     rebooted,
     repair_ops,
     repaired,
@@ -98,11 +100,12 @@ from healthd.controller.repair_state import (
     with_state,
 )
 from healthd.controller.reset_job import (
-    failed_gpus,
+    ResetReport,
     failure_of,
     job_name,
     job_outcome,
     reset_job,
+    reset_report,
 )
 from healthd.controller.resets import counts, owner_of
 from healthd.kube.client import Kube
@@ -119,12 +122,13 @@ from healthd.kube.objects import (
     name_of,
     namespace_of,
     node_name_of,
+    phase_of,
 )
 from healthd.kube.shapes import KubeObject, Node, Pod, part, view
 from healthd.kube.watching import DELETED, watch_forever
 from healthd.published import REBOOT_NEEDED, Repair, read_repair
 from healthd.repair.decision import Decision, Policy, Step, decide
-from healthd.util.times import parse_time
+from healthd.util.times import parse_time, rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +137,8 @@ RETRY_S = 5.0  # a step the API refused for a reason other than a conflict is re
 OTHER_PODS_S = 60.0  # a node whose GPUs pods we do not watch hold is looked at again
 JOB_START_S = 5.0  # from the recorded attempt to its Job's creation (a margin)
 HELD_RETRY_S = 30.0  # a reboot that cannot be requested (template, someone else's) is retried
+RESET_MARGIN_S = 60.0  # beyond letting go and the Job's deadline, before `resetting` ends
+ENDED_PHASES = frozenset({"Succeeded", "Failed"})  # a pod in them holds nothing
 REBOOT_NOT_CONFIGURED = f"{REBOOT_NEEDED}: no reboot hand-off configured " \
     "(controller.repair.reboot)"
 ACTIONS = {Step.RESET_GPUS: "reset", Step.REBOOT: "reboot", Step.WAIT: "wait",
@@ -163,6 +169,8 @@ class RepairReactor:
         self._told: dict[str, tuple[str, str]] = {}  # dry run: the decision last logged
         self._inspection: set[str] = set()  # nodes in hardware inspection
         self._timers: dict[str, float] = {}
+        self._node_pods: dict[str, dict[str, Pod]] = {}  # node -> its pods, while released
+        self._pod_watches: dict[str, anyio.CancelScope] = {}
         self._group: anyio.abc.TaskGroup | None = None
 
     # -- following the caches ------------------------------------------------------
@@ -177,10 +185,13 @@ class RepairReactor:
             self._work.mark(node)
 
     def _count_inspection(self, name: str, node: Node | None) -> None:
+        """The repair-state gauges, from the node as it arrives."""
         repair = read_repair(node, self._keys) if node is not None else None
-        in_inspection = isinstance(repair, Repair) and repair.state == INSPECTION
-        (self._inspection.add if in_inspection else self._inspection.discard)(name)
+        state = repair.state if isinstance(repair, Repair) else ""
+        (self._inspection.add if state == INSPECTION else self._inspection.discard)(name)
         self._metrics.set_in_inspection(len(self._inspection))
+        since = parse_time(repair.since) if isinstance(repair, Repair) else None
+        self._metrics.set_repair_state(name, state, since)
 
     # -- the loop ------------------------------------------------------------------
 
@@ -239,6 +250,8 @@ class RepairReactor:
             return
         current = node_repair(node, self._keys)
         now = self._clock()
+        if current.state != RESETTING:
+            self._stop_following_pods(name)
         if self._settings.dry_run:
             self._tell(name, self._decide(node, current, now))
         elif current.state == RESETTING:
@@ -291,6 +304,8 @@ class RepairReactor:
             await self.request_reboot(current, decision, now)
         elif step is Step.WAIT:
             await self._settle(current, WAITING, why, now, ("Normal", "RepairWaiting"), step)
+            if decision.retry_at is not None:  # a pause: decide again once it is over
+                self._later(current.name, decision.retry_at - now)
         elif step is Step.HELD:
             await self._settle(current, HELD, why, now, ("Normal", "RepairHeld"), step)
         elif step is Step.HARDWARE_INSPECTION:
@@ -445,17 +460,26 @@ class RepairReactor:
 
     async def _start_reset(self, node: Node, current: NodeRepair, decision: Decision,
                            now: float) -> None:
+        """Record the attempt and pause the GPU Operator's operands in one write; the
+        Job follows once everything has let go of the GPUs (`_follow_reset`)."""
         attempt = len(current.repair.attempts) + 1
         job = job_name(current.name, attempt)
+        operands = operands_to_pause(current.labels, self._repair.gpu_operator)
         new = started_reset(current.repair, job=f"{self._repair.namespace}/{job}",
                             gpus=decision.gpus, reason=decision.reason, now=now,
-                            held=repaired(current.held, self._policy))
+                            held=repaired(current.held, self._policy), operands=operands)
+        paused = f"; pausing {', '.join(sorted(operands))}" if operands else ""
         message = (f"resetting {', '.join(decision.gpus)} (attempt {attempt}, Job "
-                   f"{new.job}): {decision.reason}")
+                   f"{new.job}){paused}: {decision.reason}")
         if not await self._write(current, new, event=("Normal", "GPUReset", message)):
             return
         self._started(current, "reset")
-        await self._ensure_job(node, new, attempt)
+        self._later(current.name, self._reset_bound())
+
+    def _reset_bound(self) -> float:
+        """How long `resetting` may last, whatever the Job says: letting go, then the
+        Job's own deadline, and a margin."""
+        return self._repair.release_timeout + self._repair.reset_deadline + RESET_MARGIN_S
 
     async def _ensure_job(self, node: Node, repair: Repair, attempt: int) -> None:
         """Create the attempt's Job unless this term did; one that exists is it."""
@@ -470,6 +494,14 @@ class RepairReactor:
 
     async def _follow_reset(self, node: Node, current: NodeRepair, now: float) -> None:
         repair = current.repair
+        since = parse_time(repair.since) or now
+        if now - since > self._reset_bound():
+            await self._end_reset(current, "timed-out", f"the GPU reset {repair.job} did not "
+                                  f"end within {self._reset_bound():g} s", now)
+            return
+        if not repair.started:
+            await self._release(node, current, now)
+            return
         attempt = len(repair.attempts)
         if self._job_gone(current, attempt, now):
             # It ended long ago and the cluster removed it (its TTL) while no leader
@@ -482,23 +514,125 @@ class RepairReactor:
         job = self.jobs.get(job_name(current.name, attempt))
         outcome = job_outcome(job) if job is not None else ""
         if outcome == "failed" and job is not None:
-            why = await self._reset_output(job) or failure_of(job)
-            await self._finish(current, "failed",
-                               f"the GPU-reset Job {repair.job} failed: {why}", now)
+            report = await self._reset_report(job)
+            if report is not None and report.refused:
+                await self._end_reset(current, "refused", f"the GPU-reset Job {repair.job} "
+                                      f"reset nothing: {report.summary}", now)
+            else:
+                why = report.summary if report is not None else failure_of(job)
+                await self._finish(current, "failed",
+                                   f"the GPU-reset Job {repair.job} failed: {why}", now)
         elif outcome == "succeeded":
             await self._validate(current, validating(repair, now),
                                  ("Normal", "RepairValidating", "GPU reset done"))
 
+    async def _release(self, node: Node, current: NodeRepair, now: float) -> None:
+        """Before the Job: wait until the node's agent has ended its NVML session for
+        this attempt and the paused operands' pods have left the node (a real reset
+        refuses a GPU they hold); then record the Job's start and create it. Whatever
+        has not let go within `release_timeout` refuses the attempt, named."""
+        repair = current.repair
+        holding = self._still_holding(current)
+        if holding:
+            waited = now - (parse_time(repair.since) or now)
+            if waited < self._repair.release_timeout:
+                self._follow_pods(current.name)
+                self._later(current.name, self._repair.release_timeout - waited)
+                return
+            self._stop_following_pods(current.name)
+            await self._end_reset(current, "refused", "nothing was reset: "
+                                  f"{'; '.join(holding)} did not let go of the GPUs within "
+                                  f"{self._repair.release_timeout:g} s", now)
+            return
+        if self._following_pods(current.name) is None:
+            self._follow_pods(current.name)  # a new term: read the node's pods first
+            return
+        self._stop_following_pods(current.name)
+        if await self._write(current, replace(repair, started=rfc3339(now))):
+            await self._ensure_job(node, repair, len(repair.attempts))
+
+    def _still_holding(self, current: NodeRepair) -> list[str]:
+        """What still holds the node's GPUs before its reset, for a person."""
+        holding = []
+        if current.released != current.repair.job:
+            holding.append("the node's healthd agent (its NVML session)")
+        pods = self._following_pods(current.name) or {}
+        paused = set(current.repair.operands)
+        for pod in pods.values():
+            selector = part(part(pod.get("spec")).get("nodeSelector"))
+            if paused.intersection(selector) and phase_of(pod) not in ENDED_PHASES:
+                holding.append(f"pod {namespace_of(pod)}/{name_of(pod)}")
+        return holding
+
+    async def _end_reset(self, current: NodeRepair, outcome: str, why: str,
+                         now: float) -> None:
+        """An attempt that reset nothing it could vouch for: refused (not spent from the
+        budget) or timed out; its Job, if any, is withdrawn."""
+        name = job_name(current.name, len(current.repair.attempts))
+        self._stop_following_pods(current.name)
+        if name in self.jobs or name in self._ensured:
+            with contextlib.suppress(NotFound):
+                await self._kube.delete(JOBS, name, self._repair.namespace)
+        event = ("Warning", "GPUResetRefused" if outcome == "refused" else "GPUResetTimedOut",
+                 why)
+        if await self._write(current, finished(current.repair, outcome, why, now),
+                             event=event):
+            self._metrics.count_repair("reset", outcome)
+            self._work.mark(current.name)  # the pause after it
+
+    # -- the node's pods while its GPUs are let go of --------------------------------
+
+    def _following_pods(self, node: str) -> dict[str, Pod] | None:
+        """The node's pods as the watch `_follow_pods` started has them; None until
+        that watch has listed them."""
+        return self._node_pods.get(node)
+
+    def _follow_pods(self, node: str) -> None:
+        """Watch the pods bound to `node` (until `_stop_following_pods`): a paused
+        operand's pod leaving wakes the node's repair. One watch per node being
+        reset, for minutes: the caches hold AppWrapper pods only."""
+        if node in self._pod_watches or self._group is None:
+            return
+        scope = anyio.CancelScope()
+        self._pod_watches[node] = scope
+
+        async def follow() -> None:
+            pods: dict[str, Pod] = {}
+            with scope:
+                async for event in watch_forever(
+                        self._kube, PODS, field_selector=f"spec.nodeName={node}",
+                        listed=lambda: self._listed_pods(node, pods)):
+                    key = f"{namespace_of(event.object)}/{name_of(event.object)}"
+                    if event.type == DELETED:
+                        pods.pop(key, None)
+                    else:
+                        pods[key] = view(Pod, event.object)
+                    if node in self._node_pods:
+                        self._work.mark(node)
+            self._node_pods.pop(node, None)
+
+        self._group.start_soon(follow)
+
+    def _listed_pods(self, node: str, pods: dict[str, Pod]) -> None:
+        self._node_pods[node] = pods
+        self._work.mark(node)
+
+    def _stop_following_pods(self, node: str) -> None:
+        scope = self._pod_watches.pop(node, None)
+        if scope is not None:
+            scope.cancel()
+        self._node_pods.pop(node, None)
+
     def _job_gone(self, current: NodeRepair, attempt: int, now: float) -> bool:
         """The attempt's Job is not there, and it can no longer be running: it was
-        recorded longer ago than a Job may start and run (`reset_deadline`). (A Job a
-        dead leader never created reads the same: the validation then fails the attempt,
-        which is what it was.)"""
+        created longer ago than a Job may run (`reset_deadline`). (A Job a dead leader
+        never created reads the same: the validation then fails the attempt, which is
+        what it was.)"""
         name = job_name(current.name, attempt)
         if not self._jobs_listed.is_set() or name in self.jobs or name in self._ensured:
             return False
-        since = parse_time(current.repair.since)
-        return since is not None and now - since > self._repair.reset_deadline + JOB_START_S
+        started = parse_time(current.repair.started)
+        return started is not None and now - started > self._repair.reset_deadline + JOB_START_S
 
     async def _validate(self, current: NodeRepair, new: Repair,
                         event: tuple[str, str, str]) -> None:
@@ -512,20 +646,21 @@ class RepairReactor:
                              event=(event[0], event[1], f"{event[2]}; validating: {checks}")):
             self._later(current.name, self._repair.validation_timeout)
 
-    async def _reset_output(self, job: dict[str, Any]) -> str:
-        """What its pod's termination message says of the GPUs it could not reset."""
+    async def _reset_report(self, job: dict[str, Any]) -> ResetReport | None:
+        """What its pod's termination message says of each GPU (None: nothing
+        readable)."""
         uid = job.get("metadata", {}).get("uid", "")
         try:
             listing = await self._kube.list(PODS, self._repair.namespace,
                                             label_selector=f"controller-uid={uid}")
         except KubeError:
-            return ""
+            return None
         for pod in items_of(listing, Pod):
             for status in container_statuses_of(pod):
                 message = part(part(status.get("state")).get("terminated")).get("message")
-                if isinstance(message, str) and (said := failed_gpus(message)):
-                    return said
-        return ""
+                if isinstance(message, str) and (report := reset_report(message)):
+                    return report
+        return None
 
     async def _follow_validation(self, current: NodeRepair, now: float) -> None:
         last, repair = current.last_run, current.repair
@@ -563,9 +698,14 @@ class RepairReactor:
                      event: tuple[str, str, str] | None = None) -> bool:
         """Write `new` over the annotation as read; False when it changed meanwhile
         (the watch brings the new copy, which is looked at again)."""
+        # The operands are paused with the record that remembers them and put back
+        # with the record that forgets them: whatever ends an attempt restores them.
+        was, will = current.repair.operands, new.operands
+        labels = operand_labels(will, current.labels, restore=False) if will and not was \
+            else operand_labels(was, current.labels, restore=True) if was and not will else {}
         try:
             await self._kube.json_patch(NODES, current.name,
-                                        repair_ops(current, new, self._keys, extra))
+                                        repair_ops(current, new, self._keys, extra, labels))
         except (Invalid, Conflict, NotFound) as exc:
             log.info("node %s: repair annotation changed meanwhile (%s); looking again",
                      current.name, exc, extra={"node": current.name})

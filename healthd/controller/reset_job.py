@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from healthd.config import Config
@@ -96,6 +97,33 @@ def failed_gpus(message: str) -> str:
     failed = [g for g in gpus if isinstance(g, dict) and g.get("ok") is False] \
         if isinstance(gpus, list) else []
     return "; ".join(f"{g.get('uuid')}: {str(g.get('output', ''))[:200]}" for g in failed)
+
+
+@dataclass(frozen=True)
+class ResetReport:
+    """What `healthd gpu-reset` said of its GPUs (its termination message)."""
+
+    outcome: str  # "reset", "refused" (something held a GPU: nothing was reset), "failed"
+    summary: str  # per GPU that was not reset: uuid, outcome, what it said or held it
+
+    @property
+    def refused(self) -> bool:
+        return self.outcome == "refused"
+
+
+def reset_report(message: str) -> ResetReport | None:
+    """The termination message read (None when it is not the command's JSON)."""
+    try:
+        result = json.loads(message)
+    except ValueError:
+        return None
+    gpus = result.get("gpus") if isinstance(result, dict) else None
+    if not isinstance(gpus, list):
+        return None
+    outcome = result.get("outcome")
+    if outcome not in ("reset", "refused", "failed"):  # an older command's shape
+        outcome = "reset" if result.get("ok") is True else "failed"
+    return ResetReport(str(outcome), failed_gpus(message))
 
 
 def failure_of(job: Obj) -> str:

@@ -157,6 +157,11 @@ class Keys:
         return f"{self.own_prefix}node-name"
 
     @property
+    def nvml_released(self) -> str:
+        """Annotation (the agent's): the GPU-reset Job it ended its NVML use for."""
+        return f"{self.own_prefix}nvml-released"
+
+    @property
     def gpu_reset(self) -> str:
         """Label `true` on the controller's GPU-reset Jobs and their pods."""
         return f"{self.own_prefix}gpu-reset"

@@ -107,6 +107,7 @@ if TYPE_CHECKING:
 
     class PodSpec(TypedDict, total=False):
         nodeName: str  # set once the pod is bound to a node
+        nodeSelector: dict[str, str]  # a DaemonSet's pods carry its template's
         containers: list[Container]
         initContainers: list[Container]
 

@@ -29,7 +29,13 @@ The step, in this order of precedence:
    mean hardware);
 4. `WAIT` while a running pod still holds the node's GPUs (the AppWrapper reset
    moves the work; a repair never pulls GPUs from under a job);
-5. `REBOOT` (it also clears whatever a reset would), else `RESET_GPUS` of exactly the
+5. `HELD` once `max_refusals` GPU resets in a row were refused (something outside
+   healthd still holds the GPUs: a host daemon, persistence mode it could not turn
+   off); a refused reset reset nothing, so it is not spent from the budget;
+6. `WAIT` for the pause after an attempt that did not pass (`pause`, doubled after
+   each one in a row up to `pause_max`): a flaky validation must not spend the whole
+   budget, nor move a node from reset to reboot to humans, within seconds;
+7. `REBOOT` (it also clears whatever a reset would), else `RESET_GPUS` of exactly the
    GPUs whose findings need one.
 
 `dry_run` is not decided here: the step is the same, its executor only tells.
@@ -38,7 +44,7 @@ The step, in this order of precedence:
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from healthd.config.controller import RepairSettings
@@ -86,6 +92,11 @@ DEFAULT_REMEDIES: Mapping[str, Remedy] = {
 }
 
 
+REFUSED = "refused"
+UNSUCCESSFUL = frozenset({"failed", "timed-out", REFUSED})
+RESET_REFUSED = "GPU reset refused"  # how a held reason starts after too many refusals
+
+
 class Step(enum.StrEnum):
     NOTHING = "nothing"
     HELD = "held"
@@ -116,6 +127,18 @@ class Attempt:
     remedy: Remedy  # RESET or REBOOT
     at: float  # Unix time
     gpus: tuple[str, ...] = ()
+    outcome: str = ""  # "" in flight; "passed", "failed", "timed-out", "refused"
+    ended: float | None = None  # Unix time the outcome was known
+    note: str = ""  # what the outcome said (a refusal names what held the GPUs)
+
+    @property
+    def unsuccessful(self) -> bool:
+        return self.outcome in UNSUCCESSFUL
+
+    @property
+    def spent(self) -> bool:
+        """Whether it counts against the budget: a refused reset reset nothing."""
+        return self.outcome != REFUSED
 
 
 @dataclass(frozen=True)
@@ -140,6 +163,9 @@ class Policy:
     max_gpu_resets: int = 2
     max_reboots: int = 2
     window_s: float = 86400.0
+    max_refusals: int = 3
+    pause_s: float = 60.0
+    pause_max_s: float = 3600.0
 
     def remedy(self, code: str) -> Remedy | None:
         return self.remedies.get(code)
@@ -150,7 +176,8 @@ class Policy:
         remedies: dict[str, Remedy | None] = dict(DEFAULT_REMEDIES)
         for code, name in settings.remedies.items():
             remedies[code] = None if name == "none" else Remedy(name)
-        return cls(remedies, settings.max_gpu_resets, settings.max_reboots, settings.window)
+        return cls(remedies, settings.max_gpu_resets, settings.max_reboots, settings.window,
+                   settings.max_refusals, settings.attempt_pause, settings.attempt_pause_max)
 
 
 @dataclass(frozen=True)
@@ -158,6 +185,7 @@ class Decision:
     step: Step
     reason: str
     gpus: tuple[str, ...] = ()  # the GPUs to reset (RESET_GPUS)
+    retry_at: float | None = None  # WAIT for a pause: when to decide again
 
 
 def decide(situation: Situation, policy: Policy) -> Decision:
@@ -177,9 +205,18 @@ def decide(situation: Situation, policy: Policy) -> Decision:
     if situation.pods_on_gpus:
         return Decision(Step.WAIT, f"{situation.pods_on_gpus} running pod(s) still hold "
                         "the node's GPUs")
+    recent = _recent(situation, policy)
+    refused = _trailing(recent, lambda a: a.outcome == REFUSED)
+    if remedy is Remedy.RESET and refused and len(refused) >= policy.max_refusals:
+        return Decision(Step.HELD, f"{RESET_REFUSED} {len(refused)} time(s) in a row: "
+                        f"{refused[-1].note or 'something still holds the GPUs'}")
+    paused = _pause(recent, situation.now, policy)
+    if paused is not None:
+        return paused
     if remedy is Remedy.REBOOT:
         return Decision(Step.REBOOT, why)
-    gpus = tuple(sorted(f.uuid for f, r in needed.items() if r is Remedy.RESET and f.uuid))
+    # A GPU with two findings a reset clears is reset once.
+    gpus = tuple(sorted({f.uuid for f, r in needed.items() if r is Remedy.RESET and f.uuid}))
     if not gpus:  # a node-wide finding a reset would clear: only a reboot reaches it
         return Decision(Step.REBOOT, f"{why}; no GPU named, so a reset cannot reach it")
     return Decision(Step.RESET_GPUS, why, gpus)
@@ -209,7 +246,7 @@ def _escalated(remedy: Remedy, situation: Situation, policy: Policy) -> tuple[Re
     """The remedy after the node's budget (tried too often: the next rung up), and why."""
     if remedy is Remedy.HUMANS:
         return remedy, "no repair clears these findings"
-    recent = [a for a in situation.history if situation.now - a.at < policy.window_s]
+    recent = [a for a in _recent(situation, policy) if a.spent]
     resets = sum(a.remedy is Remedy.RESET for a in recent)
     reboots = sum(a.remedy is Remedy.REBOOT for a in recent)
     why = f"the findings need a {remedy.value}"
@@ -218,3 +255,32 @@ def _escalated(remedy: Remedy, situation: Situation, policy: Policy) -> tuple[Re
     if remedy is Remedy.REBOOT and reboots >= policy.max_reboots:
         remedy, why = Remedy.HUMANS, f"{reboots} reboot(s) did not clear the findings"
     return remedy, why
+
+
+def _recent(situation: Situation, policy: Policy) -> list[Attempt]:
+    return [a for a in situation.history if situation.now - a.at < policy.window_s]
+
+
+def _trailing(attempts: list[Attempt], which: Callable[[Attempt], bool]) -> list[Attempt]:
+    """The attempts at the end of `attempts` for which `which` holds, oldest first."""
+    out: list[Attempt] = []
+    for attempt in reversed(attempts):
+        if not which(attempt):
+            break
+        out.insert(0, attempt)
+    return out
+
+
+def _pause(recent: list[Attempt], now: float, policy: Policy) -> Decision | None:
+    """WAIT while the pause after the last attempt (if it did not pass) runs: `pause`
+    after one, doubled for each further one in a row, at most `pause_max`."""
+    streak = _trailing(recent, lambda a: a.unsuccessful)
+    if not streak or streak[-1].ended is None:
+        return None
+    last = streak[-1]
+    pause = min(policy.pause_s * 2 ** (len(streak) - 1), policy.pause_max_s)
+    due = last.ended + pause
+    if now >= due:
+        return None
+    return Decision(Step.WAIT, f"pausing {pause:g} s after the last {last.remedy.value} "
+                    f"({last.outcome}) before the next attempt", retry_at=due)

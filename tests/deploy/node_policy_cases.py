@@ -42,6 +42,7 @@ def node() -> Obj:
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": NODE,
                      "labels": {"kubernetes.io/hostname": NODE, "nvidia.com/gpu.present": "true",
+                                "nvidia.com/gpu.deploy.dcgm": "true",
                                 "autopilot.ibm.com/gpuhealth": "PASS"},
                      "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
         "spec": {"podCIDR": "10.0.7.0/24",

@@ -18,6 +18,7 @@ from tests.deploy.node_policy_cases import FOREIGN_WRITES, FUTURE_WRITES, Obj, e
 NAME = "healthd-controller-node-writes"
 REPAIR = "healthd.io/repair"
 PEERS = "healthd.io/peers"
+DCGM = "nvidia.com/gpu.deploy.dcgm"  # an operand label the test node carries
 RESETTING = json.dumps({"state": "resetting", "since": "2026-01-01T00:00:00Z",
                         "gpus": ["GPU-1"], "attempts": []})
 
@@ -49,8 +50,10 @@ def policy() -> Policy:
     (annotated(**{REPAIR: RESETTING}), annotated(**{REPAIR: '{"state":""}'})),
     (node(), annotated(**{PEERS: '{"epoch":1,"peers":[]}'})),
     (annotated(**{PEERS: '{"epoch":1,"peers":[]}'}), node()),
+    (node(), edited(lambda n: n["metadata"]["labels"].update({DCGM: "false"}))),
+    (edited(lambda n: n["metadata"]["labels"].update({DCGM: "false"})), node()),
 ], ids=["records a repair", "asks for validation", "ends a repair", "publishes peers",
-        "removes peers"])
+        "removes peers", "pauses an operand", "puts an operand back"])
 def test_the_controller_may_record_a_repair_ask_for_validation_and_publish_peers(
         policy: Policy, old: Obj, new: Obj) -> None:
     verdict = policy.review(old=old, new=new, user=CONTROLLER)
@@ -74,10 +77,16 @@ def test_the_controller_may_record_a_repair_ask_for_validation_and_publish_peers
     (node(), edited(FOREIGN_WRITES["changes generateName"]), "metadata"),
     (node(), edited(FUTURE_WRITES["adds a part of the Node the policy does not know"]),
      "any other part"),
+    (node(), edited(lambda n: n["metadata"]["labels"].update(
+        {"nvidia.com/gpu.deploy.dcgm-exporter": "false"})), "labels"),
+    (node(), edited(lambda n: n["metadata"]["labels"].pop(DCGM)), "labels"),
+    (node(), edited(lambda n: n["metadata"]["labels"].update(
+        {"nvidia.com/gpu.deploy.driver": "false"})), "labels"),
 ], ids=["sets the verdict", "removes the verdict", "writes the agent's health",
         "removes a foreign annotation", "a clear that is not true",
         "takes the agent's request", "cordons", "removes the taints",
-        "changes Ready", "hides GPUs", "changes generateName", "adds an unknown part"])
+        "changes Ready", "hides GPUs", "changes generateName", "adds an unknown part",
+        "adds an operand label", "removes an operand label", "pauses the driver"])
 def test_anything_else_is_refused_for_one_reason(policy: Policy, old: Obj, new: Obj,
                                                  says: str) -> None:
     verdict = policy.review(old=old, new=new, user=CONTROLLER)

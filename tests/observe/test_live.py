@@ -42,6 +42,7 @@ def _silent(live: Live, exprs: list[str], patience_s: float = 0.0) -> str | None
 # (promtool tests cover them).
 NOT_IN_SCENARIO = {
     "HealthdControllerNoLeader": "a leaderless controller would reset nothing",
+    "HealthdRepairStuck": "a repair state two hours old",
 }
 
 

@@ -133,6 +133,8 @@ def test_published_holdings_become_findings_once_each() -> None:
 codes = st.sampled_from([*DEFAULT_REMEDIES, "NIC_DOWN", "PEER_UNREACHABLE", "XID_13"])
 findings = st.lists(st.builds(Finding, codes, st.sampled_from(["", GPU3, GPU5])), max_size=5)
 attempts = st.lists(st.builds(Attempt, st.sampled_from([Remedy.RESET, Remedy.REBOOT]),
+                              st.floats(NOW - 3 * DAY, NOW), st.just(()),
+                              st.sampled_from(["passed", "failed", "refused", "timed-out"]),
                               st.floats(NOW - 3 * DAY, NOW)), max_size=6)
 situations = st.builds(Situation, findings.map(tuple), st.just(NOW), attempts.map(tuple),
                        st.booleans(), st.integers(0, 3), st.booleans(), st.booleans(),
@@ -153,12 +155,28 @@ def test_no_repair_while_a_guard_holds_or_work_runs(s: Situation) -> None:
 @given(situations)
 def test_the_budget_is_never_exceeded(s: Situation) -> None:
     decision = decide(s, POLICY)
-    recent = [a for a in s.history if NOW - a.at < POLICY.window_s]
+    recent = [a for a in s.history if NOW - a.at < POLICY.window_s and a.outcome != "refused"]
     if decision.step is Step.RESET_GPUS:
         assert sum(a.remedy is Remedy.RESET for a in recent) < POLICY.max_gpu_resets
         assert set(decision.gpus) <= {f.uuid for f in s.findings}
     if decision.step is Step.REBOOT:
         assert sum(a.remedy is Remedy.REBOOT for a in recent) < POLICY.max_reboots
+
+
+@given(situations)
+def test_no_attempt_follows_an_unsuccessful_one_before_its_pause(s: Situation) -> None:
+    decision = decide(s, POLICY)
+    last = s.history[-1] if s.history else None
+    if _acts(decision) and last is not None and last.outcome != "passed" and last.ended:
+        assert NOW - last.ended >= POLICY.pause_s
+    if decision.retry_at is not None:
+        assert decision.step is Step.WAIT and decision.retry_at > NOW
+
+
+@given(situations)
+def test_a_gpu_is_named_once_in_a_reset(s: Situation) -> None:
+    decision = decide(s, POLICY)
+    assert len(set(decision.gpus)) == len(decision.gpus)
 
 
 @given(situations)
@@ -186,3 +204,49 @@ def test_a_broken_repair_section_is_refused_with_the_field(repair: dict[str, obj
     with pytest.raises(ValidationError) as info:
         Config.model_validate({"controller": {"repair": repair}})
     assert "repair" in str(info.value)
+
+
+def ended(outcome: str, ago: float, remedy: Remedy = Remedy.RESET, note: str = "") -> Attempt:
+    return Attempt(remedy, NOW - ago - 30, (GPU3,), outcome, NOW - ago, note)
+
+
+def test_a_gpu_with_two_findings_a_reset_clears_is_reset_once() -> None:
+    decision = decide(situation(Finding("REMAP_PENDING", GPU3), Finding("XID_48", GPU3)), POLICY)
+    assert decision.step is Step.RESET_GPUS and decision.gpus == (GPU3,)
+
+
+def test_refused_resets_are_not_spent_from_the_budget() -> None:
+    refused = (ended("refused", 7200), ended("refused", 3600))
+    decision = decide(situation(Finding("REMAP_PENDING", GPU3), history=refused), POLICY)
+    assert decision.step is Step.RESET_GPUS  # two failed resets would mean a reboot
+
+
+def test_resets_refused_too_often_hold_the_node_naming_what_held_the_gpus() -> None:
+    note = "nothing was reset: GPU-3333 refused: held by pid 4242 (nv-hostengine)"
+    refused = tuple(ended("refused", 3600 * (3 - i), note=note) for i in range(3))
+    decision = decide(situation(Finding("REMAP_PENDING", GPU3), history=refused), POLICY)
+    assert decision.step is Step.HELD
+    assert "refused 3 time(s) in a row" in decision.reason and "nv-hostengine" in decision.reason
+
+
+@pytest.mark.parametrize(("history", "pause"), [
+    ((ended("failed", 10),), 60.0),
+    ((ended("refused", 10),), 60.0),
+    ((ended("failed", 4000), ended("refused", 10)), 120.0),
+    ((ended("failed", 9000), ended("failed", 8000, Remedy.REBOOT), ended("timed-out", 10)),
+     240.0),
+], ids=["after a failure", "after a refusal", "two in a row", "three in a row"])
+def test_the_next_attempt_waits_a_pause_that_grows(history: tuple[Attempt, ...],
+                                                   pause: float) -> None:
+    policy = Policy(max_gpu_resets=9, max_reboots=9)
+    decision = decide(situation(Finding("REMAP_PENDING", GPU3), history=history), policy)
+    assert decision.step is Step.WAIT and decision.retry_at == NOW - 10 + pause
+    later = Situation(findings=(Finding("REMAP_PENDING", GPU3),), now=NOW - 10 + pause,
+                      history=history)
+    assert decide(later, policy).step is Step.RESET_GPUS
+
+
+def test_a_passed_attempt_needs_no_pause() -> None:
+    decision = decide(situation(Finding("REMAP_PENDING", GPU3), history=(ended("passed", 5),)),
+                      POLICY)
+    assert decision.step is Step.RESET_GPUS
