@@ -1,7 +1,7 @@
 """The GPU-reset Job: what the controller creates to reset GPUs in place on a node,
 and how it reads the Job's end.
 
-The Job runs `healthd gpu-reset UUID...` (healthd.repair.command) in the diagnostic
+The Job runs `healthd gpu-reset -- UUID...` (healthd.repair.command) in the diagnostic
 image, pinned to the node and requesting every GPU of it (healthd.kube.jobs): the
 scheduler binds it only once no pod holds a GPU there, and keeps new work off the
 GPUs while they are reset. Its name is deterministic (node and attempt number), so a
