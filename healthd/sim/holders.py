@@ -17,9 +17,11 @@
       {"op": "hold", "name": "nv-hostengine", "gpus": [0, 1]}     # or "all"
       {"op": "release", "name": "nv-hostengine"}
 
-  `held(control, name, gpus)` writes both around a block, from any process. Each
-  has a pid of its own (`named_pid`), as a real daemon would, and keeps holding
-  across a reboot (it starts again with the node).
+  `hold(control, name, gpus)` and `release(control, name)` write them from any
+  process (a simulated kubelet: "pod X holds GPUs of machine M while it runs"),
+  `held(...)` both around a block. Each has a pid of its own (`named_pid`), as a
+  real daemon would, and keeps holding across a reboot (it starts again with the
+  node).
 
 `SimDeviceUsers` is the /proc view of these holders that `healthd gpu-reset` reads on
 a simulated machine (healthd.repair.holders.DeviceUsers): a session's process and a
@@ -184,15 +186,26 @@ class SimDeviceUsers:
         return [int(match[1])] if match and int(match[1]) < count else []
 
 
+def hold(control: Path, name: str, gpus: Sequence[int] | None = None) -> None:
+    """From now on `name` holds `gpus` (None: every GPU) of the machine `control` names
+    (a pod that started with them, a daemon): a control line, from any process."""
+    _append(control, {"op": "hold", "name": name, "gpus": "all" if gpus is None else list(gpus)})
+
+
+def release(control: Path, name: str) -> None:
+    """`name` holds nothing of the machine `control` names any more."""
+    _append(control, {"op": "release", "name": name})
+
+
 @contextmanager
 def held(control: Path, name: str, gpus: Sequence[int] | None = None) -> Iterator[None]:
     """`name` holds `gpus` (None: every GPU) of the machine `control` names while the
-    block runs (a pod that uses them, a daemon): a control line before, one after."""
-    _append(control, {"op": "hold", "name": name, "gpus": "all" if gpus is None else list(gpus)})
+    block runs."""
+    hold(control, name, gpus)
     try:
         yield
     finally:
-        _append(control, {"op": "release", "name": name})
+        release(control, name)
 
 
 def _append(control: Path, command: dict[str, object]) -> None:
