@@ -17,12 +17,14 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from healthd.controller.reset_job import reset_command
 from healthd.repair.command import Node, reset_gpus
 from healthd.repair.holders import DeviceUser
 from healthd.sim.holders import named_pid
+from healthd.sim.kubelet import HealthdRunner
 from healthd.sim.node import simulate
 from tests.sim.holding import Machine, machine, nvml_holder
 
@@ -117,6 +119,16 @@ def test_a_holder_that_died_holds_nothing(tmp_path: Path) -> None:
         done = gpu_reset(on, on.uuid(4))
     assert done.returncode == 0, done.stdout + done.stderr
     assert last_json(done)["gpus"][0]["holders"] == []
+
+
+def test_the_jobs_own_command_resets_on_the_nodes_machine(tmp_path: Path) -> None:
+    on = machine(tmp_path)
+    pod = {"spec": {"containers": [{"name": "gpu-reset", "image": "healthd",
+                                    "command": reset_command([on.uuid(1)])}]}}
+    ended = anyio.run(HealthdRunner(on.spec_file, control=on.control), pod)
+    assert ended.exit_code == 0, ended.logs
+    assert json.loads(ended.message)["outcome"] == "reset"
+    assert on.lines("gpu_reset") == [{"op": "gpu_reset", "gpu": 1}]
 
 
 def test_a_gpu_listed_twice_is_reset_once(tmp_path: Path) -> None:
