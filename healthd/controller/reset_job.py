@@ -1,7 +1,7 @@
 """The GPU-reset Job: what the controller creates to reset GPUs in place on a node,
 and how it reads the Job's end.
 
-The Job runs `healthd gpu-reset UUID...` (healthd.repair.command) in the diagnostic
+The Job runs `healthd gpu-reset -- UUID...` (healthd.repair.command) in the diagnostic
 image, pinned to the node and requesting every GPU of it (healthd.kube.jobs): the
 scheduler binds it only once no pod holds a GPU there, and keeps new work off the
 GPUs while they are reset. Its name is deterministic (node and attempt number), so a
@@ -18,7 +18,6 @@ controller may create Jobs; the agents have no rights there. It gets no API toke
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,8 +32,10 @@ from healthd.kube.jobs import (
     label_value,
     object_name,
 )
+from healthd.repair.report import reset_report
 
 Obj = dict[str, Any]
+SAID_CHARS = 300  # of what the message says per GPU
 
 
 def job_name(node: str, attempt: int) -> str:
@@ -45,7 +46,8 @@ def job_name(node: str, attempt: int) -> str:
 
 
 def reset_command(uuids: Sequence[str]) -> list[str]:
-    return ["healthd", "gpu-reset", "--termination-log", TERMINATION_LOG, *uuids]
+    """The container's command: `--` before the UUIDs, so none is read as an option."""
+    return ["healthd", "gpu-reset", "--termination-log", TERMINATION_LOG, "--", *uuids]
 
 
 def reset_job(node: str, attempt: int, uuids: Sequence[str], gpu_count: int,
@@ -87,16 +89,13 @@ def job_outcome(job: Obj) -> str:
 
 
 def failed_gpus(message: str) -> str:
-    """What the pod's termination message (healthd gpu-reset's JSON) says of the GPUs
-    that were not reset; "" when it says nothing readable."""
-    try:
-        result = json.loads(message)
-    except ValueError:
+    """What the pod's termination message (healthd gpu-reset's JSON, healthd.repair.
+    report) says of the GPUs that were not reset, refused ones with what held them;
+    "" when it says nothing readable."""
+    report = reset_report(message)
+    if report is None:
         return ""
-    gpus = result.get("gpus") if isinstance(result, dict) else None
-    failed = [g for g in gpus if isinstance(g, dict) and g.get("ok") is False] \
-        if isinstance(gpus, list) else []
-    return "; ".join(f"{g.get('uuid')}: {str(g.get('output', ''))[:200]}" for g in failed)
+    return "; ".join(g.summary()[:SAID_CHARS] for g in report.not_reset())
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,11 @@ console would make it on a real node (an XID, a new fault, a repair, a cable pul
     {"op": "inject", "fault": {"gpu": 2, "remapped_rows": {"pending": true}}}
     {"op": "clear_faults"}                  # every GPU; or {"op": "clear_faults", "gpu": 2}
     {"op": "driver", "present": false}
-    {"op": "gpu_reset", "gpu": 2}           # as nvidia-smi --gpu-reset (healthd.sim.repairs)
+    {"op": "gpu_reset", "gpu": 2}           # what a reset did (healthd.sim.repairs)
     {"op": "reboot"}                        # the GPUs keep only what survives a reboot
+    {"op": "persistence", "gpu": 2, "enabled": false}   # every GPU without "gpu"
+    {"op": "hold", "name": "nv-hostengine", "gpus": [0, 1]}   # or "all" (healthd.sim.holders)
+    {"op": "release", "name": "nv-hostengine"}
     {"op": "rdma_port", "device": "mlx5_0", "state": "DOWN", "phys_state": "Disabled"}
     {"op": "rdma_port", "device": "mlx5_0", "counters": {"symbol_error": 12}}
 
@@ -34,6 +37,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from healthd.sim.fakenvml import FakeNvml
+from healthd.sim.holders import MachineHolders
 from healthd.sim.machine import GpuFault
 from healthd.sim.rdma import SimRdma
 
@@ -50,6 +54,9 @@ class Machine(Protocol):
 
     @property
     def rdma(self) -> SimRdma | None: ...
+
+    @property
+    def holders(self) -> MachineHolders: ...
 
 
 Command = dict[str, Any]
@@ -82,6 +89,25 @@ def _reboot(machine: Machine, command: Command) -> None:
     machine.nvml.reboot()
 
 
+def _persistence(machine: Machine, command: Command) -> None:
+    gpu = command.get("gpu")
+    enabled = command["enabled"]
+    if not isinstance(enabled, bool):
+        raise ValueError("enabled must be true or false")
+    machine.nvml.set_persistence(None if gpu is None else int(gpu), enabled)
+
+
+def _hold(machine: Machine, command: Command) -> None:
+    gpus = command.get("gpus", "all")
+    if gpus != "all" and not isinstance(gpus, list):
+        raise ValueError('gpus must be a list of GPU positions or "all"')
+    machine.holders.hold(str(command["name"]), None if gpus == "all" else [int(g) for g in gpus])
+
+
+def _release(machine: Machine, command: Command) -> None:
+    machine.holders.release(str(command["name"]))
+
+
 def _rdma_port(machine: Machine, command: Command) -> None:
     if machine.rdma is None:
         raise ValueError("this machine has no RDMA ports (a recording that holds none)")
@@ -92,6 +118,7 @@ def _rdma_port(machine: Machine, command: Command) -> None:
 OPS: dict[str, Callable[[Machine, Command], None]] = {
     "emit_xid": _emit_xid, "inject": _inject, "clear_faults": _clear_faults,
     "driver": _driver, "rdma_port": _rdma_port, "gpu_reset": _gpu_reset, "reboot": _reboot,
+    "persistence": _persistence, "hold": _hold, "release": _release,
 }
 
 

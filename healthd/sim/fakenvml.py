@@ -14,6 +14,12 @@ is the code that runs on a real GPU node.
   has when; healthd.sim.gpustate merges them for the injectable clock's "now".
 - `driver_present: false`: `nvmlInit` fails with `NVMLError_LibraryNotFound`.
 - Calls before `nvmlInit` (or after the last `nvmlShutdown`) return UNINITIALIZED.
+  On a machine shared between processes (healthd.sim.shared) the session, from the
+  first `nvmlInit` to the last `nvmlShutdown`, is registered as a holder of every GPU
+  (healthd.sim.holders): a GPU reset is refused meanwhile, as on a real node.
+- Persistence mode is live state: `gpus.persistence_mode` at boot and after a reboot,
+  changed by `nvmlDeviceSetPersistenceMode`, which on a shared machine goes through
+  its control file (`publish`) so every process there sees the change.
 - A lost GPU is still counted, but answers GPU_IS_LOST to every query and to handle
   lookups (what `nvidia-smi` shows as "Unable to determine the device handle for
   GPU ...: GPU is lost"); a handle obtained before the loss stays valid and gets
@@ -55,6 +61,7 @@ from typing import Any
 import pynvml
 
 from healthd.sim.gpustate import GpuState, gpu_state, is_active
+from healthd.sim.holders import NvmlSessions
 from healthd.sim.machine import GpuFault, MachineSpec
 from healthd.sim.nvmlevents import Delivered, EventSet, ScheduledXid
 from healthd.sim.nvmlsymbols import SUCCESS, SYMBOLS, Fail, Impl, address, code, set_pointer
@@ -74,11 +81,17 @@ class FakeNvmlLibrary:
     """The object pynvml believes is libnvidia-ml.so. Attribute lookup returns the
     fake C functions; see the module docstring for the rules it follows."""
 
-    def __init__(self, spec: MachineSpec, clock: Clock) -> None:
+    def __init__(self, spec: MachineSpec, clock: Clock,
+                 sessions: NvmlSessions | None = None) -> None:
         self.spec = spec
         self.clock = clock
         self.driver_present = spec.driver_present
         self.refcount = 0  # nvmlInit calls not yet matched by nvmlShutdown
+        self.sessions = sessions  # where this process's NVML session is registered
+        self.persistence = self._boot_persistence()
+        # Sends a machine change (a control-file command) to every process on the
+        # machine, this one first; None: the machine is this process's alone.
+        self.publish: Callable[[dict[str, Any]], None] | None = None
         self.event_sets: dict[int, EventSet] = {}
         self.calls: dict[str, int] = {}  # symbol -> times called (for tests and benchmarks)
         self._cond = threading.Condition(threading.RLock())
@@ -106,8 +119,10 @@ class FakeNvmlLibrary:
         return c_function
 
     def _invoke(self, name: str, kind: str, impl: Impl, args: tuple[Any, ...]) -> Any:
-        if kind == "device":
+        if kind in ("device", "change"):
             self.responding.wait()
+        if kind == "change":
+            return self._change(name, impl, args)
         with self._cond:
             self.calls[name] = self.calls.get(name, 0) + 1
             try:
@@ -120,6 +135,19 @@ class FakeNvmlLibrary:
                 return SUCCESS if result is None else result
             except Fail as failure:
                 return failure.code
+
+    def _change(self, name: str, impl: Impl, args: tuple[Any, ...]) -> Any:
+        """A device call that changes the machine: checked under the lock, made outside
+        it, since publishing takes the control file's lock, whose follower applies
+        other processes' changes under this one."""
+        try:
+            with self._cond:
+                self.calls[name] = self.calls.get(name, 0) + 1
+                self._check_ready(name, inject=False)
+                state = self.gate(name, self._gpu_of_handle(args[0]))
+            return impl(self, state, *args[1:]) or SUCCESS
+        except Fail as failure:
+            return failure.code
 
     def _check_ready(self, name: str, *, inject: bool) -> None:
         if not self.driver_present or self.refcount == 0:
@@ -245,6 +273,29 @@ class FakeNvmlLibrary:
                 if xid.at > injected:
                     yield ScheduledXid((seq, pos), fault.gpu, xid.code, xid.at)
 
+    # -- NVML sessions and persistence mode -------------------------------------------
+
+    def session_changed(self, refcount: int) -> None:
+        """The count of open nvmlInit calls is now `refcount`: a session begins at the
+        first, ends at the last shutdown (or when the driver goes)."""
+        began, ended = self.refcount == 0 and refcount > 0, self.refcount > 0 and refcount == 0
+        self.refcount = refcount
+        if ended:
+            self.event_sets.clear()
+        if self.sessions is not None and began:
+            self.sessions.opened()
+        elif self.sessions is not None and ended:
+            self.sessions.closed()
+
+    def _boot_persistence(self) -> dict[int, bool]:
+        return dict.fromkeys(range(self.spec.gpus.count), self.spec.gpus.persistence_mode)
+
+    def set_persistence(self, gpu: int | None, enabled: bool) -> None:
+        """Persistence mode of `gpu` (None: every GPU) on or off, in this process."""
+        with self._cond:
+            for index in self.persistence if gpu is None else [gpu]:
+                self.persistence[index] = enabled
+
     # -- runtime control (through FakeNvml) ----------------------------------------
 
     def add_fault(self, fault: GpuFault) -> None:
@@ -297,8 +348,9 @@ class FakeNvmlLibrary:
             self._faults = kept
             seqs = {seq for seq, _ in kept}
             self._injected_at = {s: t for s, t in self._injected_at.items() if s in seqs}
-            self.refcount = 0
+            self.session_changed(0)
             self.event_sets.clear()
+            self.persistence = self._boot_persistence()
             self._cond.notify_all()
 
     def _fire(self, gpu: int, xid: int) -> None:
@@ -313,7 +365,7 @@ class FakeNvmlLibrary:
         with self._cond:
             self.driver_present = present
             if not present:  # the driver went away: every session is gone with it
-                self.refcount = 0
+                self.session_changed(0)
                 self.event_sets.clear()
             self._cond.notify_all()
 
@@ -382,6 +434,18 @@ class FakeNvml:
         """Reboot the machine's GPUs: what survives a reboot stays (healthd.sim.repairs)."""
         self.library.reboot()
 
+    def persistence(self, gpu: int) -> bool:
+        """Whether `gpu` is in persistence mode now."""
+        with self.library.lock:
+            return self.library.persistence[gpu]
+
+    def set_persistence(self, gpu: int | None, enabled: bool) -> None:
+        """Persistence mode of `gpu` (None: every GPU) on or off, in this process (the
+        control file's `persistence` line does it for every process on the machine)."""
+        if gpu is not None and not 0 <= gpu < self.spec.gpus.count:
+            raise ValueError(f"no gpu {gpu}: the machine has {self.spec.gpus.count}")
+        self.library.set_persistence(gpu, enabled)
+
     def hang(self) -> None:
         """Device queries block until `respond()`, as NVML does on a wedged driver: the
         calling thread cannot be interrupted, so the round it belongs to never ends."""
@@ -400,6 +464,8 @@ class FakeNvml:
         with suppress(pynvml.NVMLError):
             while self.library.refcount > 0 and pynvml.nvmlLib is self.library:
                 pynvml.nvmlShutdown()
+        with self.library.lock:  # no session outlives the library (pynvml has another)
+            self.library.session_changed(0)
         lib, cache, refcount = self._previous
         with pynvml.libLoadLock:
             pynvml.nvmlLib = lib
@@ -433,11 +499,13 @@ def monotonic_clock(elapsed: float = 0.0) -> Clock:
     return MonotonicClock(elapsed)
 
 
-def install(spec: MachineSpec, *, clock: Clock | None = None) -> FakeNvml:
+def install(spec: MachineSpec, *, clock: Clock | None = None,
+            sessions: NvmlSessions | None = None) -> FakeNvml:
     """Install a fake NVML library serving `spec` underneath pynvml. `clock` returns
-    seconds since the machine started (default: real time from now). NVML is not
-    initialised: callers call `pynvml.nvmlInit()` as they would on a real node."""
-    library = FakeNvmlLibrary(spec, clock or monotonic_clock())
+    seconds since the machine started (default: real time from now); `sessions`: where
+    a shared machine registers this process's NVML session. NVML is not initialised:
+    callers call `pynvml.nvmlInit()` as they would on a real node."""
+    library = FakeNvmlLibrary(spec, clock or monotonic_clock(), sessions)
     with pynvml.libLoadLock:
         previous = (pynvml.nvmlLib, dict(pynvml._nvmlGetFunctionPointer_cache),
                     pynvml._nvmlLib_refcount)

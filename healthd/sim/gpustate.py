@@ -7,10 +7,11 @@ away exactly when the (injectable) clock says so. Keeping the merge rules here, 
 from the ctypes plumbing, makes them easy to read and to document:
 
 - a fault is active while `at <= t < until` (no `until`: for ever);
-- several active faults on one GPU: flags (`lost`, `missing`, `mig`) are OR-ed, lists
-  (clock event reasons, NVLinks down) are joined, field errors are merged over the
-  machine's, and for the structured fields (remapped rows, power, PCIe link, ECC,
-  bandwidth, recovery action, busy) the fault listed last wins;
+- several active faults on one GPU: flags (`lost`, `missing`, `mig`) are OR-ed, MIG
+  GPU instances are the most any of them has, lists (clock event reasons, NVLinks
+  down) are joined, field errors are merged over the machine's, and for the
+  structured fields (remapped rows, power, PCIe link, ECC, bandwidth, recovery
+  action, busy) the fault listed last wins;
 - the PCIe replay counter is a monotonic counter: it rises at `pcie_replay_rate`
   from `at` and keeps its last value after `until` (a counter never goes back).
 """
@@ -69,6 +70,7 @@ class GpuState:
     lost: bool = False
     missing: bool = False
     mig: bool = False
+    gpu_instances: int = 0  # MIG GPU instances (only in MIG mode)
     remapped: RemappedRowsFault = _NO_REMAPS
     clock_reasons: int = IDLE_REASONS
     power: PowerSpec = _DEFAULT_POWER
@@ -132,6 +134,7 @@ def _merge(state: GpuState, active: Sequence[GpuFault]) -> GpuState:
         "lost": any(f.lost for f in active),
         "missing": any(f.missing for f in active),
         "mig": state.mig_capable and any(f.mig for f in active),
+        "gpu_instances": max((f.gpu_instances for f in active if state.mig_capable), default=0),
         "nvlinks_down": frozenset(link for f in active for link in f.nvlink_down),
         "field_errors": {**state.field_errors,
                          **{k: v for f in active for k, v in f.field_errors.items()}},

@@ -113,7 +113,9 @@ class HealthdRunner:
         machine = ["--sim", str(self.spec)]
         if self.control is not None:
             machine += ["--sim-control", str(self.control)]
-        return [sys.executable, "-m", "healthd.cli", *command, *machine]
+        # Options go before a `--` that ends them (`healthd gpu-reset ... -- UUID...`).
+        at = command.index("--") if "--" in command else len(command)
+        return [sys.executable, "-m", "healthd.cli", *command[:at], *machine, *command[at:]]
 
     async def __call__(self, pod: Obj) -> Termination:
         with tempfile.TemporaryDirectory() as folder:

@@ -232,6 +232,12 @@ class GpuDefaults(Frozen):
     field_errors: FieldErrors = Field(
         {}, description="NVML fields every GPU answers with this error in "
         "nvmlDeviceGetFieldValues (230 NOT_SUPPORTED: a driver older than the recovery action)")
+    persistence_mode: bool = Field(
+        True, description="persistence mode at boot (nvidia-persistenced turns it on on most "
+        "GPU nodes); it counts as a client, so a GPU reset is refused while it is on")
+    reset_alone: bool | None = Field(
+        None, description="whether one GPU can be reset by itself; false: only all the "
+        "machine's GPUs together. Unset: from the architecture (see MachineSpec.resets_alone)")
 
     @field_validator("unsupported")
     @classmethod
@@ -288,6 +294,8 @@ class GpuFault(Frozen):
     lost: bool = Field(False, description="every call on this GPU returns GPU_IS_LOST")
     missing: bool = Field(False, description="the GPU is not enumerated at all")
     mig: bool = False
+    gpu_instances: int = Field(0, ge=0, le=7, description="MIG GPU instances on the GPU "
+                               "(needs mig: true); a GPU that has any cannot be reset")
     xid: list[XidSpec] = []
     fabric: FabricFault | None = None
     aer: list[AerFault] = Field([], description="PCIe AER errors on the GPU's path from `at`")
@@ -303,9 +311,39 @@ class GpuFault(Frozen):
 
     @model_validator(mode="after")
     def _ends_after_it_starts(self) -> GpuFault:
-        if self.until is not None and self.until <= self.at:
-            raise ValueError(f"until ({self.until:g} s) must be after at ({self.at:g} s)")
+        _check_window(self.at, self.until)
+        if self.gpu_instances and not self.mig:
+            raise ValueError("gpu_instances needs mig: true (GPU instances exist only in MIG mode)")
         return self
+
+
+def _check_window(at: float, until: float | None) -> None:
+    if until is not None and until <= at:
+        raise ValueError(f"until ({until:g} s) must be after at ({at:g} s)")
+
+
+class HolderSpec(Frozen):
+    """A host process outside Kubernetes that keeps GPUs open (nv-hostengine, a
+    monitoring daemon) from `at` until `until` seconds after the machine starts: a
+    GPU reset is refused while it holds the GPU (healthd.sim.holders)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.:/-]{1,63}$", description="its process name")
+    gpus: list[Annotated[int, Field(ge=0)]] | Literal["all"] = Field(
+        "all", description="the GPUs it holds, by position; all: every GPU")
+    at: float = Field(0.0, ge=0)
+    until: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _ends_after_it_starts(self) -> HolderSpec:
+        _check_window(self.at, self.until)
+        return self
+
+
+# GPUs that cannot be reset alone (NVIDIA's rule, as NVSentinel's reset design records
+# it): before Ampere, those NVLink joins; on A100 NVSwitch boards, every GPU (the reset
+# takes the switches with it). Hopper and later reset one GPU even on NVSwitch.
+_PRE_AMPERE = re.compile(r"\b(V100|P100|Tesla [KMP]\d+)", re.IGNORECASE)
+_AMPERE_SXM = re.compile(r"\bA100\b", re.IGNORECASE)
 
 
 class MachineSpec(Frozen):
@@ -320,6 +358,8 @@ class MachineSpec(Frozen):
     uptime_s: float = Field(
         3600.0, ge=0, description="seconds since the node booted when the machine starts")
     faults: list[GpuFault] = []
+    holders: list[HolderSpec] = Field(
+        [], description="host processes that keep GPUs open (a GPU reset is refused meanwhile)")
     rdma: RdmaSpec | None = Field(None, description="RDMA NICs; unset: none")
     aer: AerSpec = Field(AerSpec(), description="the GPUs' PCI tree and its AER counters")
     kernel_log: list[str] | None = Field(
@@ -337,6 +377,18 @@ class MachineSpec(Frozen):
     def holds(self, source: str) -> bool:
         """Whether the machine has `source` to serve: a recording only what it holds."""
         return self.recorded is None or source in self.recorded
+
+    def resets_alone(self) -> bool:
+        """Whether one GPU can be reset by itself: `gpus.reset_alone` when given; else
+        not on an A100 NVSwitch board (`fabric`) nor on pre-Ampere GPUs joined by NVLink
+        (a V100 model, or `page_retirement`), only all the GPUs together; else alone."""
+        gpus = self.gpus
+        if gpus.reset_alone is not None:
+            return gpus.reset_alone
+        if _AMPERE_SXM.search(gpus.model) and self.fabric is not None:
+            return False
+        pre_ampere = gpus.page_retirement or _PRE_AMPERE.search(gpus.model) is not None
+        return not (pre_ampere and gpus.nvlinks > 0)
 
     @model_validator(mode="after")
     def _faults_name_real_gpus(self) -> MachineSpec:
@@ -368,6 +420,11 @@ class MachineSpec(Frozen):
                     raise ValueError(
                         f"gpu {fault.gpu}: aer level {error.level} but the GPU has "
                         f"{len(self.pci_upstream(fault.gpu))} bridges above it")
+        for holder in self.holders:
+            named = [] if holder.gpus == "all" else holder.gpus
+            if any(gpu >= self.gpus.count for gpu in named):
+                raise ValueError(f"holder {holder.name!r} names gpus {named} but the machine "
+                                 f"has {self.gpus.count} GPUs")
         for field in ("uuids", "pci_bus_ids"):
             given = getattr(self.gpus, field)
             if given is not None and len(given) != self.gpus.count:

@@ -40,6 +40,7 @@ import pynvml
 from healthd.sim.control import Command, ControlFile
 from healthd.sim.cuda import SimBandwidthProbe
 from healthd.sim.fakenvml import FakeNvml, FakeNvmlLibrary, install, monotonic_clock
+from healthd.sim.holders import NvmlSessions
 from healthd.sim.machine import MachineSpec
 from healthd.sim.network import SimNetwork
 from healthd.sim.node import SimulatedNode
@@ -118,11 +119,13 @@ def simulate_nodes(specs: Mapping[str, MachineSpec]) -> Iterator[SimulatedNodes]
         machines = {name: shared_machine(controls[name], spec) for name, spec in named.items()}
         first_name, *others = named
         first = install(named[first_name], clock=monotonic_clock(
-            machines[first_name].elapsed()))  # remembers what pynvml had, to restore it
+            machines[first_name].elapsed()),  # remembers what pynvml had, to restore it
+            sessions=NvmlSessions(machines[first_name].root))
         stack.callback(first.uninstall)
         fakes = {first_name: first}
         for name in others:
-            library = FakeNvmlLibrary(named[name], monotonic_clock(machines[name].elapsed()))
+            library = FakeNvmlLibrary(named[name], monotonic_clock(machines[name].elapsed()),
+                                      NvmlSessions(machines[name].root))
             fakes[name] = FakeNvml(library, _UNUSED_PREVIOUS)
         with pynvml.libLoadLock:
             pynvml.nvmlLib = _Dispatcher(first.library)
@@ -133,6 +136,8 @@ def simulate_nodes(specs: Mapping[str, MachineSpec]) -> Iterator[SimulatedNodes]
             node.control = controls[name]
             node.control.touch()
             node.start_files(machines[name].root)
-        followers = {name: stack.enter_context(ControlFile(controls[name], node))
-                     for name, node in nodes.items()}
+        followers = {name: ControlFile(controls[name], node) for name, node in nodes.items()}
+        for name, follower in followers.items():
+            nodes[name].follow(follower)
+            stack.enter_context(follower)
         yield SimulatedNodes(nodes, network, followers)

@@ -15,12 +15,14 @@ leaves them at their defaults.
 
 from __future__ import annotations
 
+import json
 import logging
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import checks as registry
 from checks.base import CheckContext, Peer
@@ -32,10 +34,11 @@ from healthd.check.plans import Planned
 from healthd.config import Config
 from healthd.config.agent import KernelLogSettings
 from healthd.sim.aer import NotRecordedAer, SimAer, SimAerReader
-from healthd.sim.control import ControlFile
+from healthd.sim.control import ControlFile, apply
 from healthd.sim.cuda import SimBandwidthProbe
 from healthd.sim.dcgm import DcgmSim, fake_dcgmi_command
 from healthd.sim.fakenvml import FakeNvml, install, monotonic_clock
+from healthd.sim.holders import MachineHolders, NvmlSessions, SimDeviceUsers
 from healthd.sim.kernellog import NotRecordedLog, SimKernelLog
 from healthd.sim.machine import MachineSpec, MachineSpecError, RdmaSpec, load_machine_spec
 from healthd.sim.network import SimNetwork
@@ -65,6 +68,29 @@ class SimulatedNode:
     rdma: SimRdma | None = None  # the fake /sys/class/infiniband (None: not recorded)
     aer: SimAer | None = None  # the fake /sys/bus/pci/devices (None: not recorded)
     control: Path | None = None  # the control file that names the machine, if any
+    holders: MachineHolders = field(init=False)  # what holds its GPUs (healthd.sim.holders)
+    follower: ControlFile | None = None  # what follows the control file, when one does
+
+    def __post_init__(self) -> None:
+        self.holders = MachineHolders(self.spec, self.nvml.clock, self.nvml.library.sessions)
+
+    def follow(self, follower: ControlFile) -> None:
+        """Share the machine's changes with its other processes through `follower`'s
+        control file (NVML's included: persistence mode)."""
+        self.follower = follower
+        self.nvml.library.publish = follower.change
+
+    def change(self, command: dict[str, Any]) -> None:
+        """A control-file command (healthd.sim.control) on this machine: for every
+        process on it when it is shared, else here (ValueError for a bad one)."""
+        if self.follower is not None:
+            self.follower.change(command)
+        else:
+            apply(self, json.dumps(command))
+
+    def device_users(self) -> SimDeviceUsers:
+        """Who has the machine's GPU device files open, as /proc would show it."""
+        return SimDeviceUsers(self.holders, self.nvml.state)
 
     def start_files(self, workdir: Path) -> None:
         """Write the machine's files under `workdir`: its kernel log's history (unless
@@ -244,11 +270,15 @@ def simulate(source: str | Path | MachineSpec,
         else:
             shared = shared_machine(Path(control), spec)
             workdir, elapsed = shared.root, shared.elapsed()
-        fake = stack.enter_context(install(spec, clock=monotonic_clock(elapsed)))
+        sessions = None if control is None else NvmlSessions(workdir)
+        fake = stack.enter_context(install(spec, clock=monotonic_clock(elapsed),
+                                           sessions=sessions))
         probe = SimBandwidthProbe(spec, clock=fake.clock, faults=fake.faults_for)
         node = SimulatedNode(spec, fake, probe, control=None if control is None
                              else Path(control))
         node.start_files(workdir)
         if control is not None:
-            stack.enter_context(ControlFile(Path(control), node))
+            follower = ControlFile(Path(control), node)
+            node.follow(follower)
+            stack.enter_context(follower)
         yield node

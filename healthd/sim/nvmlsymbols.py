@@ -10,7 +10,9 @@ Symbol kinds, which decide what the library checks first:
 - `raw`: runs even before nvmlInit (init, shutdown, error strings);
 - `system`: needs nvmlInit; injected errors on it fire whichever GPU names them;
 - `lookup`: a handle lookup; injected errors and loss apply to the GPU it finds;
-- `device`: the first argument is a device handle.
+- `device`: the first argument is a device handle;
+- `change`: a device call that changes the machine (made outside the library's lock,
+  see FakeNvmlLibrary._change).
 
 Units follow nvml.h: power in milliwatts, memory in bytes, versions as strings.
 """
@@ -107,7 +109,7 @@ def _init(lib: FakeNvmlLibrary, *_flags: Any) -> int:
         return code("LIBRARY_NOT_FOUND")  # what pynvml raises when dlopen fails
     lib.raise_injected("nvmlInitWithFlags", None)
     lib.raise_injected("nvmlInit", None)
-    lib.refcount += 1
+    lib.session_changed(lib.refcount + 1)
     return SUCCESS
 
 
@@ -115,9 +117,7 @@ def _init(lib: FakeNvmlLibrary, *_flags: Any) -> int:
 def _shutdown(lib: FakeNvmlLibrary) -> int:
     if lib.refcount == 0:
         return code("UNINITIALIZED")
-    lib.refcount -= 1
-    if lib.refcount == 0:
-        lib.event_sets.clear()
+    lib.session_changed(lib.refcount - 1)
     return SUCCESS
 
 
@@ -214,6 +214,26 @@ def _mig(_lib: FakeNvmlLibrary, gpu: GpuState, current: Any, pending: Any) -> in
         return code("NOT_SUPPORTED")
     _out(current, int(gpu.mig))
     _out(pending, int(gpu.mig))
+    return SUCCESS
+
+
+@symbol("nvmlDeviceGetPersistenceMode")
+def _persistence(lib: FakeNvmlLibrary, gpu: GpuState, out: Any) -> None:
+    enabled = lib.persistence[gpu.index]
+    _out(out, pynvml.NVML_FEATURE_ENABLED if enabled else pynvml.NVML_FEATURE_DISABLED)
+
+
+@symbol("nvmlDeviceSetPersistenceMode", "change")
+def _set_persistence(lib: FakeNvmlLibrary, gpu: GpuState, mode: Any) -> int:
+    """What `nvidia-smi -pm` does: for every process on the machine (root only on a
+    real node; the fake does not check)."""
+    if val(mode) not in (pynvml.NVML_FEATURE_ENABLED, pynvml.NVML_FEATURE_DISABLED):
+        return code("INVALID_ARGUMENT")
+    enabled = val(mode) == pynvml.NVML_FEATURE_ENABLED
+    if lib.publish is None:
+        lib.set_persistence(gpu.index, enabled)
+    else:
+        lib.publish({"op": "persistence", "gpu": gpu.index, "enabled": enabled})
     return SUCCESS
 
 
