@@ -16,7 +16,6 @@ from tests.image.fixture import image  # noqa: F401
 # for every test marked e2e: see tests/realcluster.
 from tests.realcluster.fixture import e2e_kubeconfig, realcluster  # noqa: F401
 
-
 # Timing goals are measured in bench/, never asserted: a property that held must not fail
 # because a loaded machine ran one example slowly (hypothesis's default 200 ms deadline).
 settings.register_profile("healthd", deadline=None)

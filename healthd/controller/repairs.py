@@ -100,12 +100,11 @@ from healthd.controller.repair_state import (
     with_state,
 )
 from healthd.controller.reset_job import (
-    ResetReport,
+    SAID_CHARS,
     failure_of,
     job_name,
     job_outcome,
     reset_job,
-    reset_report,
 )
 from healthd.controller.resets import counts, owner_of
 from healthd.kube.client import Kube
@@ -128,6 +127,7 @@ from healthd.kube.shapes import KubeObject, Node, Pod, part, view
 from healthd.kube.watching import DELETED, watch_forever
 from healthd.published import REBOOT_NEEDED, Repair, read_repair
 from healthd.repair.decision import Decision, Policy, Step, decide
+from healthd.repair.report import ResetReport, reset_report
 from healthd.util.times import parse_time, rfc3339
 
 log = logging.getLogger(__name__)
@@ -517,9 +517,10 @@ class RepairReactor:
             report = await self._reset_report(job)
             if report is not None and report.refused:
                 await self._end_reset(current, "refused", f"the GPU-reset Job {repair.job} "
-                                      f"reset nothing: {report.summary}", now)
+                                      f"reset nothing: {report.summary(SAID_CHARS)}", now)
             else:
-                why = report.summary if report is not None else failure_of(job)
+                why = report.summary(SAID_CHARS) if report is not None else ""
+                why = why or failure_of(job)
                 await self._finish(current, "failed",
                                    f"the GPU-reset Job {repair.job} failed: {why}", now)
         elif outcome == "succeeded":

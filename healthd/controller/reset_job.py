@@ -19,7 +19,6 @@ controller may create Jobs; the agents have no rights there. It gets no API toke
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from healthd.config import Config
@@ -93,36 +92,7 @@ def failed_gpus(message: str) -> str:
     report) says of the GPUs that were not reset, refused ones with what held them;
     "" when it says nothing readable."""
     report = reset_report(message)
-    if report is None:
-        return ""
-    return "; ".join(g.summary()[:SAID_CHARS] for g in report.not_reset())
-
-
-@dataclass(frozen=True)
-class ResetReport:
-    """What `healthd gpu-reset` said of its GPUs (its termination message)."""
-
-    outcome: str  # "reset", "refused" (something held a GPU: nothing was reset), "failed"
-    summary: str  # per GPU that was not reset: uuid, outcome, what it said or held it
-
-    @property
-    def refused(self) -> bool:
-        return self.outcome == "refused"
-
-
-def reset_report(message: str) -> ResetReport | None:
-    """The termination message read (None when it is not the command's JSON)."""
-    try:
-        result = json.loads(message)
-    except ValueError:
-        return None
-    gpus = result.get("gpus") if isinstance(result, dict) else None
-    if not isinstance(gpus, list):
-        return None
-    outcome = result.get("outcome")
-    if outcome not in ("reset", "refused", "failed"):  # an older command's shape
-        outcome = "reset" if result.get("ok") is True else "failed"
-    return ResetReport(str(outcome), failed_gpus(message))
+    return "" if report is None else report.summary(SAID_CHARS)
 
 
 def failure_of(job: Obj) -> str:

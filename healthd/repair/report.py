@@ -79,8 +79,19 @@ class ResetReport:
     def ok(self) -> bool:
         return self.outcome == "reset"
 
+    @property
+    def refused(self) -> bool:
+        """Nothing failed, but something held a GPU: the attempt reset nothing it was
+        for (not spent from the repair budget)."""
+        return self.outcome == "refused"
+
     def not_reset(self) -> list[GpuResult]:
         return [g for g in self.gpus if g.outcome != "reset"]
+
+    def summary(self, chars: int) -> str:
+        """Each GPU not reset and why (what held it, what nvidia-smi said), each
+        clipped to `chars`."""
+        return "; ".join(g.summary()[:chars] for g in self.not_reset())
 
 
 def refused(exit_code: int | None, output: str) -> bool:

@@ -24,7 +24,9 @@ from healthd.config.controller import ControllerSettings
 from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.apiserver.testing import api  # noqa: F401
 from healthd.sim.kubelet import FakeKubelet, HealthdRunner
+from healthd.sim.holders import hold, release
 from healthd.sim.machine import MachineSpec, load_machine_spec
+from healthd.sim.operands import FakeOperands, operand_labels
 from healthd.sim.remediation import FakeRebootOperator, by_control_file, template
 from tests.agent.harness import KEYS, NODE, Harness, fast_config, running_agent
 from tests.controller.conftest import (  # noqa: F401  (pytest fixtures)
@@ -105,13 +107,22 @@ def hardware(spec: MachineSpec) -> MachineSpec:
     return spec.model_copy(update={"faults": faults})
 
 
+def holding_on(control: Path) -> Callable[[str, str, bool], None]:
+    """An operand pod holds every GPU of the machine `control` names while it runs."""
+    def holds(_node: str, pod: str, running: bool) -> None:
+        (hold(control, pod) if running else release(control, pod))
+    return holds
+
+
 @dataclass
 class Cluster:
     api: ApiEmulator
     agent: Harness
     kubelet: FakeKubelet
     replica: Replica
+    control: Path  # the control file of the node's machine
     operator: FakeRebootOperator | None = None
+    gpu_operator: FakeOperands | None = None
 
     def node(self) -> Obj:
         return self.api.get("Node", NODE)
@@ -167,17 +178,22 @@ async def labels_until_settled(c: Cluster, settled: Callable[[], bool],
 async def cluster(api: ApiEmulator, kube_for: KubeFactory, tmp_path: Path,  # noqa: F811
                   *, spec: str | MachineSpec = "remap-pending", node: Obj | None = None,
                   config: Config | None = None, pods: tuple[Obj, ...] = (),
-                  template: bool = False, reboots: bool = False) -> AsyncIterator[Cluster]:
+                  template: bool = False, reboots: bool = False,
+                  operands: bool = False) -> AsyncIterator[Cluster]:
     """The node (seeded), its agent, the kubelet playing Jobs on its machine, and one
     controller replica `ctl`; with `template`, the remediation template; with
-    `reboots`, that and the fake reboot operator for the machine."""
+    `reboots`, that and the fake reboot operator for the machine; with `operands`,
+    the GPU Operator's operands on the node (labelled for them), each pod holding the
+    machine's GPUs while it runs."""
     machine = spec if isinstance(spec, MachineSpec) else load_machine_spec(spec)
     machine = machine.model_copy(update={"node": NODE})
     spec_file, control = tmp_path / "machine.json", tmp_path / "machine.control"
     spec_file.write_text(machine.model_dump_json())
     control.touch()
-    api.seed(node or gpu_node(), *pods, *((snr_template(),) if template or reboots else ()))
+    node = node or gpu_node(labels=operand_labels() if operands else None)
+    api.seed(node, *pods, *((snr_template(),) if template or reboots else ()))
     kubelet = FakeKubelet(api, runner=HealthdRunner(spec_file, control=control))
+    gpu_operator = FakeOperands(api, hold=holding_on(control)) if operands else None
     operator = FakeRebootOperator(kube_for("reboot-operator"),
                                   by_control_file({NODE: control})) \
         if reboots else None
@@ -185,9 +201,11 @@ async def cluster(api: ApiEmulator, kube_for: KubeFactory, tmp_path: Path,  # no
         group.start_soon(kubelet.run)
         if operator is not None:
             group.start_soon(operator.run)
+        if gpu_operator is not None:
+            group.start_soon(gpu_operator.run)
         config = config or controller_config()  # one config file, as in the cluster
         async with running_agent(api, tmp_path, spec=machine, seed=False, config=config,
                                  control=control) as agent, \
                 controllers(kube_for, config, "ctl") as (replica,):
-            yield Cluster(api, agent, kubelet, replica, operator)
+            yield Cluster(api, agent, kubelet, replica, control, operator, gpu_operator)
         group.cancel_scope.cancel()
