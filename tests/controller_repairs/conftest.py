@@ -23,8 +23,8 @@ from healthd.config import Config
 from healthd.config.controller import ControllerSettings
 from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.apiserver.testing import api  # noqa: F401
-from healthd.sim.kubelet import FakeKubelet, HealthdRunner
 from healthd.sim.holders import hold, release
+from healthd.sim.kubelet import FakeKubelet, HealthdRunner
 from healthd.sim.machine import MachineSpec, load_machine_spec
 from healthd.sim.operands import FakeOperands, operand_labels
 from healthd.sim.remediation import FakeRebootOperator, by_control_file, template

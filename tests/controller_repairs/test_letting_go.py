@@ -6,6 +6,7 @@ spent from the budget, and ends with the node held, the daemon named."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -120,7 +121,7 @@ async def test_a_host_daemon_holding_the_gpus_is_refused_paced_and_the_node_held
         assert [(a["remedy"], a["outcome"]) for a in attempts] == [("reset", "refused")] * 3
         # Paced: each attempt started at least the pause after the last ended, and the
         # pause doubled (the record's times are whole seconds).
-        gaps = [seconds(b["at"]) - seconds(a["ended"]) for a, b in zip(attempts, attempts[1:])]
+        gaps = [seconds(b["at"]) - seconds(a["ended"]) for a, b in itertools.pairwise(attempts)]
         assert gaps[0] >= 0 and gaps[1] >= 1, gaps
         # Not spent from the budget (2 resets): no reboot asked for, never hardware.
         assert not c.events("RebootNeeded") and c.requests_created() == 0
