@@ -16,6 +16,7 @@ leaves them at their defaults.
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -31,6 +32,7 @@ from checks.rdma import SYSFS_INFINIBAND, RdmaCheck, SysfsRdmaReader
 from healthd.check.plans import Planned
 from healthd.config import Config
 from healthd.config.agent import KernelLogSettings
+from healthd.sim import sessions
 from healthd.sim.aer import NotRecordedAer, SimAer, SimAerReader
 from healthd.sim.control import ControlFile
 from healthd.sim.cuda import SimBandwidthProbe
@@ -232,7 +234,8 @@ def simulate(source: str | Path | MachineSpec,
     """Install the simulated machine for the duration of the block. Without `control`
     the machine starts now and its files are gone after; with it, it is the machine
     that control file names (healthd.sim.shared: its clock and files outlive the
-    process), and the file's changes are followed meanwhile (healthd.sim.control)."""
+    process), the file's changes are followed meanwhile (healthd.sim.control), and what
+    this process holds of NVML is written beside it (healthd.sim.sessions)."""
     try:
         spec = source if isinstance(source, MachineSpec) else load_machine_spec(source)
     except MachineSpecError as exc:
@@ -245,6 +248,8 @@ def simulate(source: str | Path | MachineSpec,
             shared = shared_machine(Path(control), spec)
             workdir, elapsed = shared.root, shared.elapsed()
         fake = stack.enter_context(install(spec, clock=monotonic_clock(elapsed)))
+        if control is not None:  # what this process holds, for the machine's other processes
+            fake.library.on_sessions = sessions.recorder(workdir, os.getpid())
         probe = SimBandwidthProbe(spec, clock=fake.clock, faults=fake.faults_for)
         node = SimulatedNode(spec, fake, probe, control=None if control is None
                              else Path(control))

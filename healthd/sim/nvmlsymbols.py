@@ -108,6 +108,8 @@ def _init(lib: FakeNvmlLibrary, *_flags: Any) -> int:
     lib.raise_injected("nvmlInitWithFlags", None)
     lib.raise_injected("nvmlInit", None)
     lib.refcount += 1
+    lib.inits += 1
+    lib.sessions_changed()
     return SUCCESS
 
 
@@ -118,6 +120,7 @@ def _shutdown(lib: FakeNvmlLibrary) -> int:
     lib.refcount -= 1
     if lib.refcount == 0:
         lib.event_sets.clear()
+    lib.sessions_changed()
     return SUCCESS
 
 
@@ -457,12 +460,14 @@ def _register(lib: FakeNvmlLibrary, gpu: GpuState, types: Any, handle: Any) -> i
 def _set_create(lib: FakeNvmlLibrary, out: Any) -> None:
     event_set = EventSet(lib.new_event_set_handle())
     lib.event_sets[event_set.handle] = event_set
+    lib.sessions_changed()
     set_pointer(out, event_set.handle)
 
 
 @symbol("nvmlEventSetFree", "system")
 def _set_free(lib: FakeNvmlLibrary, handle: Any) -> None:
     lib.event_sets.pop(lib.event_set(handle).handle)
+    lib.sessions_changed()
     lib.wake()
 
 
