@@ -139,6 +139,13 @@ class Keys:
         history (healthd.published.Repair)."""
         return f"{self.own_prefix}repair"
 
+    @property
+    def nvml_released(self) -> str:
+        """Annotation written by the agent while the repair record says `resetting`,
+        once it has let go of NVML on the node: the record's GPU-reset Job
+        (namespace/name) it let go for. Absent while the agent may hold NVML."""
+        return f"{self.own_prefix}nvml-released"
+
     # -- labels on the objects the agent creates (diagnostic Jobs, pvc probes) -----
 
     @property
