@@ -7,6 +7,16 @@ reader is synchronous and thread-safe; checks.snapshot.NvmlGpuSource runs it in 
 thread. NVML is initialised once and reused; when the driver is missing the pass
 reports it, and the next pass tries again, so a driver that appears later is used.
 
+Letting go. A GPU reset is refused while any NVML client holds the GPU, and an NVML
+session holds every GPU of the node (its handles and event set keep `/dev/nvidia*`
+open until nvmlShutdown). `release(reason)` is the one gate: from then on nothing here
+opens NVML (the pass reports `reason` as its driver error, an XID wait raises
+XidUnavailable with it, `activity` answers it, `hold` refuses), and once the
+measurements that hold the GPUs (`hold`) and the XID wait in flight have ended, the
+event set is freed and the session ended. `resume()` opens the gate: the next call
+opens NVML again. A reader may start released (`NvmlReader(released=...)`), so that
+nothing opens NVML before its owner knows it may.
+
 Per GPU, one property failing never hides the others: each reading is taken on its
 own. Only GPU_IS_LOST ends the GPU's pass early, since every further call on a lost
 GPU fails the same way.
@@ -17,8 +27,8 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -322,10 +332,15 @@ def _handle_address(handle: Handle) -> int:
 class NvmlReader:
     """Reads the whole node through pynvml: `read()` for a snapshot, `wait_xid()` for
     XID events. Safe to call from several threads; NVML is initialised on first use
-    and shut down by `close()`."""
+    and shut down by `close()`, or by `release()` until `resume()` (module docstring).
+    `released`: start released, for that reason ("": open on first use)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, released: str = "") -> None:
         self._lock = threading.RLock()
+        self._waiting = threading.Lock()  # held across an XID wait: its set is not freed under it
+        self._gate = threading.Condition()  # guards _released and _holds
+        self._released = released  # why NVML may not be opened now ("": it may)
+        self._holds = 0  # measurements keeping the GPUs from being let go (`hold`)
         self._initialized = False
         self._count_seen = -1
         self._handles: dict[int, Handle] = {}
@@ -376,6 +391,8 @@ class NvmlReader:
         return 0, DRIVER_NOT_FOUND
 
     def _ensure_init(self) -> str:
+        if self._released:
+            return self._released
         if self._initialized:
             return ""
         try:
@@ -467,21 +484,30 @@ class NvmlReader:
     def wait_xid(self, timeout_ms: int) -> XidEvent | None:
         """Wait up to `timeout_ms` for one XID event on any GPU (registering for XID
         events on every GPU on first use). Keep the timeout short: the C call cannot
-        be interrupted. Raises XidUnavailable when events cannot be received."""
-        event_set = self._xid_event_set()
-        try:
-            data = pynvml.nvmlEventSetWait(event_set, max(0, int(timeout_ms)))
-        except pynvml.NVMLError as exc:
-            if exc.value in (pynvml.NVML_ERROR_TIMEOUT, pynvml.NVML_ERROR_GPU_IS_LOST):
-                return None
-            with self._lock:
-                if self._event_set is event_set:
-                    self._forget_events(exc.value)
-            raise XidUnavailable(f"nvmlEventSetWait: {exc}") from exc
+        be interrupted (`close` and `release` wait for it). Raises XidUnavailable when
+        events cannot be received, NVML being released among the reasons."""
+        with self._waiting:
+            event_set = self._xid_event_set()
+            try:
+                data = pynvml.nvmlEventSetWait(event_set, max(0, int(timeout_ms)))
+            except pynvml.NVMLError as exc:
+                if exc.value in (pynvml.NVML_ERROR_TIMEOUT, pynvml.NVML_ERROR_GPU_IS_LOST):
+                    return None
+                with self._lock:
+                    if self._event_set is event_set:
+                        self._forget_events(exc.value)
+                raise XidUnavailable(f"nvmlEventSetWait: {exc}") from exc
         if not data.eventType & pynvml.nvmlEventTypeXidCriticalError:
             return None
         index, uuid = self._event_gpu(data.device)
         return XidEvent(xid=int(data.eventData), gpu_index=index, uuid=uuid, at=time.time())
+
+    def listen(self) -> None:
+        """Register for XID events now rather than at the next wait: from here on
+        events are queued for `wait_xid`. What fails (no driver, released) is tried
+        again by the next wait."""
+        with suppress(XidUnavailable):
+            self._xid_event_set()
 
     def _xid_event_set(self) -> Any:
         with self._lock:
@@ -530,9 +556,50 @@ class NvmlReader:
         except (_Lost, _Unreadable):
             return -1, ""
 
+    # -- letting go of the GPUs (see the module docstring) ----------------------------
+
+    @property
+    def released(self) -> str:
+        """Why NVML may not be opened now; "" when it may."""
+        return self._released
+
+    def release(self, reason: str) -> None:
+        """Let go of the GPUs until `resume()`: from now on nothing opens NVML (every
+        call answers `reason`) and no `hold` is granted; once the holds and the XID
+        wait in flight have ended, free the event set and end the session. When this
+        returns, the reader holds nothing on any GPU. Blocks: call it in a thread."""
+        with self._gate:
+            self._released = reason or "NVML released"
+            self._gate.wait_for(lambda: self._holds == 0)
+        self.close()
+
+    def resume(self) -> None:
+        """Open the gate again: the next call opens NVML (and a new XID event set)."""
+        with self._gate:
+            self._released = ""
+
+    @contextmanager
+    def hold(self) -> Iterator[str]:
+        """Keep the GPUs from being let go while a measurement touches them (the
+        pciebw probe's copies in its child): enters with "" (held until the block
+        ends) or, when released, with why the GPUs may not be touched (nothing held).
+        Never blocks."""
+        with self._gate:
+            refused = self._released
+            if not refused:
+                self._holds += 1
+        try:
+            yield refused
+        finally:
+            if not refused:
+                with self._gate:
+                    self._holds -= 1
+                    self._gate.notify_all()
+
     def close(self) -> None:
-        """Free the event set and end this reader's NVML session."""
-        with self._lock:
+        """Free the event set and end this reader's NVML session (after the XID wait
+        in flight); the next call opens it again unless the reader is released."""
+        with self._waiting, self._lock:
             if self._event_set is not None:
                 with suppress(pynvml.NVMLError):  # the driver may already be gone
                     pynvml.nvmlEventSetFree(self._event_set)

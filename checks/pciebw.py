@@ -21,6 +21,11 @@ The measurement runs in a short-lived child process per GPU (checks.pciebw_probe
 A probe error is UNKNOWN for that GPU, a driver that cannot be used at all is
 UNKNOWN for the whole check: never a PASS.
 
+While NVML's owner has let go of the GPUs for a GPU reset (checks.nvml_reader's
+`release`), nothing is measured: the snapshot says so (UNKNOWN), and a run that began
+before finds each remaining GPU refused (UNKNOWN); a copy in flight holds the GPUs
+(`hold`), so the release waits for it.
+
 Never a finding from a disturbed measurement (checks.busy): NVML is asked what uses
 the GPU before the copy (a busy GPU is not measured at all, so the job is not
 disturbed either) and after it (a GPU that became busy meanwhile: the measurement is
@@ -248,8 +253,18 @@ class PcieBwCheck(GpuCheck[PcieBwParams]):
 
     async def _examine_gpu(self, probe: BandwidthProbe, gpu: GpuSnapshot,
                            link: PcieLink | None, builder: ResultBuilder) -> Assessment | None:
-        """Measure one GPU unless it is busy; judge what was measured. Returns what
-        made the GPU busy (before or during the copy), None when it was not."""
+        """Measure one GPU unless it is busy or let go for a GPU reset (UNKNOWN, not
+        touched at all); judge what was measured. The GPUs are held while it runs, so
+        a reset waits for the copy. Returns what made the GPU busy (before or during
+        the copy), None when it was not."""
+        with self._activity_reader().hold() as refused:
+            if refused:
+                builder.unknown(gpu_entity(gpu), refused)
+                return None
+            return await self._measure_idle(probe, gpu, link, builder)
+
+    async def _measure_idle(self, probe: BandwidthProbe, gpu: GpuSnapshot,
+                            link: PcieLink | None, builder: ResultBuilder) -> Assessment | None:
         before = self._assess(await self._activity(gpu))
         if before.busy:
             return before

@@ -25,6 +25,7 @@ snapshot's types appear in annotations only (an import-linter contract keeps it 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -117,6 +118,13 @@ class ActivityReader(Protocol):
     the real one). Blocking: the check calls it in a worker thread."""
 
     def activity(self, pci_bus_id: str) -> GpuActivity: ...
+
+    def hold(self) -> AbstractContextManager[str]:
+        """Keeps the GPUs from being let go for a GPU reset while a measurement
+        touches them: enters with "" (held for the block), or with why the GPUs may
+        not be touched now (NVML's owner let go of them; nothing is held). Never
+        blocks."""
+        ...
 
 
 GpuPods = Callable[[], Awaitable[Sequence[str]]]

@@ -254,6 +254,21 @@ class NvmlGpuSource:
         finally:
             self._watchers.remove(queue)
 
+    async def release(self, reason: str) -> None:
+        """Let go of NVML until `resume()` (checks.nvml_reader.NvmlReader.release):
+        returns once the reader holds nothing on any GPU. Meanwhile every snapshot
+        says `reason` (its checks are UNKNOWN) and XID waits find no events. Cancelled
+        (the agent stops), it stops waiting for a read a wedged driver holds."""
+        await anyio.to_thread.run_sync(self.reader.release, reason, abandon_on_cancel=True)
+
+    async def resume(self) -> None:
+        """Take NVML up again, XID events included (registered before this returns, so
+        none from here on is missed); the next snapshot reads afresh (a snapshot of
+        the gap is not served again)."""
+        self.reader.resume()
+        self.new_round()
+        await anyio.to_thread.run_sync(self.reader.listen)
+
     async def aclose(self) -> None:
         """End the NVML session (frees the XID event set)."""
         async with self._waits():  # never free the event set under a wait in flight

@@ -405,6 +405,11 @@ class Repair(Document):
         return self.state in TESTING_REPAIR_STATES
 
     @property
+    def resetting(self) -> bool:
+        """Whether the GPU-reset Job may run: the agent lets go of NVML meanwhile."""
+        return self.state == "resetting"
+
+    @property
     def doing(self) -> str:
         """What the repair does now, for a person: `resetting GPU-1, GPU-2`."""
         gpus = ", ".join(self.gpus)

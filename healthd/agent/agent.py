@@ -12,7 +12,10 @@ Parts (each handed what it uses at construction):
 - the node watch (healthd.agent.node_watch): its first copy of the Node is what the
   node's health resumes (healthd.agent.resume), before anything is written; on-demand requests
   (healthd.agent.ondemand), ping's peers as the controller publishes them on the
-  Node (healthd.agent.peers), Events about the node (healthd.agent.node_events).
+  Node (healthd.agent.peers), Events about the node (healthd.agent.node_events);
+- the NVML release (healthd.agent.nvml_release): the one NVML reader, shared by the
+  GPU source and pciebw's busy test, stays shut until the Node is read and while the
+  controller's repair resets the GPUs.
 
 Activities (tasks of one task group, all children of `Agent.run`): the schedule
 (healthd.agent.schedule): periodic rounds through the runner; the node watch; the
@@ -20,9 +23,10 @@ request handler; finding this node's own agent pod once (the `nic` check's
 interfaces, healthd.agent.peers); an event run per check that declares an event
 source (healthd.agent.event_runs); the Warnings about unusable checks; a small loop
 that reports the publisher's health to the metrics; one that tells the node's health
-when the first round has ended (the verdict is shown only from then on); and the
-publisher's own loop. /readyz comes from the schedule's progress
-(healthd.agent.readiness).
+when the first round has ended (the verdict is shown only from then on); the NVML
+release; and the publisher's own loop. /readyz comes from the schedule's progress
+(healthd.agent.readiness). The schedule's first round waits (briefly) for the Node and
+for the release to act on it.
 
 `stop()` is the graceful end (SIGTERM): cancel the checks (their subprocesses die
 with them), give the publisher `shutdown_flush_s` to write the last state, return.
@@ -45,6 +49,7 @@ from prometheus_client import CollectorRegistry
 import checks
 from checks.base import Attachment, CheckResult
 from checks.kernel_log import KernelLog, SkippedLines
+from checks.nvml_reader import NvmlReader
 from checks.probes import Probes
 from checks.snapshot import NvmlGpuSource
 from healthd.agent.deepdiag import DeepDiagnostic
@@ -55,6 +60,7 @@ from healthd.agent.metrics import AgentMetrics, read_cpu_model
 from healthd.agent.node_events import NodeEvents, UnavailableChecks
 from healthd.agent.node_status import NodePublisher
 from healthd.agent.node_watch import NodeWatch
+from healthd.agent.nvml_release import NOT_READ, NvmlRelease
 from healthd.agent.ondemand import RequestHandler
 from healthd.agent.peers import OwnPod, PublishedPeers
 from healthd.agent.readiness import Readiness
@@ -94,6 +100,7 @@ class Parts:
     requests: RequestHandler
     own_pod: OwnPod
     peers: PublishedPeers
+    release: NvmlRelease
 
 
 class Agent:
@@ -160,7 +167,7 @@ class Agent:
         """Run until cancelled or `stop()`; KubeError when no API config is usable."""
         kube = self._given_kube or await Kube.connect(self._kubeconfig, context=self._context,
                                                       timeout_s=self.settings.api_timeout_s)
-        gpus = NvmlGpuSource()
+        gpus = NvmlGpuSource(NvmlReader(released=NOT_READ))  # shut until the Node is read
         try:
             await self._run_with(kube, gpus)
         finally:
@@ -178,8 +185,9 @@ class Agent:
         # schedule, events, on-demand requests), so each is built with them, and no
         # context or check changes after it is built.
         self.probes = replace(self.probes, pvc_api=KubeProbeApi.factory(kube, self.keys),
-                              gpu_pods=partial(gpu_pods, kube, self.node, self.keys))
-        self.parts = parts = self._build(kube)
+                              gpu_pods=partial(gpu_pods, kube, self.node, self.keys),
+                              gpu_activity=self.probes.gpu_activity or gpus.reader)
+        self.parts = parts = self._build(kube, gpus)
         jobs = self._jobs()
         activities = self._activities(parts, gpus, jobs)
         log.info("agent starting on node %s: %d scheduled jobs, API %s", self.node,
@@ -202,7 +210,7 @@ class Agent:
 
     # -- wiring ------------------------------------------------------------------------
 
-    def _build(self, kube: Kube) -> Parts:
+    def _build(self, kube: Kube, gpus: NvmlGpuSource) -> Parts:
         """Every part that talks to the API, each given what it uses."""
         recorder = EventRecorder(kube, component=COMPONENT, host=self.node)
         publisher = NodePublisher(kube, self.node, self.keys, recorder, clock=self.clock)
@@ -210,7 +218,9 @@ class Agent:
                             node=self.node, clock=self.clock,
                             validates_new=validates_new_nodes(self.config))
         peers = PublishedPeers(self.keys, self._peers_changed)
-        node_watch = NodeWatch(self.node, partial(self._observe_node, publisher, health, peers))
+        release = NvmlRelease(gpus, on_change=health.observe_release)
+        node_watch = NodeWatch(self.node, partial(self._observe_node, publisher, health, peers,
+                                                  release))
         events = NodeEvents(recorder, node_watch)
         unavailable = UnavailableChecks(events)
         runner = Runner(self.inputs.context, on_result=_results_to(health, unavailable))
@@ -228,7 +238,7 @@ class Agent:
                          on_attachments=self._attachments_changed,
                          pod_name=self.config.pod_name)
         return Parts(kube, publisher, node_watch, events, unavailable, health, runner, runs,
-                     requests, own_pod, peers)
+                     requests, own_pod, peers, release)
 
     def _activities(self, parts: Parts, gpus: NvmlGpuSource, jobs: list[Job]) -> list[Activity]:
         """What runs until stopped, besides the publisher (which outlives them to flush)."""
@@ -236,6 +246,7 @@ class Agent:
                       label_shown=parts.health.label_shown)
         return [partial(parts.node_watch.run, parts.kube), parts.requests.serve,
                 parts.own_pod.run, parts.unavailable.run, partial(self._report_publisher, parts),
+                parts.release.run,
                 partial(self._start_schedule, parts, jobs), partial(self._first_round, parts),
                 *event_loops(self.config, feeds, self.probes)]
 
@@ -248,9 +259,11 @@ class Agent:
         return jobs
 
     async def _start_schedule(self, parts: Parts, jobs: list[Job]) -> None:
-        # The GPU count may come from the Node: wait briefly for it before the first round.
+        # The GPU count may come from the Node, and NVML opens only once the Node is
+        # read (it may say a GPU reset is under way): wait briefly for both.
         with anyio.move_on_after(self.settings.api_timeout_s):
             await parts.node_watch.seen.wait()
+            await parts.release.decided.wait()
         self.readiness.start(jobs, self.clock())
         await Schedule(jobs).run(partial(self._fire, parts))
 
@@ -276,14 +289,16 @@ class Agent:
         return capacity or self.inputs.expected_gpus or 1
 
     def _observe_node(self, publisher: NodePublisher, health: NodeHealth,
-                      peers: PublishedPeers, node: dict[str, Any]) -> None:
+                      peers: PublishedPeers, release: NvmlRelease,
+                      node: dict[str, Any]) -> None:
         """A new copy of the Node from the watch: the publisher's view, the GPU count,
-        ping's peers, the controller's repair (TESTING while it resets or validates);
-        the first one is what the node's health resumes."""
+        ping's peers, the controller's repair (TESTING while it resets or validates,
+        NVML let go while it resets); the first one is what the node's health resumes."""
         publisher.observe(node)
         peers.observe(node)
         health.resume(node, known=_known_check)
         repair = read_repair(node, self.keys)
+        release.observe(repair)
         health.observe_repair(repair if isinstance(repair, Repair) else None,
                               new=awaits_validation(node, self.keys))
         if self.config.expected_gpus is None and (count := _node_gpus(node)):

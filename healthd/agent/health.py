@@ -5,8 +5,9 @@ Every change goes through `NodeHealth`: a check's result, a deep run starting or
 ending (TESTING), a clear. The pure verdict machine (healthd.agent.verdict) folds it
 into the state, the metrics see the new state, and the publisher
 (healthd.agent.node_status) gets the desired Node. Besides the state it keeps what
-else the Node shows: the DCGM level labels deep runs leave and the answer to the
-latest on-demand request (`last-run`).
+else the Node shows: the DCGM level labels deep runs leave, the answer to the
+latest on-demand request (`last-run`) and the GPU-reset Job the agent let go of NVML
+for (`nvml-released`, healthd.agent.nvml_release).
 
 The parts that change the node's health (the runner's results, healthd.agent.deepruns,
 healthd.agent.ondemand, the event runs) are handed this object directly.
@@ -15,13 +16,15 @@ A restart changes nothing on the Node. The verdict is shown only once the node i
 judged: the agent has resumed what its Node showed (`resume`, at the first copy of the
 Node) and every check due at start has ended its first turn (`first_round_done`), or
 a holding that only a clear ends is held (no later result of the round can lower
-it). Until then only the answer to an on-demand request is written.
+it). Until then only the answer to an on-demand request and `nvml-released` are
+written (a GPU reset waits for the latter, not for a judgement).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -85,6 +88,8 @@ class NodeHealth:
         # (controller.repair.validate_new_nodes): TESTING until it has one.
         self.validates_new = validates_new
         self.dcgm_levels: dict[int, str | None] = {}  # level -> its label value
+        self.nvml_released: str | None = None  # the reset Job NVML is let go for
+        self._release_known = False  # decided since the start (until then: left alone)
         self._deep: dict[str, int | None] = {}  # deep runs in TESTING -> their DCGM level
         self.resumed = False  # what the Node showed has been taken back
         self._round_done = False  # every check due at start has ended its first turn
@@ -165,6 +170,12 @@ class NodeHealth:
         self.set_state(start_testing(self.state, REPAIR_TESTING, at=at) if doing
                        else end_testing(self.state, REPAIR_TESTING, at=at))
 
+    def observe_release(self, job: str | None) -> None:
+        """The agent let go of NVML for GPU-reset Job `job` (None: it uses NVML
+        again): written as `nvml-released`, judged or not."""
+        self.nvml_released, self._release_known = job, True
+        self.publish()
+
     def start_clear(self) -> list[str]:
         """Mark what holds the node for release; the check keys to re-run."""
         state, keys = request_clear(self.state, at=self.clock())
@@ -198,17 +209,24 @@ class NodeHealth:
         self.publish()
 
     def publish(self) -> None:
-        if not self.showing:  # not judged yet: only an answer may go out
-            if self.last_run is not None:
-                self.publisher.want(DesiredNode(annotations={self.keys.last_run: self.last_run}),
-                                    None)
+        release = self._release_annotation()
+        if not self.showing:  # not judged yet: only an answer and the release may go out
+            answer = {self.keys.last_run: self.last_run} if self.last_run is not None else {}
+            if answer or release:
+                self.publisher.want(DesiredNode(annotations={**answer, **release}), None)
             return
         if self._shown is not None:
             self._shown.set()
         desired = desired_from(self.state, self.keys, node=self.node,
                                dcgm_levels=self.dcgm_levels, last_run=self.last_run,
                                repair=self.repair, repair_note=self.repair_note)
-        self.publisher.want(desired, self.state)
+        self.publisher.want(replace(desired, annotations={**desired.annotations, **release}),
+                            self.state)
+
+    def _release_annotation(self) -> dict[str, str | None]:
+        """`nvml-released` (None removes it) once decided since the start; until then
+        the Node keeps what it shows (a predecessor's release still holds)."""
+        return {self.keys.nvml_released: self.nvml_released} if self._release_known else {}
 
     def _label_level(self, level: int | None, result: CheckResult, at: float) -> None:
         """A deep run of a labelled level that could tell leaves pass or fail, and when."""

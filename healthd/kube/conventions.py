@@ -139,6 +139,13 @@ class Keys:
         history (healthd.published.Repair)."""
         return f"{self.own_prefix}repair"
 
+    @property
+    def nvml_released(self) -> str:
+        """Annotation written by the agent while the repair record says `resetting`,
+        once it has let go of NVML on the node: the record's GPU-reset Job
+        (namespace/name) it let go for. Absent while the agent may hold NVML."""
+        return f"{self.own_prefix}nvml-released"
+
     # -- labels on the objects the agent creates (diagnostic Jobs, pvc probes) -----
 
     @property
@@ -155,11 +162,6 @@ class Keys:
     def node_name(self) -> str:
         """Annotation: the node's full name, should the `node` label be shortened."""
         return f"{self.own_prefix}node-name"
-
-    @property
-    def nvml_released(self) -> str:
-        """Annotation (the agent's): the GPU-reset Job it ended its NVML use for."""
-        return f"{self.own_prefix}nvml-released"
 
     @property
     def gpu_reset(self) -> str:

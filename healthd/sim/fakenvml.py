@@ -20,6 +20,8 @@ is the code that runs on a real GPU node.
 - Persistence mode is live state: `gpus.persistence_mode` at boot and after a reboot,
   changed by `nvmlDeviceSetPersistenceMode`, which on a shared machine goes through
   its control file (`publish`) so every process there sees the change.
+  What the process holds (sessions open, nvmlInit calls ever, event sets) goes to
+  `on_sessions` at each change (healthd.sim.sessions: seen from outside the process).
 - A lost GPU is still counted, but answers GPU_IS_LOST to every query and to handle
   lookups (what `nvidia-smi` shows as "Unable to determine the device handle for
   GPU ...: GPU is lost"); a handle obtained before the loss stays valid and gets
@@ -66,6 +68,7 @@ from healthd.sim.machine import GpuFault, MachineSpec
 from healthd.sim.nvmlevents import Delivered, EventSet, ScheduledXid
 from healthd.sim.nvmlsymbols import SUCCESS, SYMBOLS, Fail, Impl, address, code, set_pointer
 from healthd.sim.repairs import after_reboot, after_reset, resettable
+from healthd.sim.sessions import Sessions
 
 Clock = Callable[[], float]
 _HANDLE_BASE = 0x7E57_0000  # fake device "pointers": never dereferenced, only compared
@@ -87,11 +90,13 @@ class FakeNvmlLibrary:
         self.clock = clock
         self.driver_present = spec.driver_present
         self.refcount = 0  # nvmlInit calls not yet matched by nvmlShutdown
-        self.sessions = sessions  # where this process's NVML session is registered
+        self.registry = sessions  # where this process's NVML session is registered
         self.persistence = self._boot_persistence()
         # Sends a machine change (a control-file command) to every process on the
         # machine, this one first; None: the machine is this process's alone.
         self.publish: Callable[[dict[str, Any]], None] | None = None
+        self.inits = 0  # nvmlInit calls that succeeded, ever
+        self.on_sessions: Callable[[Sessions], None] | None = None  # told of each change
         self.event_sets: dict[int, EventSet] = {}
         self.calls: dict[str, int] = {}  # symbol -> times called (for tests and benchmarks)
         self._cond = threading.Condition(threading.RLock())
@@ -264,6 +269,16 @@ class FakeNvmlLibrary:
     def wake(self) -> None:
         self._cond.notify_all()
 
+    def sessions(self) -> Sessions:
+        """What this process holds of NVML now."""
+        with self._cond:
+            return Sessions(self.refcount, self.inits, len(self.event_sets))
+
+    def sessions_changed(self) -> None:
+        """Tell `on_sessions` what this process holds now (called with the lock held)."""
+        if self.on_sessions is not None:
+            self.on_sessions(self.sessions())
+
     def _scheduled_xids(self) -> Iterator[ScheduledXid]:
         """Every XID the faults schedule, except those of an injected fault that were
         already due when it was injected (they fired then, see `add_fault`)."""
@@ -282,10 +297,10 @@ class FakeNvmlLibrary:
         self.refcount = refcount
         if ended:
             self.event_sets.clear()
-        if self.sessions is not None and began:
-            self.sessions.opened()
-        elif self.sessions is not None and ended:
-            self.sessions.closed()
+        if self.registry is not None and began:
+            self.registry.opened()
+        elif self.registry is not None and ended:
+            self.registry.closed()
 
     def _boot_persistence(self) -> dict[int, bool]:
         return dict.fromkeys(range(self.spec.gpus.count), self.spec.gpus.persistence_mode)
@@ -351,6 +366,7 @@ class FakeNvmlLibrary:
             self.session_changed(0)
             self.event_sets.clear()
             self.persistence = self._boot_persistence()
+            self.sessions_changed()
             self._cond.notify_all()
 
     def _fire(self, gpu: int, xid: int) -> None:
@@ -367,6 +383,7 @@ class FakeNvmlLibrary:
             if not present:  # the driver went away: every session is gone with it
                 self.session_changed(0)
                 self.event_sets.clear()
+                self.sessions_changed()
             self._cond.notify_all()
 
 
@@ -400,6 +417,11 @@ class FakeNvml:
         """What the fake serves about `gpu` (spec index) at this moment."""
         with self.library.lock:
             return self.library.state(gpu)
+
+    def sessions(self) -> Sessions:
+        """What this process holds of NVML now: sessions open, nvmlInit calls ever,
+        event sets (healthd.sim.sessions)."""
+        return self.library.sessions()
 
     def inject(self, fault: GpuFault) -> None:
         """Add a fault (with its own `at`/`until`, measured from machine start; its XIDs

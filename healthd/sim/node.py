@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -33,6 +34,7 @@ from checks.rdma import SYSFS_INFINIBAND, RdmaCheck, SysfsRdmaReader
 from healthd.check.plans import Planned
 from healthd.config import Config
 from healthd.config.agent import KernelLogSettings
+from healthd.sim import sessions
 from healthd.sim.aer import NotRecordedAer, SimAer, SimAerReader
 from healthd.sim.control import ControlFile, apply
 from healthd.sim.cuda import SimBandwidthProbe
@@ -72,7 +74,7 @@ class SimulatedNode:
     follower: ControlFile | None = None  # what follows the control file, when one does
 
     def __post_init__(self) -> None:
-        self.holders = MachineHolders(self.spec, self.nvml.clock, self.nvml.library.sessions)
+        self.holders = MachineHolders(self.spec, self.nvml.clock, self.nvml.library.registry)
 
     def follow(self, follower: ControlFile) -> None:
         """Share the machine's changes with its other processes through `follower`'s
@@ -258,7 +260,8 @@ def simulate(source: str | Path | MachineSpec,
     """Install the simulated machine for the duration of the block. Without `control`
     the machine starts now and its files are gone after; with it, it is the machine
     that control file names (healthd.sim.shared: its clock and files outlive the
-    process), and the file's changes are followed meanwhile (healthd.sim.control)."""
+    process), the file's changes are followed meanwhile (healthd.sim.control), and what
+    this process holds of NVML is written beside it (healthd.sim.sessions)."""
     try:
         spec = source if isinstance(source, MachineSpec) else load_machine_spec(source)
     except MachineSpecError as exc:
@@ -270,9 +273,11 @@ def simulate(source: str | Path | MachineSpec,
         else:
             shared = shared_machine(Path(control), spec)
             workdir, elapsed = shared.root, shared.elapsed()
-        sessions = None if control is None else NvmlSessions(workdir)
+        registered = None if control is None else NvmlSessions(workdir)
         fake = stack.enter_context(install(spec, clock=monotonic_clock(elapsed),
-                                           sessions=sessions))
+                                           sessions=registered))
+        if control is not None:  # what this process holds, for the machine's other processes
+            fake.library.on_sessions = sessions.recorder(workdir, os.getpid())
         probe = SimBandwidthProbe(spec, clock=fake.clock, faults=fake.faults_for)
         node = SimulatedNode(spec, fake, probe, control=None if control is None
                              else Path(control))

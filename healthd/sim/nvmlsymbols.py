@@ -109,7 +109,9 @@ def _init(lib: FakeNvmlLibrary, *_flags: Any) -> int:
         return code("LIBRARY_NOT_FOUND")  # what pynvml raises when dlopen fails
     lib.raise_injected("nvmlInitWithFlags", None)
     lib.raise_injected("nvmlInit", None)
+    lib.inits += 1
     lib.session_changed(lib.refcount + 1)
+    lib.sessions_changed()
     return SUCCESS
 
 
@@ -118,6 +120,7 @@ def _shutdown(lib: FakeNvmlLibrary) -> int:
     if lib.refcount == 0:
         return code("UNINITIALIZED")
     lib.session_changed(lib.refcount - 1)
+    lib.sessions_changed()
     return SUCCESS
 
 
@@ -477,12 +480,14 @@ def _register(lib: FakeNvmlLibrary, gpu: GpuState, types: Any, handle: Any) -> i
 def _set_create(lib: FakeNvmlLibrary, out: Any) -> None:
     event_set = EventSet(lib.new_event_set_handle())
     lib.event_sets[event_set.handle] = event_set
+    lib.sessions_changed()
     set_pointer(out, event_set.handle)
 
 
 @symbol("nvmlEventSetFree", "system")
 def _set_free(lib: FakeNvmlLibrary, handle: Any) -> None:
     lib.event_sets.pop(lib.event_set(handle).handle)
+    lib.sessions_changed()
     lib.wake()
 
 

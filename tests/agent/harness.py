@@ -5,6 +5,7 @@ short intervals, and a clean teardown through `Agent.stop()`."""
 from __future__ import annotations
 
 import json
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import aiohttp
 import anyio
 from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
 from healthd.agent.agent import Agent, Parts
 from healthd.config import Config
@@ -133,6 +135,19 @@ class Harness:
             f"http://127.0.0.1:{self.agent.port}{path}"
         ) as resp:
             return resp.status, (await resp.text()).strip()
+
+
+def scraped(port: int, name: str, **labels: str) -> float | None:
+    """What an agent process's /metrics on `port` says of the samples `name` with
+    `labels` (summed; 0 when it has none), or None while it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               for sample in family.samples
+               if sample.name == name and labels.items() <= sample.labels.items())
 
 
 async def eventually(predicate: Callable[[], Any], timeout_s: float = 5.0,

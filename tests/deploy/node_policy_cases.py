@@ -114,6 +114,8 @@ AGENT_WRITES: dict[str, Callable[[Obj], Any]] = {
     "dcgm level label ERR": lambda n: labels(n).update({DCGM_3: "ERR_2025-05-13_19.54.55UTC"}),
     "health annotation": lambda n: annotations(n).update({"healthd.io/health": "{}"}),
     "last-run annotation": lambda n: annotations(n).update({"healthd.io/last-run": "{}"}),
+    "nvml-released annotation": lambda n: annotations(n).update(
+        {"healthd.io/nvml-released": "healthd-system-repair/healthd-gpu-reset-gpu-7-1"}),
     "condition added": lambda n: conditions(n).append(GPU_UNHEALTHY),
     "nothing": lambda n: None,
 }
@@ -196,6 +198,8 @@ def _cases() -> list[Case]:
         Case("agent: consumes a request and its id",
              _with(**{"healthd.io/run": "dcgm:3", "healthd.io/run-id": "r1"})(), node(), True),
         Case("agent: consumes a clear", _with(**{"healthd.io/clear": "true"})(), node(), True),
+        Case("agent: withdraws its nvml-released annotation",
+             _with(**{"healthd.io/nvml-released": "healthd-system-repair/j-1"})(), node(), True),
         Case("agent: first verdict on a node without labels",
              edited(lambda n: n["metadata"].pop("labels")),
              edited(lambda n: n["metadata"].update(

@@ -1,7 +1,8 @@
 """The admission policy admits every write the real agent makes: its first verdict and
 condition, a raised and a sticky fault, an on-demand request it consumes and answers,
-and a clear. The writes are the agent's own, caught at the API emulator's store as
-(old Node, new Node), and judged with the CEL runtime as the API server would."""
+a clear, and letting go of NVML for a GPU reset and taking it up again. The writes are
+the agent's own, caught at the API emulator's store as (old Node, new Node), and
+judged with the CEL runtime as the API server would."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from healthd.published import Repair
 from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.apiserver.store import Store
 from healthd.sim.apiserver.testing import api  # noqa: F401
@@ -63,7 +65,12 @@ async def test_every_write_of_the_real_agent_is_admitted(
         h.annotate(**{KEYS.clear: "true"})
         await eventually(lambda: KEYS.clear not in h.annotations(), 10, "clear consumed")
         await eventually(lambda: h.verdict() == "PASS", 10, "cleared")
-    assert len(node_writes) >= 6
+        h.annotate(**{KEYS.repair: Repair("resetting", "2026-01-01T00:00:00Z",
+                                          job="healthd-system-repair/reset-1").encode()})
+        await eventually(lambda: KEYS.nvml_released in h.annotations(), 10, "NVML released")
+        h.annotate(**{KEYS.repair: Repair("validating", "2026-01-01T00:00:00Z").encode()})
+        await eventually(lambda: KEYS.nvml_released not in h.annotations(), 10, "NVML in use")
+    assert len(node_writes) >= 8
     extra = {NODE_NAME_EXTRA: [NODE]}
     for old, new in node_writes:
         verdict = policy.review(old=old, new=new, user=AGENT, extra=extra)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -69,6 +70,10 @@ class FakeActivity:
         asked = self.calls.count(pci_bus_id)
         self.calls.append(pci_bus_id)
         return seen[min(asked, len(seen) - 1)]
+
+    def hold(self) -> AbstractContextManager[str]:
+        """The GPUs are never let go here: every hold is granted."""
+        return nullcontext("")
 
 
 # Which resource kind each creating call makes, and which call destroys it.

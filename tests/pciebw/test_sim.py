@@ -4,13 +4,14 @@ GPU's traffic sharing the link, lost/missing GPUs and an absent driver; a busy G
 the fake NVML library shows it; and the check end to end on simulated machines (the
 real NVML reader over the fake NVML library, the simulated probe in its child),
 including the bundled `pcie-bw-low` example, `healthd check --sim` and `healthd record`
-on a busy machine."""
+on a busy machine; and NVML let go for a GPU reset in the middle of a run."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from checks.base import CheckResult, Severity
 from checks.nvml_reader import NvmlReader
 from checks.pciebw import PcieBwCheck
 from checks.pciebw_probe import ProbeError, ProbeUnavailable
-from checks.probes import Probes
+from checks.probes import Bandwidth, Probes
 from checks.snapshot import NodeSnapshot
 from healthd.sim.cuda import SimBandwidthProbe
 from healthd.sim.fakenvml import install
@@ -30,9 +31,11 @@ from healthd.sim.machine import (
     load_machine_spec,
     parse_machine_spec,
 )
+from tests.agent.harness import eventually
 from tests.checks.gpufakes import codes_by_gpu, context, entity_status, run
 
 MIB = 1 << 20
+RELEASED = "NVML released for a GPU reset"
 
 
 def spec(faults: list[dict[str, object]] | None = None, **gpus: object) -> MachineSpec:
@@ -261,3 +264,36 @@ def test_a_recording_of_a_busy_machine_replays_busy(tmp_path: Path) -> None:
     replay = healthd("check", "--sim", str(recording), "--checks", "pciebw", "--config",
                      str(config), "--output", "json")
     assert pciebw_rows(replay.stdout)["1"][0] == "SKIPPED"
+
+
+@pytest.mark.anyio
+async def test_a_release_for_a_gpu_reset_waits_for_the_copy_in_flight_and_stops_the_rest(
+) -> None:
+    """NVML's owner lets go of the GPUs (a GPU reset) while the check runs: the copy in
+    flight ends before the session does, no other GPU is measured (each UNKNOWN), and
+    nothing from the gap passes."""
+    machine = spec()
+    with install(machine) as fake:
+        reader = NvmlReader()
+        measured: list[str] = []
+        releasing = threading.Thread(target=reader.release, args=(RELEASED,))
+
+        class ReleasedMidway(SimBandwidthProbe):
+            async def measure(self, pci_bus_id: str, size_bytes: int,
+                              iterations: int) -> Bandwidth:
+                measured.append(pci_bus_id)
+                releasing.start()  # the owner lets go while this copy runs
+                await eventually(lambda: reader.released == RELEASED, what="the release")
+                assert fake.sessions().holding  # held until the copy ends
+                return await super().measure(pci_bus_id, size_bytes, iterations)
+
+        check = PcieBwCheck({"busy_retries": 0}, probes=Probes(
+            bandwidth=ReleasedMidway(machine, clock=fake.clock), gpu_activity=reader))
+        result = await run(check, context(reader.read()))
+        releasing.join(timeout=10)
+        assert measured == [machine.pci_bus_id(0)]
+        assert [entity_status(result, i).status for i in range(4)] == [
+            Severity.PASS, Severity.UNKNOWN, Severity.UNKNOWN, Severity.UNKNOWN]
+        assert entity_status(result, 1).reason == RELEASED
+        assert result.status is Severity.UNKNOWN
+        assert not releasing.is_alive() and not fake.sessions().holding

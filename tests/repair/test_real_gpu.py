@@ -7,6 +7,7 @@ resets a real GPU."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -55,3 +56,12 @@ def test_holders_only_names_an_nvml_client_and_changes_nothing() -> None:
         assert isinstance(gpu["minor"], int) and isinstance(gpu["persistence_mode"], bool)
         assert any(h.startswith(f"pid {holder.pid} (python") and f"/dev/nvidia{gpu['minor']} "
                    "open" in h for h in gpu["holders"]), gpu["holders"]
+    # Persistence mode as nvidia-smi itself reports it, GPU by GPU.
+    smi = shutil.which("nvidia-smi")
+    if smi is not None:
+        listed = subprocess.run([smi, "--query-gpu=uuid,persistence_mode",
+                                 "--format=csv,noheader"], capture_output=True, text=True,
+                                timeout=60, check=True).stdout
+        modes = {u.strip(): m.strip() == "Enabled" for u, m in
+                 (line.split(",") for line in listed.splitlines() if line.strip())}
+        assert {g["uuid"]: g["persistence_mode"] for g in found["gpus"]} == modes

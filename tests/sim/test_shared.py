@@ -7,7 +7,6 @@ machine."""
 from __future__ import annotations
 
 import json
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,6 @@ import anyio
 import pynvml
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from checks.kernel_log import KernelLog
 from checks.probes import LoggedXid
@@ -23,7 +21,7 @@ from healthd.config import Config
 from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.machine import MachineSpec, load_machine_spec
 from healthd.sim.node import SimulatedNode, simulate
-from tests.agent.harness import NODE, eventually, node_object
+from tests.agent.harness import NODE, eventually, node_object, scraped
 from tests.agent.test_process import HEALTHD, clean_env
 from tests.realcluster.processes import free_port
 
@@ -113,22 +111,10 @@ def test_another_spec_on_the_same_control_file_is_another_machine(tmp_path: Path
         assert heard(listen(3), 600) is None
 
 
-def xids_counted(port: int, code: int) -> float:
-    """What an agent's /metrics counts of XID `code` (0 when it never saw one)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    return sum(sample.value for family in text_string_to_metric_families(text)
-               for sample in family.samples
-               if sample.name == "healthd_gpu_xid_events_total"
-               and sample.labels.get("xid") == str(code))
-
-
-def scraped(port: int, code: int) -> float | None:
-    """`xids_counted`, or None while the agent does not answer yet."""
-    try:
-        return xids_counted(port, code)
-    except OSError:
-        return None
+def xids_counted(port: int, code: int) -> float | None:
+    """What an agent's /metrics counts of XID `code` (0 when it never saw one; None
+    while the agent does not answer yet)."""
+    return scraped(port, "healthd_gpu_xid_events_total", xid=str(code))
 
 
 XID_AT_S = 2.0  # after the first agent registered for XIDs, well before it is stopped
@@ -155,14 +141,14 @@ async def test_a_second_agent_on_the_machine_never_sees_the_xid_the_first_one_sa
                 proc.kill()
 
     async def counts_xid_79(port: int, what: str) -> None:
-        await eventually(lambda: scraped(port, 79) == 1, 30, what)
+        await eventually(lambda: xids_counted(port, 79) == 1, 30, what)
 
     async def never_counts_it(port: int, what: str) -> None:
-        await eventually(lambda: scraped(port, 79) is not None, 30, "the second agent up")
+        await eventually(lambda: xids_counted(port, 79) is not None, 30, "the second agent up")
         await anyio.sleep(XID_AT_S + 1)  # its own 2 s go by: a replay would fire now
         with open(control, "a") as changes:  # an XID it does hear, to know it listens
             changes.write(json.dumps({"op": "emit_xid", "gpu": 2, "code": 31}) + "\n")
-        await eventually(lambda: scraped(port, 31) == 1, 30, what)
+        await eventually(lambda: xids_counted(port, 31) == 1, 30, what)
         assert xids_counted(port, 79) == 0
 
     await agent_until(counts_xid_79, "the first agent hears XID 79")
