@@ -17,10 +17,11 @@ through the real client over HTTP against the API emulator:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import pytest
@@ -83,23 +84,24 @@ def fake_clock(at: float) -> Callable[[], float]:
     return lambda: at + time.monotonic() - start
 
 
-async def run_controller(kube_for: KubeFactory, config: Config, clock: Callable[[], float],
-                         name: str = "ctl") -> tuple[Controller, anyio.CancelScope]:
+@contextlib.asynccontextmanager
+async def running(kube_for: KubeFactory, config: Config, clock: Callable[[], float],
+                  name: str = "ctl") -> AsyncIterator[Controller]:
+    """A controller running (leading, alone) until the block ends."""
     controller = Controller(config, kube=kube_for(name), identity=name, clock=clock,
                             metrics=ControllerMetrics(CollectorRegistry()))
-    return controller, anyio.CancelScope()
+    async with anyio.create_task_group() as group:
+        group.start_soon(controller.run)
+        try:
+            yield controller
+        finally:
+            group.cancel_scope.cancel()
 
 
 async def test_every_node_gets_16_peers_per_network_and_steady_state_writes_nothing(
         api: ApiEmulator, kube_for: KubeFactory) -> None:
     seed_fleet(api)
-    async with anyio.create_task_group() as group:
-        controller, scope = await run_controller(kube_for, settings(), fake_clock(10 * HOUR))
-
-        async def run() -> None:
-            with scope:
-                await controller.run()
-        group.start_soon(run)
+    async with running(kube_for, settings(), fake_clock(10 * HOUR)) as controller:
         await eventually(lambda: len(published(api)) == 50, within=10)
         sets = published(api)
         net1 = {n for i, n in enumerate(FLEET) if i % 2 == 0}
@@ -139,43 +141,26 @@ async def test_every_node_gets_16_peers_per_network_and_steady_state_writes_noth
         assert set(probers) <= rewritten | {gone}
         assert len(peer_writes(api)) - 50 <= len(probers) + 1
         assert all(gone not in s.probed() for s in published(api).values())
-        scope.cancel()
 
     # A new leader (or a restarted one) finds everything as it should be.
     before = len(peer_writes(api))
-    async with anyio.create_task_group() as group:
-        controller, scope = await run_controller(kube_for, settings(), fake_clock(10 * HOUR),
-                                                 name="ctl-2")
-
-        async def again() -> None:
-            with scope:
-                await controller.run()
-        group.start_soon(again)
+    async with running(kube_for, settings(), fake_clock(10 * HOUR), name="ctl-2") as controller:
         await eventually(lambda: controller.term is not None
                          and controller.term.peering.pods.synced.is_set(), within=10)
         await anyio.sleep(1.5)
-        scope.cancel()
     assert len(peer_writes(api)) == before
 
 
 async def test_each_rotation_rewrites_every_node_once(api: ApiEmulator,
                                                       kube_for: KubeFactory) -> None:
     seed_fleet(api)
-    async with anyio.create_task_group() as group:
-        controller, scope = await run_controller(kube_for, settings(),
-                                                 fake_clock(11 * HOUR - 2.0))
-
-        async def run() -> None:
-            with scope:
-                await controller.run()
-        group.start_soon(run)
+    async with running(kube_for, settings(), fake_clock(11 * HOUR - 2.0)):
         await eventually(lambda: len(published(api)) == 50, within=10)
         first = published(api)
         assert {s.epoch for s in first.values()} == {10}
         await eventually(lambda: {s.epoch for s in published(api).values()} == {11},
                          within=10)
         await anyio.sleep(1.0)
-        scope.cancel()
     turned = published(api)
     assert len(peer_writes(api)) == 100
     changed = sum(first[n].probed() != turned[n].probed() for n in FLEET)
@@ -184,17 +169,9 @@ async def test_each_rotation_rewrites_every_node_once(api: ApiEmulator,
 
 async def test_dry_run_writes_no_peers(api: ApiEmulator, kube_for: KubeFactory) -> None:
     seed_fleet(api)
-    async with anyio.create_task_group() as group:
-        controller, scope = await run_controller(kube_for, settings(dry_run=True),
-                                                 fake_clock(10 * HOUR))
-
-        async def run() -> None:
-            with scope:
-                await controller.run()
-        group.start_soon(run)
+    async with running(kube_for, settings(dry_run=True), fake_clock(10 * HOUR)) as controller:
         await eventually(lambda: controller.term is not None
                          and controller.term.peering.writes == 50, within=10)
-        scope.cancel()
     assert peer_writes(api) == []
 
 
@@ -212,13 +189,7 @@ async def test_a_node_blamed_on_net1_is_marked_in_the_sets_of_its_probers(
         return {n: {p.name: sorted(p.blamed) for p in s.peers if p.blamed}
                 for n, s in sets.items()}
 
-    async with anyio.create_task_group() as group:
-        controller, scope = await run_controller(kube_for, settings(), fake_clock(10 * HOUR))
-
-        async def run() -> None:
-            with scope:
-                await controller.run()
-        group.start_soon(run)
+    async with running(kube_for, settings(), fake_clock(10 * HOUR)):
         blamed = {n: {dead: ["net1"]} for n in nodes if n != dead} | {dead: {}}
         await eventually(lambda: marks() == blamed, within=10)
         assert len(peer_writes(api)) == 6  # the first write carried the blame already
@@ -232,4 +203,3 @@ async def test_a_node_blamed_on_net1_is_marked_in_the_sets_of_its_probers(
         await anyio.sleep(1.5)
         rewritten = [r.path.rsplit("/", 1)[-1] for r in peer_writes(api)[6:]]
         assert sorted(rewritten) == [n for n in nodes if n != dead]
-        scope.cancel()
