@@ -329,11 +329,14 @@ class NoParams(BaseModel):
 @dataclass
 class Peer:
     """Another node to probe: its name, its pod-network addresses (IPv4 and/or IPv6)
-    and, per secondary network it is attached to, its addresses there."""
+    and, per secondary network it is attached to, its addresses there. `blamed`: the
+    networks (POD_NETWORK for the pod network) on which the fleet's blame says most
+    of its own peers cannot reach it (healthd.blame), as the controller hands it on."""
 
     name: str
     addresses: Sequence[str]
     networks: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    blamed: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -26,11 +26,17 @@ the same GPU within `dedup_window_s` of each other is one event.
 A line the reader cannot use is skipped, never a finding and never a crash, but not
 in silence: a `SkippedLines` tally counts the skipped lines by reason (each agent
 has its own and exports it; `SKIPPED` is the process's default) and logs the first
-of each reason. The reasons: a record that is not
-UTF-8 (`/dev/kmsg` escapes every byte outside printable ASCII, so such a line did
-not come from the kernel as written), one longer than the kernel ever hands out, a
-line that is not a record, and an XID or SXID line whose fields cannot be read (a
-driver that prints them differently: its faults would go unseen).
+of each reason. The reasons: one longer than the kernel ever hands out, a line that
+is not a record, an XID or SXID line whose fields cannot be read (a driver that
+prints them differently: its faults would go unseen), and a record with bytes that
+are not UTF-8 in which no XID or SXID could be read (those bytes may hide one).
+
+Bytes that are not UTF-8 do not cost a record its XID. `/dev/kmsg` escapes every
+byte outside printable ASCII, but a journal export or a syslog file keeps the bytes
+a user's process name holds (`name=...` in an XID line): such a record is decoded
+with U+FFFD in place of what cannot be decoded and judged by its header and code,
+as long as neither the address nor the code (nor an SXID's severity and link) holds
+an undecodable byte; one that does is an XID or SXID whose fields cannot be read.
 """
 
 from __future__ import annotations
@@ -62,9 +68,12 @@ MAX_KEPT = 10_000  # parsed records kept for consumers that have not taken them 
 # kernel's CONSOLE_EXT_LOG_MAX): one read of this size takes any record whole.
 MAX_RECORD = 8192
 
-_XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)")
-_SXID = re.compile(r"(nvidia-nvswitch\d+): SXid \(PCI:([0-9a-fA-F:.]+)\): (\d+), ([^,]*)")
-_LINK = re.compile(r"\bLink (\d+)\b")
+# The fields healthd judges by; none may end in an undecodable byte (U+FFFD), which
+# could have been one more digit or letter of it.
+_XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)(?![\d\ufffd])")
+_SXID = re.compile(
+    r"(nvidia-nvswitch\d+): SXid \(PCI:([0-9a-fA-F:.]+)\): (\d+), ([^,\ufffd]*)(?=,|$)")
+_LINK = re.compile(r"\bLink (\d+)(?![\w\ufffd])")
 # What marks a line as the driver's XID or SXID report, parsed or not.
 _XID_MARK = re.compile(r"NVRM: Xid\b")
 _SXID_MARK = re.compile(r"\bSXid\b")
@@ -72,7 +81,7 @@ _SXID_MARK = re.compile(r"\bSXid\b")
 Skip = Literal["not_utf8", "oversize", "not_a_record", "bad_xid", "bad_sxid"]
 SKIP_REASONS: tuple[Skip, ...] = get_args(Skip)
 _WHY: dict[Skip, str] = {
-    "not_utf8": "is not UTF-8",
+    "not_utf8": "is not UTF-8 and reports no XID or SXID that could be read",
     "oversize": f"is longer than {MAX_RECORD} bytes",
     "not_a_record": "is not a record (prio,seq,usec,flags;message)",
     "bad_xid": "reports an XID whose fields cannot be read",
@@ -123,11 +132,13 @@ class NoLog(LogUnavailable):
 
 @dataclass(frozen=True)
 class LogRecord:
-    """One kernel-log record: sequence number, time since boot, the message."""
+    """One kernel-log record: sequence number, time since boot, the message.
+    `garbled`: the record held bytes that are not UTF-8, U+FFFD in the message."""
 
     seq: int
     usec: int
     message: str
+    garbled: bool = False
 
 
 def parse_record(raw: str) -> LogRecord | None:
@@ -147,32 +158,33 @@ def parse_record(raw: str) -> LogRecord | None:
 
 
 def read_record(raw: bytes, skipped: SkippedLines) -> LogRecord | None:
-    """The record in one raw `/dev/kmsg` read or file line; None for a continuation or
-    blank line (nothing in it to lose) and for garbage, which `skipped` counts."""
+    """The record in one raw `/dev/kmsg` read or file line, what is not UTF-8 in it
+    replaced (`garbled`); None for a continuation or blank line (nothing in it to
+    lose) and for garbage, which `skipped` counts."""
     if len(raw) > MAX_RECORD:
         skipped.skip("oversize", raw[:_EXCERPT + 1].decode(errors="backslashreplace"))
         return None
     try:
-        text = raw.decode()
+        text, garbled = raw.decode(), False
     except UnicodeDecodeError:
-        skipped.skip("not_utf8", raw.decode(errors="backslashreplace"))
-        return None
+        text, garbled = raw.decode(errors="replace"), True
     if not text.strip() or text.startswith(" "):
         return None
     record = parse_record(text)
     if record is None:
         skipped.skip("not_a_record", text)
-    return record
+        return None
+    return replace(record, garbled=garbled)
 
 
-def unreadable_nvidia(message: str) -> Skip | None:
-    """Why a message that `parse_nvidia` did not take is an XID or SXID report all the
-    same (its fields could not be read), or None: it is some other line."""
-    if _XID_MARK.search(message):
+def unusable(record: LogRecord) -> Skip | None:
+    """Why a record that `parse_nvidia` did not take is counted as skipped, or None: it
+    is some other line, read whole."""
+    if _XID_MARK.search(record.message):
         return "bad_xid"
-    if _SXID_MARK.search(message):
+    if _SXID_MARK.search(record.message):
         return "bad_sxid"
-    return None
+    return "not_utf8" if record.garbled else None
 
 
 def parse_nvidia(record: LogRecord) -> Logged | None:
@@ -273,7 +285,7 @@ class KernelLog:
             logged = parse_nvidia(record)
             if logged is not None:
                 self._kept.append(logged)
-            elif (reason := unreadable_nvidia(record.message)) is not None:
+            elif (reason := unusable(record)) is not None:
                 self._skipped.skip(reason, record.message)
 
     def _raw_records(self) -> Iterable[bytes]:

@@ -12,6 +12,15 @@ for the pod network, about `network/<name>` for a secondary one). Who is really 
 fault when several nodes disagree is a cluster-wide question answered by
 `healthd.blame.judge` over every node's results, network by network.
 
+That answer comes back: a peer the fleet blames on a network (`Peer.blamed`, handed
+on by the controller with the peer set) is left out of this node's isolation count
+there. Most of its own peers cannot reach it, so missing it says nothing about this
+node: a node that reaches every peer the fleet does not blame is not isolated, however
+many blamed peers it misses (each is still its `PEER_UNREACHABLE`). The floor holds
+for what is left: the share is taken over at least two judged peers the fleet does not
+blame; with fewer, only a node that reaches none of its peers is isolated. Blame never
+clears that one: a node that reached nobody measured nothing in its own favour.
+
 Which networks are probed, and with how many echoes and what deadline each, is
 configuration (`networks`, `per_network`).
 
@@ -126,7 +135,8 @@ class PingParams(BaseModel):
         True, description="raw sockets (CAP_NET_RAW); false: ICMP datagram sockets"
     )
     isolated_fraction: float = Field(
-        0.5, ge=0, lt=1, description="isolated when MORE than this fraction is unreachable"
+        0.5, ge=0, lt=1, description="isolated when MORE than this fraction of the peers the fleet "
+        "does not blame is unreachable"
     )
 
 
@@ -199,16 +209,19 @@ def _merge_peers(peers: Sequence[Peer], self_name: str) -> list[Peer]:
     """One entry per peer name (addresses merged per network, order kept), without
     this node."""
     merged: dict[str, dict[str, list[str]]] = {}
+    blamed: dict[str, frozenset[str]] = {}
     for peer in peers:
         if peer.name == self_name and self_name:
             continue
         networks = merged.setdefault(str(peer.name), {POD_NETWORK: []})
+        blamed[str(peer.name)] = blamed.get(str(peer.name), frozenset()) | peer.blamed
         for network, given in [(POD_NETWORK, peer.addresses), *peer.networks.items()]:
             addresses = networks.setdefault(str(network), [])
             listed = [given] if isinstance(given, str) else given
             addresses.extend(str(a) for a in listed if str(a) not in addresses)
     return [
-        Peer(name, tuple(nets.pop(POD_NETWORK)), {n: tuple(a) for n, a in nets.items() if a})
+        Peer(name, tuple(nets.pop(POD_NETWORK)), {n: tuple(a) for n, a in nets.items() if a},
+             blamed[name])
         for name, nets in sorted(merged.items())
     ]
 
@@ -238,7 +251,8 @@ def plan_networks(peers: Sequence[Peer], params: PingParams) -> list[NetworkPlan
                                                if p.addresses or not p.networks]}
     for peer in peers:
         for network, addresses in sorted(peer.networks.items()):
-            on.setdefault(network, []).append(Peer(peer.name, addresses))
+            on.setdefault(network, []).append(Peer(peer.name, addresses,
+                                                   blamed=peer.blamed))
     wanted = params.networks
     plans = []
     for network in sorted(on, key=lambda n: (n != POD_NETWORK, n)):
@@ -348,12 +362,12 @@ class PingCheck(BaseCheck):
     def _judge(self, builder: ResultBuilder, ctx: CheckContext, plan: NetworkPlan,
                outcomes: Sequence[PeerOutcome]) -> None:
         judged = [o for o in outcomes if o.judged]
-        down = [o for o in judged if not o.reachable]
-        isolated = len(judged) >= 2 and len(down) > self.params.isolated_fraction * len(judged)
+        counted = _isolation_count(judged, plan.network, self.params.isolated_fraction)
         for outcome in outcomes:
-            self._record_peer(builder, outcome, isolated)
-        if not isolated:
+            self._record_peer(builder, outcome, counted is not None)
+        if counted is None:
             return
+        down = [o for o in counted if not o.reachable]
         # On the pod network the node itself is cut off; on a secondary network
         # the node's attachment to that network is.
         entity = (Entity("network", plan.network) if plan.secondary
@@ -362,10 +376,10 @@ class PingCheck(BaseCheck):
         builder.finding(
             "NETWORK_ISOLATED",
             entity,
-            f"cannot reach {len(down)} of {len(judged)} peers{where}: "
-            + _some([o.peer.name for o in down]),
+            f"cannot reach {len(down)} of {len(counted)} peers{where}"
+            + _not_counted(len(judged) - len(counted)) + ": " + _some([o.peer.name for o in down]),
             unreachable=len(down),
-            peers=len(judged),
+            peers=len(counted),
         )
 
     def _record_peer(self, builder: ResultBuilder, outcome: PeerOutcome, isolated: bool) -> None:
@@ -389,6 +403,26 @@ class PingCheck(BaseCheck):
             if outcome.invalid or outcome.errors:
                 message += f" (also: {outcome.unknown_reason()})"
             builder.finding("PEER_UNREACHABLE", entity, message, **values)
+
+
+def _isolation_count(judged: Sequence[PeerOutcome], network: str,
+                    fraction: float) -> list[PeerOutcome] | None:
+    """The peers this node's isolation on `network` is judged over, when it is isolated
+    (None when not): more than `fraction` of the judged peers the fleet does not blame
+    there are unreachable, over at least two of them; or it reached none of its judged
+    peers (two at least), blamed or not (see the module docstring)."""
+    if len(judged) >= 2 and not any(o.reachable for o in judged):
+        return list(judged)
+    counted = [o for o in judged if network not in o.peer.blamed]
+    down = sum(not o.reachable for o in counted)
+    return counted if len(counted) >= 2 and down > fraction * len(counted) else None
+
+
+def _not_counted(blamed: int) -> str:
+    """What the isolation count leaves out: the peers the fleet blames."""
+    if not blamed:
+        return ""
+    return f" (not counting {blamed} the fleet blames)"
 
 
 def _some(names: Sequence[str], shown: int = 10) -> str:

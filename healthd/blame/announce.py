@@ -14,14 +14,17 @@ polled), and says what changed:
   controller's Lease per episode, a log line, and `healthd_network_partitioned{network}` 1.
 
 It never writes a label or an annotation: the node's verdict belongs to its own
-agent. Episodes outlive a leadership term of this process, so a restarted term does
-not announce them again.
+agent. What it blames, after every judgement, goes to `on_blame`: the controller's
+peer publisher (healthd.controller.peering) marks each blamed node in the peer sets
+of the nodes that probe it, so that missing it does not make them isolated
+(checks.ping). Episodes outlive a leadership term of this process, so a restarted
+term does not announce them again.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -36,6 +39,7 @@ from healthd.blame.networks import (
     network_name,
     ping_rows,
 )
+from healthd.blame.peersets import Blame
 from healthd.kube.conventions import Keys, Reason
 from healthd.kube.events import WARNING, EventRecorder
 from healthd.kube.objects import NODES, name_of
@@ -73,9 +77,6 @@ class BlameGauges(Protocol):
 # -- the activity ----------------------------------------------------------------------
 
 
-Blame = tuple[str, str]  # (node, network)
-
-
 @dataclass
 class Episodes:
     """What has been announced (Events posted): the blamed (node, network) pairs and
@@ -91,7 +92,8 @@ class NetworkBlame:
 
     def __init__(self, caches: NodeCache, events: EventRecorder, *, keys: Keys,
                  metrics: BlameGauges, dry_run: bool, lease: Obj,
-                 episodes: Episodes | None = None, settle_s: float = SETTLE_S) -> None:
+                 episodes: Episodes | None = None, settle_s: float = SETTLE_S,
+                 on_blame: Callable[[frozenset[Blame]], None] | None = None) -> None:
         self._caches = caches
         self._events = events
         self._keys = keys
@@ -100,6 +102,7 @@ class NetworkBlame:
         self._lease = lease
         self.episodes = episodes if episodes is not None else Episodes()
         self.settle_s = settle_s
+        self._on_blame = on_blame
         self.by_network: dict[str, dict[str, Row]] = {POD_NETWORK: {}}
         self.assessments: dict[str, Assessment] = {}
         self._changed = anyio.Event()
@@ -166,6 +169,8 @@ class NetworkBlame:
         for key in sorted(blamed.keys() - self.episodes.blamed):
             await self._announce_blame(*key, *blamed[key])
         self.episodes.blamed = set(blamed)
+        if self._on_blame is not None:
+            self._on_blame(frozenset(blamed))
         for assessment in found.values():
             await self._announce_partition(assessment)
         return found

@@ -21,14 +21,17 @@ not N; a rotation costs one new set per node per epoch (N annotation writes per 
 length, 1 h by default).
 
 Blame reads the same annotation: whom a reporter probed is the peer set on its own
-Node (healthd.blame.networks).
+Node (healthd.blame.networks). And the annotation carries blame back: a peer the
+fleet blames on a network is marked so (`"blamed": ["net1"]`) in the sets of the
+nodes that probe it there, so that their own `ping` check does not count it against
+them (checks.ping). A blame that starts or ends rewrites those `k` sets, no others.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,8 +71,9 @@ def assign(members: Iterable[str], k: int, epoch: int,
 @dataclass(frozen=True)
 class PeerSet:
     """What one node's agent probes: `peers` (a ping `Peer` each: its pod-network
-    addresses when it is a peer on the pod network, and its addresses on each
-    secondary network where it is a peer there), for `epoch`."""
+    addresses when it is a peer on the pod network, its addresses on each secondary
+    network where it is a peer there, and the networks of those on which the fleet
+    blames it), for `epoch`."""
 
     epoch: int
     peers: tuple[Peer, ...] = ()
@@ -91,6 +95,8 @@ def _peer_json(peer: Peer) -> dict[str, Any]:
         out["addresses"] = list(peer.addresses)
     if peer.networks:
         out["networks"] = {n: list(a) for n, a in sorted(peer.networks.items())}
+    if peer.blamed:
+        out["blamed"] = sorted(peer.blamed)
     return out
 
 
@@ -118,15 +124,16 @@ def _peer_from(item: object) -> Peer:
     networks = item.get("networks", {})
     if not isinstance(networks, dict):
         raise BadPeerSet(f"peer {item['node']}: networks is not an object")
-    return Peer(item["node"], _addresses(item.get("addresses")),
-                {str(n): _addresses(a) for n, a in networks.items()})
+    return Peer(item["node"], _strings(item.get("addresses"), "addresses"),
+                {str(n): _strings(a, "addresses") for n, a in networks.items()},
+                frozenset(_strings(item.get("blamed"), "blamed networks")))
 
 
-def _addresses(value: object) -> tuple[str, ...]:
+def _strings(value: object, what: str) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
-        raise BadPeerSet("addresses are not a list of strings")
+        raise BadPeerSet(f"{what} are not a list of strings")
     return tuple(value)
 
 
@@ -143,9 +150,14 @@ class Member:
     networks: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
-def peer_sets(members: Sequence[Member], k: int, epoch: int) -> dict[str, PeerSet]:
+Blame = tuple[str, str]  # (node, network): the fleet blames the node on that network
+
+
+def peer_sets(members: Sequence[Member], k: int, epoch: int,
+              blamed: Collection[Blame] = ()) -> dict[str, PeerSet]:
     """Every member's peer set: `assign` on the pod network over the members with a
-    pod address, and on each secondary network over the members attached there."""
+    pod address, and on each secondary network over the members attached there; a
+    peer in `blamed` on a network it is probed on is marked blamed there."""
     by_name = {m.node: m for m in members}
     on: dict[str, list[str]] = {POD_NETWORK: [m.node for m in members if m.addresses]}
     for m in members:
@@ -157,12 +169,14 @@ def peer_sets(members: Sequence[Member], k: int, epoch: int) -> dict[str, PeerSe
         for node, peers in assign(names, k, epoch, network).items():
             for peer in peers:
                 chosen[node].setdefault(peer, []).append(network)
-    return {node: PeerSet(epoch, tuple(_peer(by_name[p], nets)
+    blame = frozenset(blamed)
+    return {node: PeerSet(epoch, tuple(_peer(by_name[p], nets, blame)
                                        for p, nets in sorted(peers.items())))
             for node, peers in chosen.items()}
 
 
-def _peer(member: Member, networks: list[str]) -> Peer:
+def _peer(member: Member, networks: list[str], blamed: frozenset[Blame]) -> Peer:
     return Peer(member.node,
                 member.addresses if POD_NETWORK in networks else (),
-                {n: member.networks[n] for n in sorted(networks) if n != POD_NETWORK})
+                {n: member.networks[n] for n in sorted(networks) if n != POD_NETWORK},
+                frozenset(n for n in networks if (member.node, n) in blamed))

@@ -18,7 +18,8 @@ moment the Lease is lost):
 - network blame (healthd.blame.announce.NetworkBlame): the agents' ping reports
   judged fleet-wide; Events and gauges only, never a node label;
 - ping's peers (healthd.controller.peering.PeerPublisher): the agent pods watched
-  once, each node's bounded peer set written on its Node (`healthd.io/peers`);
+  once, each node's bounded peer set written on its Node (`healthd.io/peers`), the
+  peers the blame names marked there;
 - the cache-sync gauges;
 - a log line, once per node and streak, when a node's health annotation cannot be
   read (someone else wrote it): the controller decides from the verdict label, and
@@ -112,13 +113,14 @@ class Term:
         self.repairs = RepairReactor(kube, self.caches, events, config=config, metrics=metrics,
                                      breaker_open=self._breaker_open, clock=clock) \
             if settings.repair.enabled else None
-        self.blame = NetworkBlame(self.caches, events, keys=keys, metrics=metrics,
-                                  dry_run=settings.dry_run, lease=lease, episodes=episodes)
         self.peering = PeerPublisher(kube, self.caches, settings=settings.peers,
                                      namespace=config.agent.peers.namespace,
                                      label_selector=config.agent.peers.label_selector,
                                      keys=keys, dry_run=settings.dry_run, clock=clock,
                                      rewinds=self.caches.rewinds)
+        self.blame = NetworkBlame(self.caches, events, keys=keys, metrics=metrics,
+                                  dry_run=settings.dry_run, lease=lease, episodes=episodes,
+                                  on_blame=self.peering.set_blame)
         self.unreadable = UnreadableHealth(keys)
 
     def _breaker_open(self) -> bool:

@@ -15,6 +15,13 @@ its annotation removed. Writes go one at a time, so a rotation of 10,000 nodes
 takes the API server's pace rather than a burst. Changes are coalesced for
 `settle_s` (a DaemonSet rollout replaces pods one after another).
 
+The sets also carry the fleet's blame back to the nodes that probe a blamed node
+(`set_blame`, from healthd.blame.announce after every judgement): such a peer is
+marked blamed on its network, and that node's `ping` leaves it out of its isolation
+count (checks.ping). A blame that starts or ends rewrites the `count` sets that name
+the node there. The first write of a term waits for the term's first judgement, so a
+new leader never strips the blame its predecessor published, only to put it back.
+
 The agent pods are kept projected to what a peer set needs (node, addresses,
 networks, liveness, creation time), not as whole objects.
 """
@@ -30,7 +37,7 @@ import anyio
 
 from healthd.blame.agents import is_live, member_of
 from healthd.blame.network_status import ProblemLog, network_status
-from healthd.blame.peersets import Member, epoch_of, peer_sets
+from healthd.blame.peersets import Blame, Member, epoch_of, peer_sets
 from healthd.config.controller import PeerSetSettings
 from healthd.controller.caches import NODES_KIND
 from healthd.kube import Backoff, Kube, KubeError, NotFound, WatchEvent, watch_forever
@@ -127,6 +134,16 @@ class PeerPublisher:
         self.pods = AgentPods()
         self.writes = 0  # Node patches sent (or, in dry run, that would have been)
         self._changed = anyio.Event()
+        self._blamed: frozenset[Blame] = frozenset()
+        self._judged = anyio.Event()  # the fleet's blame was handed over at least once
+
+    def set_blame(self, blamed: frozenset[Blame]) -> None:
+        """The (node, network) pairs the fleet blames now; the sets that name one of
+        them there are rewritten when it moves."""
+        if blamed != self._blamed:
+            self._blamed = blamed
+            self._changed.set()
+        self._judged.set()
 
     def handle(self, kind: str, old: KubeObject | None, new: KubeObject | None) -> None:
         """A Node came, went, or its annotation moved (someone else's write, or ours
@@ -141,6 +158,7 @@ class PeerPublisher:
             group.start_soon(self._watch)
             await self._caches.wait_synced([NODES_KIND])
             await self.pods.synced.wait()
+            await self._judged.wait()
             await self._publish()
 
     async def _watch(self) -> None:
@@ -171,7 +189,7 @@ class PeerPublisher:
         nodes = {name_of(n) for n in self._caches.nodes.values()}
         members = [m for m in self.pods.members() if m.node in nodes]
         epoch = epoch_of(self._clock(), self._settings.rotate_every)
-        sets = peer_sets(members, self._settings.count, epoch)
+        sets = peer_sets(members, self._settings.count, epoch, self._blamed)
         return {node: (sets[node].encode() if node in sets else None) for node in sorted(nodes)}
 
     async def reconcile(self) -> int:

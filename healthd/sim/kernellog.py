@@ -47,13 +47,15 @@ class SimKernelLog:
         for n, message in enumerate(messages):
             self._write(message, start + n * 0.001)
 
-    def append(self, message: str) -> None:
-        """Log `message` now."""
+    def append(self, message: str | bytes) -> None:
+        """Log `message` now; bytes are written as they are, as a journal export or a
+        syslog file keeps a line that is not UTF-8 (`/dev/kmsg` would escape them)."""
         self._write(message, self._uptime())
 
-    def _write(self, message: str, at_s: float) -> None:
-        with self._lock, self.path.open("a") as log:
-            log.write(f"{KERN_WARNING},{self._seq},{int(at_s * 1e6)},-;{message}\n")
+    def _write(self, message: str | bytes, at_s: float) -> None:
+        raw = message.encode() if isinstance(message, str) else message
+        with self._lock, self.path.open("ab") as log:
+            log.write(f"{KERN_WARNING},{self._seq},{int(at_s * 1e6)},-;".encode() + raw + b"\n")
             self._seq += 1
 
 

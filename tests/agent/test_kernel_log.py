@@ -74,11 +74,26 @@ async def test_a_fatal_sxid_is_evict_without_waiting_for_a_periodic_run(
 
 
 # One line of each kind of garbage the reader tells apart: raw bytes, then messages in
-# well-formed records whose XID or SXID cannot be read.
-RAW_GARBAGE = (b"4,9000,1000,-;\xff\xfe not UTF-8", b"4,9001,1000,-;" + b"x" * MAX_RECORD,
-               b"no record header here")
+# well-formed records in which no XID or SXID can be read.
+RAW_GARBAGE = (b"4,9001,1000,-;" + b"x" * MAX_RECORD, b"no record header here")
 UNREADABLE = ("NVRM: Xid (PCI:0000:68:00): seventy-nine, GPU has fallen off the bus.",
-              "nvidia-nvswitch2: SXid (PCI:0000:8a:00.0): Fatal")
+              "nvidia-nvswitch2: SXid (PCI:0000:8a:00.0): Fatal", b"\xff\xfe not UTF-8")
+
+
+async def test_an_xid_79_whose_process_name_is_not_utf8_is_evict(
+        api: ApiEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A syslog file or a journal export keeps a process name's bytes as they were:
+    the XID is judged by its header and code, and nothing is counted as skipped."""
+    monkeypatch.setattr(kernel_log, "SKIPPED", SkippedLines())  # this test's tally only
+    log = SimKernelLog(tmp_path / "kmsg", lambda: 3600.0)
+    config = with_log(log, tmp_path / "kmsg-position.json")
+    async with running_agent(api, tmp_path, config=config) as h:
+        await eventually(lambda: h.verdict() == "PASS", what="PASS label")
+        log.append(XID79_GPU5.encode().replace(b"name=<unknown>", b"name=\xff\xfe-job"))
+        await eventually(lambda: h.verdict() == "EVICT", what="EVICT label")
+        assert [(f["code"], f["entity"]) for f in findings(h)] == [("XID_79", "gpu5")]
+        assert h.metric("healthd_kernel_log_skipped_lines_total", node=NODE,
+                        reason="not_utf8") == 0
 
 
 async def test_garbage_lines_are_counted_logged_once_and_never_judged(

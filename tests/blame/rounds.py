@@ -2,7 +2,8 @@
 the real parts: the peer sets the controller publishes (healthd.blame.peersets), the
 real `ping` check over a fake prober that answers as the fault says, each agent's
 real verdict machine and the health annotation it renders, and the controller's
-blame over those Nodes (healthd.blame.networks). Only ICMP is simulated."""
+blame over those Nodes (healthd.blame.networks), handed back to the next round's peer
+sets as the controller publishes it. Only ICMP is simulated."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from checks.probes import Echo, Probes
 from healthd.agent import verdict as v
 from healthd.agent.node_view import health_json
 from healthd.blame.networks import Assessment, assess_networks, rows_by_network
-from healthd.blame.peersets import Member, PeerSet, peer_sets
+from healthd.blame.peersets import Blame, Member, PeerSet, peer_sets
 from tests.controller.conftest import KEYS, Obj, node
 
 NET1 = "net1"
@@ -57,7 +58,8 @@ class _Prober:
 @dataclass
 class Fleet:
     """Agents on `nodes`, each probing `k` peers per network; `silent` agents are down
-    (they neither report nor answer)."""
+    (they neither report nor answer). `blamed`: what the latest round's judgement
+    blames, which the next round's peer sets carry."""
 
     nodes: list[Member]
     k: int = 16
@@ -66,6 +68,7 @@ class Fleet:
     states: dict[str, v.HealthState] = field(default_factory=dict)
     echoes: int = 0  # sent by all agents, over all rounds
     probed_most: int = 0  # the most peers one agent probed on one network in a round
+    blamed: frozenset[Blame] = frozenset()
 
     def __post_init__(self) -> None:
         self.owners = {a: (m.node, "pod") for m in self.nodes for a in m.addresses}
@@ -73,7 +76,7 @@ class Fleet:
                             for n, addresses in m.networks.items() for a in addresses})
 
     def sets(self, turn: int) -> dict[str, PeerSet]:
-        return peer_sets(self.nodes, self.k, turn // self.rounds_per_epoch)
+        return peer_sets(self.nodes, self.k, turn // self.rounds_per_epoch, self.blamed)
 
     def play(self, turn: int, reach: Reach) -> dict[str, Assessment]:
         """One round: every live agent pings its peers, then the controller judges."""
@@ -89,7 +92,19 @@ class Fleet:
             for network in ("", NET1):
                 self.probed_most = max(self.probed_most, len(sets[m.node].probed(
                     network or "pod")))
-        return assess_networks(rows_by_network(self.node_objects(), KEYS))
+        found = assess_networks(rows_by_network(self.node_objects(), KEYS))
+        self.blamed = frozenset((node, network) for network, a in found.items()
+                                for node in a.blamed)
+        return found
+
+    def verdicts(self) -> dict[str, str]:
+        """Every reporting node's verdict label as its agent publishes it."""
+        return {name: state.verdict.value for name, state in self.states.items()}
+
+    def holding(self, code: str) -> set[str]:
+        """The nodes whose agent holds a finding `code` (on any entity)."""
+        return {name for name, state in self.states.items()
+                if any(h.code == code for h in state.held)}
 
     async def _ping_all(self, sets: dict[str, PeerSet], reach: Reach, turn: int
                         ) -> dict[str, CheckResult]:

@@ -2,7 +2,8 @@
 each node is probed by exactly k others (so a dead node always has k witnesses), no
 agent probes more than k per network whatever the fleet's size, the sets change from
 one epoch to the next, anyone with the names recomputes the same sets, a small fleet
-pings everyone, and the annotation reads back as written."""
+pings everyone, the fleet's blame marks a peer only where it is probed and blamed,
+and the annotation reads back as written."""
 
 from __future__ import annotations
 
@@ -97,9 +98,19 @@ def test_peer_sets_probe_each_network_only_among_its_members() -> None:
             assert peer.networks.get("net1", ("192.168.1.",))[0].startswith("192.168.1.")
 
 
+def test_a_blamed_peer_is_marked_where_it_is_probed_and_blamed() -> None:
+    fleet = members(6)  # gpu-00, 02, 04 on net1 too
+    sets = peer_sets(fleet, 16, epoch=3, blamed={("gpu-02", "net1"), ("gpu-03", "net1")})
+    for node, peer_set in sets.items():
+        marks = {p.name: p.blamed for p in peer_set.peers if p.blamed}
+        assert marks == ({"gpu-02": {"net1"}} if node in ("gpu-00", "gpu-04") else {}), node
+    unblamed = peer_sets(fleet, 16, epoch=3)
+    assert all(not p.blamed for s in unblamed.values() for p in s.peers)
+
+
 def test_the_annotation_reads_back_as_written() -> None:
     peer_set = PeerSet(12, (Peer("a", ("10.0.0.1", "fd00::1"), {"net1": ("192.168.1.1",)}),
-                            Peer("b", (), {"net1": ("192.168.1.2",)})))
+                            Peer("b", (), {"net1": ("192.168.1.2",)}, frozenset({"net1"}))))
     assert decode(peer_set.encode()) == peer_set
     assert peer_set.probed() == {"a"}
     assert peer_set.probed("net1") == {"a", "b"}
@@ -109,6 +120,7 @@ def test_the_annotation_reads_back_as_written() -> None:
                                  '{"epoch": 1, "peers": [{"addresses": []}]}',
                                  '{"epoch": 1, "peers": [{"node": "a", "addresses": [1]}]}',
                                  '{"epoch": 1, "peers": [{"node": "a", "networks": []}]}',
+                                 '{"epoch": 1, "peers": [{"node": "a", "blamed": "net1"}]}',
                                  "x" * 300_000])
 def test_anything_else_is_refused_with_a_reason(raw: object) -> None:
     with pytest.raises(BadPeerSet):

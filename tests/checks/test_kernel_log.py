@@ -180,6 +180,31 @@ def test_garbage_is_skipped_counted_by_reason_and_logged_once_per_reason(
     assert any("seventy-nine" in w for w in warnings)  # the line itself, to look into
 
 
+def test_a_record_with_bytes_that_are_not_utf8_is_judged_by_its_header_and_code(
+        tmp_path: Path) -> None:
+    """A process name kept as its bytes (a journal export, a syslog file) costs the
+    record nothing; bytes that cut a field healthd judges by, or a line in which
+    nothing can be read, are counted."""
+    sim, _ = log_in(tmp_path)
+    name = b"\xff\xfe-trainer"  # a user's process name, not UTF-8
+    sim.append(b"NVRM: Xid (PCI:0000:38:00): 13, pid=1, name=" + name + b" tail")
+    sim.append(XID79.encode().replace(b"name=<unknown>", b"name=" + name))
+    sim.append(SXID.encode().replace(b"egress", name))
+    for cut in (b"NVRM: Xid (PCI:0000:38:00): 1\xff3, pid=1, name=x",
+                b"NVRM: Xid (PCI:0000:38:00): 13\xff, pid=1, name=x",
+                b"NVRM: Xid (PCI:0000:3\xff:00): 13, pid=1, name=x",
+                b"nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12020, Fat\xffal, Link 32",
+                b"NVRM: X\xffd (PCI:0000:38:00): 79, pid=1, name=x"):
+        sim.append(cut)
+    skipped = SkippedLines()
+    log = KernelLog(sim.path, skipped=skipped)
+    assert [(x.xid, x.pci) for x in log.take("xid")] == [(13, "0000:38:00"), (79, "0000:58:00")]
+    (sxid,) = log.take("sxid")
+    assert isinstance(sxid, LoggedSxid) and (sxid.sxid, sxid.fatal) == (12020, True)
+    assert skipped.counts() == {**dict.fromkeys(SKIP_REASONS, 0),
+                                "bad_xid": 3, "bad_sxid": 1, "not_utf8": 1}
+
+
 def test_an_oversize_line_written_in_pieces_is_skipped_once(tmp_path: Path) -> None:
     """A line still unfinished past a record's size is skipped as one oversize line
     once it ends (the reader keeps no more of it than that), and the reader goes on."""

@@ -6,7 +6,10 @@ network is NETWORK_ISOLATED about network/net1, not the node; `networks` limits 
 is probed (a named list, the pod network as `pod`); `per_network` count and
 timeout reach the prober; an address still in flight at a network's deadline is
 UNKNOWN for that peer, not unreachable; a peer attached to net1 only for some peers
-is probed there only; a peer's duplicate entries are merged per network.
+is probed there only; a peer's duplicate entries are merged per network; peers the
+fleet blames on net1 (and only there) are left out of this node's isolation count on
+net1, over at least two peers it does not blame, and a node that reaches none of its
+peers is isolated whatever the blame.
 """
 
 from __future__ import annotations
@@ -108,3 +111,52 @@ async def test_peers_not_on_net1_are_probed_on_the_pod_network_only() -> None:
     assert net1 == ["n1", "n2"]
     assert {"192.168.1.1", "192.168.9.1"} <= {c[0] for c in prober.calls}
     assert result.findings == ()  # n1 answers on one of its net1 addresses
+
+
+def silent_on_net1(*names: str) -> dict[str, tuple[float, ...]]:
+    """Every address answers but the net1 addresses of `names`."""
+    silent = {a for p in PEERS if p.name in names for a in p.networks["net1"]}
+    return {a: UP for a in ALL_UP if a not in silent}
+
+
+def blamed(peers: list[Peer], on: dict[str, str]) -> list[Peer]:
+    """`peers`, those named in `on` blamed on the network given there."""
+    return [Peer(p.name, p.addresses, p.networks, frozenset({on[p.name]}) if p.name in on
+                 else frozenset()) for p in peers]
+
+
+async def test_peers_the_fleet_blames_on_net1_do_not_isolate_this_node_there() -> None:
+    """Two of three net1 peers lost their NIC and the fleet blames them: this node
+    reaches the one it does not blame, so it is not isolated; it still says whom it
+    misses."""
+    peers = blamed(PEERS, {"n2": "net1", "n3": "net1"})
+    result = await run(FakeProber(silent_on_net1("n2", "n3")), peers)
+    assert codes(result) == [("PEER_UNREACHABLE", "peer/n2@net1"),
+                             ("PEER_UNREACHABLE", "peer/n3@net1")]
+    assert result.status is Severity.WARN
+
+
+async def test_blame_on_another_network_does_not_count_on_net1() -> None:
+    peers = blamed(PEERS, {"n2": "pod", "n3": "pod"})
+    result = await run(FakeProber(silent_on_net1("n2", "n3")), peers)
+    assert codes(result) == [("NETWORK_ISOLATED", "network/net1")]
+
+
+async def test_a_node_that_reaches_no_peer_is_isolated_whatever_the_blame() -> None:
+    peers = blamed(PEERS, {"n1": "net1", "n2": "net1", "n3": "net1"})
+    result = await run(FakeProber(silent_on_net1("n1", "n2", "n3")), peers)
+    assert codes(result) == [("NETWORK_ISOLATED", "network/net1")]
+    assert result.findings[0].message.startswith("cannot reach 3 of 3 peers on net1: ")
+
+
+async def test_the_share_is_taken_over_the_peers_the_fleet_does_not_blame() -> None:
+    six = [Peer(f"n{i}", (f"10.0.0.{i}",), {"net1": (f"192.168.1.{i}",)}) for i in range(1, 7)]
+    up = {a: UP for p in six for a in p.addresses} | {"192.168.1.6": UP}
+    peers = blamed(six, {"n1": "net1", "n2": "net1"})
+    result = await run(FakeProber(up), peers)  # misses 3 of the 4 it does not blame
+    assert codes(result) == [("NETWORK_ISOLATED", "network/net1")]
+    assert result.findings[0].message.startswith(
+        "cannot reach 3 of 4 peers on net1 (not counting 2 the fleet blames): n3, n4, n5")
+    one_left = blamed(six, {f"n{i}": "net1" for i in range(1, 6)})
+    result = await run(FakeProber(up), one_left)  # reaches the only one it does not blame
+    assert [c for c, _ in codes(result)] == ["PEER_UNREACHABLE"] * 5
