@@ -70,6 +70,8 @@ def test_a_process_on_a_nodes_machine_finds_and_changes_what_the_fleet_does() ->
 
         lost = nvidia_smi(b.spec.uuid(5))
         assert lost.returncode == 1 and "GPU is lost" in lost.stderr
+        # Persistence mode (on at boot) holds the GPU: off first, as a Job's reset does.
+        fleet.change("b", {"op": "persistence", "gpu": 3, "enabled": False})
         reset = nvidia_smi(b.spec.uuid(3))
         assert reset.returncode == 0 and "successfully reset" in reset.stdout
 
