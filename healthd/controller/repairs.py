@@ -494,6 +494,14 @@ class RepairReactor:
 
     async def _follow_reset(self, node: Node, current: NodeRepair, now: float) -> None:
         repair = current.repair
+        attempt = len(repair.attempts)
+        if repair.started and self._job_gone(current, attempt, now):
+            # It ended long ago and the cluster removed it (its TTL) while no leader
+            # watched: its outcome is lost, and a second Job would reset the GPUs twice.
+            # The validation says whether the reset worked.
+            await self._validate(current, validating(repair, now), (
+                "Normal", "RepairValidating", "the GPU-reset Job ended and was removed"))
+            return
         since = parse_time(repair.since) or now
         if now - since > self._reset_bound():
             await self._end_reset(current, "timed-out", f"the GPU reset {repair.job} did not "
@@ -501,14 +509,6 @@ class RepairReactor:
             return
         if not repair.started:
             await self._release(node, current, now)
-            return
-        attempt = len(repair.attempts)
-        if self._job_gone(current, attempt, now):
-            # It ended long ago and the cluster removed it (its TTL) while no leader
-            # watched: its outcome is lost, and a second Job would reset the GPUs twice.
-            # The validation says whether the reset worked.
-            await self._validate(current, validating(repair, now), (
-                "Normal", "RepairValidating", "the GPU-reset Job ended and was removed"))
             return
         await self._ensure_job(node, repair, attempt)
         job = self.jobs.get(job_name(current.name, attempt))

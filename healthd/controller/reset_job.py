@@ -8,7 +8,9 @@ GPUs while they are reset. Its name is deterministic (node and attempt number), 
 leader that dies between recording the attempt and creating the Job is followed by
 one that creates the same Job, never a second one.
 
-It is privileged, unlike the diagnostic Jobs: `nvidia-smi --gpu-reset` needs
+It is privileged and shares the node's process namespace (`hostPID`, so that
+`healthd gpu-reset` can name the node's processes that still hold a GPU), unlike the
+diagnostic Jobs: `nvidia-smi --gpu-reset` needs
 CAP_SYS_ADMIN and every NVIDIA device node (/dev/nvidiactl and the other GPUs' too,
 since the driver checks that no process holds any GPU in the reset's scope), which
 the device plugin's per-GPU allocation does not give. So it runs in a namespace of
@@ -66,8 +68,11 @@ def reset_job(node: str, attempt: int, uuids: Sequence[str], gpu_count: int,
                 "labels": labels, "annotations": {keys.node_name: node}}
     placement = PodPlacement(tolerations=diag.tolerations, priority_class=diag.priority_class,
                              runtime_class=diag.runtime_class)
-    return gpu_job(metadata=metadata, node=node, gpu_count=gpu_count, container=container,
-                   placement=placement, pod_labels=labels, deadline_s=repair.reset_deadline)
+    job = gpu_job(metadata=metadata, node=node, gpu_count=gpu_count, container=container,
+                  placement=placement, pod_labels=labels, deadline_s=repair.reset_deadline)
+    # The node's processes, so that what still holds a GPU (`/proc/*/fd`) can be named.
+    job["spec"]["template"]["spec"]["hostPID"] = True
+    return job
 
 
 def _condition(job: Obj, kind: str) -> Obj | None:

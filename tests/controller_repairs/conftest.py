@@ -97,7 +97,9 @@ def controller_config(**repair: Any) -> Config:
         "election": {"lease_duration": "1s", "renew_deadline": "500ms",
                      "retry_period": "100ms"},
         "breaker": {"hold": "1s"},
-        "repair": {"enabled": True, "validation_timeout": "60s", **repair}})
+        # Test timings: the pause between attempts is a minute in production.
+        "repair": {"enabled": True, "validation_timeout": "60s", "attempt_pause": "200ms",
+                   **repair}})
     return fast_config().model_copy(update={"controller": controller})
 
 
@@ -105,6 +107,24 @@ def hardware(spec: MachineSpec) -> MachineSpec:
     """`spec` with every fault marked as surviving resets and reboots."""
     faults = [f.model_copy(update={"hardware": True}) for f in spec.faults]
     return spec.model_copy(update={"faults": faults})
+
+
+async def agent_lets_go(emulator: ApiEmulator) -> None:
+    """The agent's part in a reset, for a test that plays the agent: while the record
+    says `resetting`, the node shows `healthd.io/nvml-released` for its Job, as the
+    agent writes it once its NVML session has ended. Runs until cancelled."""
+    while True:
+        node = emulator.get("Node", NODE)
+        annotations = (node or {}).get("metadata", {}).get("annotations") or {}
+        try:
+            doc = json.loads(annotations.get(REPAIR) or "{}")
+        except ValueError:
+            doc = {}
+        job = doc.get("job") if doc.get("state") == "resetting" else None
+        if node is not None and job and annotations.get(KEYS.nvml_released) != job:
+            node["metadata"]["annotations"][KEYS.nvml_released] = job
+            emulator.put(node)
+        await anyio.sleep(0.05)
 
 
 def holding_on(control: Path) -> Callable[[str, str, bool], None]:

@@ -15,7 +15,7 @@ from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.kubelet import FakeKubelet, Mode
 from tests.agent.harness import KEYS, NODE, eventually
 from tests.controller.conftest import KubeFactory, controllers
-from tests.controller_repairs.conftest import controller_config, holding_node
+from tests.controller_repairs.conftest import agent_lets_go, controller_config, holding_node
 
 pytestmark = pytest.mark.anyio
 
@@ -36,6 +36,7 @@ async def running(api: ApiEmulator, kube_for: KubeFactory, mode: Mode,
     kubelet = FakeKubelet(api, mode=mode)
     async with anyio.create_task_group() as group:
         group.start_soon(kubelet.run)
+        group.start_soon(agent_lets_go, api)
         async with controllers(kube_for, controller_config(**repair), "ctl"):
             yield kubelet
         group.cancel_scope.cancel()

@@ -71,8 +71,9 @@ async def test_a_job_removed_after_it_ended_while_no_leader_watched_is_not_run_a
         node = c.node()
         doc = c.repair()
         assert doc is not None and doc["state"] == "resetting"
+        hour_ago = rfc3339(time.time() - 3600)
         node["metadata"]["annotations"][REPAIR] = json.dumps(
-            {**doc, "since": rfc3339(time.time() - 3600)})
+            {**doc, "since": hour_ago, "started": hour_ago})
         api.put(node)
 
         async with controllers(kube_for, controller_config(), "ctl2"):

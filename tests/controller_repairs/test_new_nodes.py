@@ -15,6 +15,7 @@ from tests.agent.harness import KEYS, NODE, eventually
 from tests.controller.conftest import KubeFactory, controllers
 from tests.controller_repairs.conftest import (
     REPAIR_NS,
+    agent_lets_go,
     cluster,
     controller_config,
     gpu_node,
@@ -87,7 +88,10 @@ async def test_a_new_node_that_fails_its_validation_keeps_its_findings_and_is_re
         node["metadata"]["labels"][KEYS.gpuhealth] = "ERR"
         api.put(node)
 
-        await eventually(lambda: api.list("Job", REPAIR_NS), 15, "the repair goes on")
+        async with anyio.create_task_group() as group:
+            group.start_soon(agent_lets_go, api)  # the reset waits for the agent's release
+            await eventually(lambda: api.list("Job", REPAIR_NS), 15, "the repair goes on")
+            group.cancel_scope.cancel()
         (failed,) = [e["message"] for e in api.list("Event") if e["reason"] == "RepairFailed"]
         assert "remapped ERR" in failed
         assert ctl.sample("healthd_controller_repairs_total",
