@@ -18,6 +18,7 @@ state the controller acts on.
 | `healthd_controller_repairs_total` | counter | action, outcome | repair steps: action `reset` (a GPU reset), `reboot` (a reboot request), `validate` (a new node's validation), `hardware-inspection`, `wait`, `held`; outcome `started`, `passed`, `failed`, `timed-out` (no reboot came, a reset past its bound), `refused` (a reset something still holding the GPUs kept from running), `dry-run` (healthd.controller.repairs) |
 | `healthd_controller_fault_to_pass_seconds` | histogram | | from a repaired node's first held finding to its validation passed |
 | `healthd_controller_nodes_in_hardware_inspection` | gauge | | GPU nodes whose repair is handed to humans (until an admin clears them) |
+| `healthd_controller_repair_records_refused_total` | counter | | `healthd.io/repair` records the controller refused as not its own (unreadable, a state, Job, GPU or time its history does not give), each replaced by an idle one with a `RepairRecordRefused` Warning Event |
 | `healthd_controller_repair_nodes` | gauge | state | GPU nodes per repair state (`waiting`, `held`, `resetting`, `validating`, `reboot-requested`, `hardware-inspection`), every state shown, 0 included |
 | `healthd_controller_repair_state_since_timestamp_seconds` | gauge | node, state | when a node in a repair entered its state (Unix time); no series for an idle node: `time() - ` it is how long a repair has been stuck |
 | `healthd_controller_cache_synced` | gauge | kind | 1 once the cache of `kind` (`nodes`, `pods`, `appwrappers`, `clusterqueues`, `resourceflavors`) has its first full list; 0 while not leading |
@@ -101,6 +102,10 @@ class ControllerMetrics:
         self.in_inspection = Gauge(
             "healthd_controller_nodes_in_hardware_inspection",
             "GPU nodes whose repair is handed to humans", registry=registry)
+        self.refused_records = Counter(
+            "healthd_controller_repair_records_refused",
+            "repair records on Nodes the controller refused as not its own",
+            registry=registry)
         self.repair_nodes = Gauge(
             "healthd_controller_repair_nodes", "GPU nodes per repair state", ["state"],
             registry=registry)
@@ -155,6 +160,9 @@ class ControllerMetrics:
 
     def set_in_inspection(self, nodes: int) -> None:
         self.in_inspection.set(nodes)
+
+    def count_refused_record(self) -> None:
+        self.refused_records.inc()
 
     def set_repair_state(self, node: str, state: str, since: float | None) -> None:
         """Node `node`'s repair is in `state` since `since` ("" : idle, or gone)."""

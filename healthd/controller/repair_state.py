@@ -8,21 +8,25 @@ passes the node as its cache holds it, and `now`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from healthd.config import Config
 from healthd.config.controller import GpuOperatorSettings
+from healthd.controller.reset_job import job_name
 from healthd.kube.conventions import Keys
 from healthd.kube.objects import annotations_of, labels_of, spec_of
 from healthd.kube.shapes import Node, part
 from healthd.published import (
+    REPAIR_STATES,
     Health,
     Holding,
     LastRun,
     Repair,
     RepairAttempt,
+    Undecodable,
     awaits_validation,
     dumps,
     read_health,
@@ -62,6 +66,7 @@ class NodeRepair:
     new: bool = False  # never repaired nor judged before (published.awaits_validation)
     labels: Mapping[str, str] = field(default_factory=dict)
     released: str = ""  # the GPU-reset Job the node's agent let go of NVML for
+    unreadable: str = ""  # why the annotation could not be read ("" : it could, or none)
 
     @property
     def state(self) -> str:
@@ -84,7 +89,8 @@ def node_repair(node: Node, keys: Keys) -> NodeRepair:
         cordoned=spec_of(node).get("unschedulable") is True,
         uid=str(node.get("metadata", {}).get("uid", "")),
         boot_id=boot_id_of(node), new=awaits_validation(node, keys),
-        labels=labels_of(node), released=annotations.get(keys.nvml_released, ""))
+        labels=labels_of(node), released=annotations.get(keys.nvml_released, ""),
+        unreadable=repair.why if isinstance(repair, Undecodable) else "")
 
 
 def boot_id_of(node: Node) -> str:
@@ -195,6 +201,86 @@ def finished(repair: Repair, outcome: str, reason: str, now: float) -> Repair:
         attempts = (*attempts[:-1], replace(attempts[-1], outcome=outcome,
                                             ended=rfc3339(now), note=note))
     return Repair(state=IDLE, since=rfc3339(now), reason=reason, attempts=attempts)
+
+
+# -- records the controller did not write ------------------------------------------------
+
+# NVML's UUID syntax: GPU-8-4-4-4-12 hex digits (MIG-... for a MIG device).
+GPU_UUID = re.compile(r"(GPU|MIG)-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
+CLOCK_SKEW_S = 300.0  # a `since` this far ahead of the controller's clock is not its own
+IN_FLIGHT = {RESETTING: Remedy.RESET.value, REBOOT_REQUESTED: Remedy.REBOOT.value}
+
+
+def refused_because(node: NodeRepair, *, namespace: str, now: float) -> str:
+    """Why the node's repair record is not one the controller wrote ("" : it may be),
+    checked against what the controller derives from its own history: a record
+    anyone who may patch Nodes wrote must never start a privileged Job, hold a node
+    TESTING or send it to humans."""
+    if node.unreadable:
+        return f"it cannot be read ({node.unreadable})"
+    if node.raw is None:
+        return ""
+    repair = node.repair
+    since = parse_time(repair.since)
+    if repair.state not in REPAIR_STATES:
+        return f"unknown state {repair.state[:40]!r}"
+    if since is None:
+        return "no time it was entered (since)"
+    if since > now + CLOCK_SKEW_S:
+        return f"it was entered in the future ({repair.since})"
+    bad = [g for g in (*repair.gpus, *(u for a in repair.attempts for u in a.gpus))
+           if not GPU_UUID.fullmatch(g)]
+    if bad:
+        return f"GPUs not named by UUID: {', '.join(repr(g[:40]) for g in bad[:3])}"
+    return _history_problem(node, namespace)
+
+
+def _history_problem(node: NodeRepair, namespace: str) -> str:
+    """What in the record contradicts the steps the controller takes."""
+    repair, attempts = node.repair, node.repair.attempts
+    if any(a.remedy not in (Remedy.RESET.value, Remedy.REBOOT.value) for a in attempts):
+        return "an attempt that is neither a reset nor a reboot"
+    if any(not a.outcome for a in attempts[:-1]):
+        return "an earlier attempt still in flight"
+    remedy = IN_FLIGHT.get(repair.state)
+    last = attempts[-1] if attempts else None
+    if remedy is None:
+        if last is not None and not last.outcome and repair.state != VALIDATING:
+            return f"an attempt in flight in state {repair.state or 'idle'!r}"
+        if repair.state == VALIDATING and repair.run_id not in (
+                f"{RUN_ID_PREFIX}{len(attempts)}", NEW_NODE_RUN_ID):
+            return f"a validation run id {repair.run_id[:40]!r} no attempt gives"
+        return ""
+    if last is None or last.outcome or last.remedy != remedy:
+        return f"{repair.state} without its {remedy} attempt in flight"
+    if repair.state == RESETTING:
+        return _reset_problem(node, namespace)
+    return ""
+
+
+def _reset_problem(node: NodeRepair, namespace: str) -> str:
+    repair = node.repair
+    job = f"{namespace}/{job_name(node.name, len(repair.attempts))}"
+    if repair.job != job:
+        return f"a GPU-reset Job {repair.job[:80]!r} other than attempt " \
+               f"{len(repair.attempts)}'s ({job})"
+    held = {h.uuid for h in node.held if h.uuid}
+    if not repair.gpus or not set(repair.gpus) <= held or \
+            tuple(repair.gpus) != repair.attempts[-1].gpus:
+        return "GPUs to reset that no finding held on the node names"
+    return ""
+
+
+def refused(repair: Repair, why: str, now: float) -> Repair:
+    """What replaces a record the controller refuses: idle, saying why, with only the
+    finished attempts that read as attempts (the budget they spent still counts)."""
+    kept = tuple(a for a in repair.attempts if a.outcome and a.remedy in (
+        Remedy.RESET.value, Remedy.REBOOT.value))
+    return Repair(state=IDLE, since=rfc3339(now), reason=f"{REFUSED_RECORD}: {why}"[:500],
+                  attempts=kept)
+
+
+REFUSED_RECORD = "refused a repair record healthd did not write"
 
 
 # -- the GPU Operator's operands ----------------------------------------------------------

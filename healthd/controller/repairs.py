@@ -77,6 +77,7 @@ from healthd.controller.repair_state import (
     INSPECTION,
     NEW_NODE_RUN_ID,
     REBOOT_REQUESTED,
+    REFUSED_RECORD,
     RESETTING,
     VALIDATING,
     WAITING,
@@ -88,6 +89,8 @@ from healthd.controller.repair_state import (
     operand_labels,
     operands_to_pause,
     rebooted,
+    refused,
+    refused_because,
     repair_ops,
     repaired,
     requested_reboot,
@@ -252,7 +255,10 @@ class RepairReactor:
         now = self._clock()
         if current.state != RESETTING:
             self._stop_following_pods(name)
-        if self._settings.dry_run:
+        problem = refused_because(current, namespace=self._repair.namespace, now=now)
+        if problem:
+            await self._refuse(current, problem, now)
+        elif self._settings.dry_run:
             self._tell(name, self._decide(node, current, now))
         elif current.state == RESETTING:
             await self._follow_reset(node, current, now)
@@ -270,6 +276,19 @@ class RepairReactor:
                                      "an admin cleared the node: repairs may resume"))
         else:
             await self._step(node, current, self._decide(node, current, now), now)
+
+    async def _refuse(self, current: NodeRepair, why: str, now: float) -> None:
+        """A record the controller did not write is never acted on: said (log, Event,
+        metric) and replaced by an idle one, its operands left as they are."""
+        log.warning("node %s: %s: %s", current.name, REFUSED_RECORD, why,
+                    extra={"node": current.name})
+        if self._settings.dry_run:
+            self._tell(current.name, Decision(Step.HELD, f"{REFUSED_RECORD}: {why}"))
+            return
+        if await self._write(current, refused(current.repair, why, now), restore=False,
+                             event=("Warning", "RepairRecordRefused",
+                                    f"{REFUSED_RECORD}: {why}")):
+            self._metrics.count_refused_record()
 
     def _decide(self, node: Node, current: NodeRepair, now: float) -> Decision:
         pods = sum(counts(p, self._settings.gpu_resource)
@@ -696,12 +715,14 @@ class RepairReactor:
 
     async def _write(self, current: NodeRepair, new: Repair, *,
                      extra: dict[str, str] | None = None,
-                     event: tuple[str, str, str] | None = None) -> bool:
+                     event: tuple[str, str, str] | None = None,
+                     restore: bool = True) -> bool:
         """Write `new` over the annotation as read; False when it changed meanwhile
         (the watch brings the new copy, which is looked at again)."""
         # The operands are paused with the record that remembers them and put back
         # with the record that forgets them: whatever ends an attempt restores them.
-        was, will = current.repair.operands, new.operands
+        # (`restore=False`: a refused record's operands are not ours to put back.)
+        was, will = current.repair.operands if restore else {}, new.operands
         labels = operand_labels(will, current.labels, restore=False) if will and not was \
             else operand_labels(was, current.labels, restore=True) if was and not will else {}
         try:

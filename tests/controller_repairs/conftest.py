@@ -64,6 +64,11 @@ def gpu_node(*, labels: dict[str, str] | None = None, cordoned: bool = False) ->
                        "nodeInfo": {"bootID": BOOT_ID}}}
 
 
+def gpu_uuid(gpu: int) -> str:
+    """A GPU UUID in NVML's syntax for position `gpu` of a test node."""
+    return f"GPU-{gpu:08x}-0000-4000-8000-000000000000"
+
+
 def holding_node(code: str, check: str, gpu: int, severity: str, *,
                  sticky: bool = False) -> Obj:
     """A GPU node whose agent (not running) published `code` held on GPU `gpu`: what
@@ -71,7 +76,7 @@ def holding_node(code: str, check: str, gpu: int, severity: str, *,
     node = gpu_node()
     held = {"code": code, "check": check, "entity": f"gpu{gpu}", "severity": severity,
             "sticky": sticky, "message": "", "since": "2026-01-01T00:00:00Z",
-            "uuid": f"GPU-{gpu}"}
+            "uuid": gpu_uuid(gpu)}
     node["metadata"]["labels"][KEYS.gpuhealth] = severity
     node["metadata"]["annotations"][KEYS.health] = json.dumps(
         {"verdict": severity, "since": "2026-01-01T00:00:00Z", "top": code,
@@ -109,12 +114,12 @@ def hardware(spec: MachineSpec) -> MachineSpec:
     return spec.model_copy(update={"faults": faults})
 
 
-async def agent_lets_go(emulator: ApiEmulator) -> None:
+async def agent_lets_go(emulator: ApiEmulator, name: str = NODE) -> None:
     """The agent's part in a reset, for a test that plays the agent: while the record
     says `resetting`, the node shows `healthd.io/nvml-released` for its Job, as the
     agent writes it once its NVML session has ended. Runs until cancelled."""
     while True:
-        node = emulator.get("Node", NODE)
+        node = emulator.get("Node", name)
         annotations = (node or {}).get("metadata", {}).get("annotations") or {}
         try:
             doc = json.loads(annotations.get(REPAIR) or "{}")

@@ -19,6 +19,7 @@ from tests.controller_repairs.conftest import (
     cluster,
     controller_config,
     gpu_node,
+    gpu_uuid,
     labels_until_settled,
 )
 
@@ -74,7 +75,7 @@ async def test_a_new_node_that_fails_its_validation_keeps_its_findings_and_is_re
                          "the validation asked for")
         assert KEYS.clear not in annotations(api)  # nothing to clear on a new node
         held = {"code": "REMAP_PENDING", "check": "remapped", "entity": "gpu3",
-                "severity": "ERR", "sticky": False, "message": "", "uuid": "GPU-3",
+                "severity": "ERR", "sticky": False, "message": "", "uuid": gpu_uuid(3),
                 "since": "2026-01-01T00:00:00Z"}
         answer = {"id": "new-node", "request": annotations(api)[KEYS.run], "kind": "run",
                   "accepted": True, "start": "2026-01-01T00:00:00Z",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import anyio
 import pytest
 
 from healthd.sim.apiserver import ApiEmulator
@@ -39,6 +40,7 @@ from tests.controller.conftest import (
     slack_queue,
 )
 from tests.controller.test_peering import agent_pod
+from tests.controller_repairs.conftest import agent_lets_go
 from tests.deploy.manifests import BASE, CONTROLLER, plain_resources
 
 Obj = dict[str, Any]
@@ -55,7 +57,7 @@ def remap_pending(name: str) -> Obj:
     """A node whose agent holds REMAP_PENDING on GPU 3: a GPU reset is due."""
     held = {"code": "REMAP_PENDING", "check": "remapped", "entity": "gpu3",
             "severity": "ERR", "sticky": False, "message": "", "since": "2026-01-01T00:00:00Z",
-            "uuid": "GPU-3"}
+            "uuid": "GPU-00000003-0000-4000-8000-000000000000"}
     out = node(name, "ERR")
     out["metadata"]["annotations"][KEYS.health] = json.dumps(
         {"verdict": "ERR", "since": "2026-01-01T00:00:00Z", "top": "REMAP_PENDING",
@@ -105,8 +107,11 @@ async def test_the_controller_needs_every_rule_and_no_more(
         set_verdict(api, "n1", "PASS")
         await eventually(lambda: gpu_limit(api) is None)
         api.put(remap_pending("n3"))
-        await eventually(lambda: api.list("Job", "healthd-system-repair")
-                         and events(api, "GPUReset"))
+        async with anyio.create_task_group() as group:
+            group.start_soon(agent_lets_go, api, "n3")  # n3's agent ends its NVML session
+            await eventually(lambda: api.list("Job", "healthd-system-repair")
+                             and events(api, "GPUReset"))
+            group.cancel_scope.cancel()
         fail_job(api)  # as the Job controller does: the controller reads why from its pod
         await eventually(lambda: events(api, "RepairFailed"))
         api.put(gpu_off_the_bus("n4"))
