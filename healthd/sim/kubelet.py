@@ -130,6 +130,28 @@ class HealthdRunner:
                                proc.stdout.decode(errors="replace"))
 
 
+async def follow(api: Emulator, api_version: str, kind: str,
+                 on_event: Callable[[str, Obj], None]) -> None:
+    """Each change of objects of `kind` in the emulator's store, the existing ones
+    first (`on_event(type, obj)`), until cancelled; resubscribed where it was should
+    the emulator drop its watches."""
+    resource = api.table.by_kind(api_version, kind)
+    assert resource is not None
+    since: str | None = None
+    while True:
+        sub, initial = api.store.subscribe(resource, None, since, asyncio.get_running_loop())
+        try:
+            for first in initial:
+                since = str(first.rv)
+                on_event(first.type, first.obj)
+            while (event := await sub.queue.get()) is not None:
+                since = str(event.rv)
+                on_event(event.type, event.obj)
+        finally:
+            api.store.unsubscribe(sub)
+        await anyio.sleep(0.05)
+
+
 def _random_suffix() -> str:
     return "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
 
@@ -165,24 +187,9 @@ class FakeKubelet:
 
     async def run(self) -> None:
         """Serve Jobs until cancelled."""
-        jobs = self.api.table.by_kind("batch/v1", "Job")
-        assert jobs is not None
-        since: str | None = None
         async with anyio.create_task_group() as group:
-            while True:
-                sub, initial = self.api.store.subscribe(jobs, None, since,
-                                                        asyncio.get_running_loop())
-                try:
-                    for first in initial:
-                        since = str(first.rv)
-                        self._on_job(group, first.type, first.obj)
-                    while (event := await sub.queue.get()) is not None:
-                        since = str(event.rv)
-                        self._on_job(group, event.type, event.obj)
-                finally:
-                    self.api.store.unsubscribe(sub)
-                # The emulator went away (watches dropped): resubscribe where we were.
-                await anyio.sleep(0.05)
+            await follow(self.api, "batch/v1", "Job",
+                         lambda kind, job: self._on_job(group, kind, job))
 
     def _on_job(self, group: anyio.abc.TaskGroup, kind: str, job: Obj) -> None:
         uid = job["metadata"]["uid"]

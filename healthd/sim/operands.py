@@ -20,7 +20,6 @@ Its own writes stay out of the emulator's request log, like the fake kubelet's.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Mapping
 
 import anyio
@@ -28,6 +27,7 @@ import anyio.abc
 
 from healthd.sim.apiserver.emulator import ApiEmulator
 from healthd.sim.apiserver.store import now_text
+from healthd.sim.kubelet import follow
 
 # The operands that hold GPUs, by the name of their DaemonSet and its node label.
 OPERANDS: Mapping[str, str] = {
@@ -60,23 +60,8 @@ class FakeOperands:
 
     async def run(self) -> None:
         """Keep the operands' pods in step with the nodes' labels until cancelled."""
-        nodes = self.api.table.by_kind("v1", "Node")
-        assert nodes is not None
-        since: str | None = None
         async with anyio.create_task_group() as group:
-            while True:
-                sub, initial = self.api.store.subscribe(nodes, None, since,
-                                                        asyncio.get_running_loop())
-                try:
-                    for first in initial:
-                        since = str(first.rv)
-                    self._sync(group)
-                    while (event := await sub.queue.get()) is not None:
-                        since = str(event.rv)
-                        self._sync(group)
-                finally:
-                    self.api.store.unsubscribe(sub)
-                await anyio.sleep(0.05)  # the emulator went away: resubscribe
+            await follow(self.api, "v1", "Node", lambda _kind, _node: self._sync(group))
 
     def pods(self, node: str) -> list[str]:
         """The operand pods on `node` now (marked for deletion included)."""
