@@ -20,8 +20,8 @@ is the code that runs on a real GPU node.
 - Persistence mode is live state: `gpus.persistence_mode` at boot and after a reboot,
   changed by `nvmlDeviceSetPersistenceMode`, which on a shared machine goes through
   its control file (`publish`) so every process there sees the change.
-  What the process holds (sessions open, nvmlInit calls ever, event sets) goes to
-  `on_sessions` at each change (healthd.sim.sessions: seen from outside the process).
+  What the process holds (sessions open, nvmlInit calls ever, event sets) is recorded
+  at each change (healthd.sim.holders.NvmlSessions: seen from outside the process).
 - A lost GPU is still counted, but answers GPU_IS_LOST to every query and to handle
   lookups (what `nvidia-smi` shows as "Unable to determine the device handle for
   GPU ...: GPU is lost"); a handle obtained before the loss stays valid and gets
@@ -63,12 +63,11 @@ from typing import Any
 import pynvml
 
 from healthd.sim.gpustate import GpuState, gpu_state, is_active
-from healthd.sim.holders import NvmlSessions
+from healthd.sim.holders import NvmlSessions, Sessions
 from healthd.sim.machine import GpuFault, MachineSpec
 from healthd.sim.nvmlevents import Delivered, EventSet, ScheduledXid
 from healthd.sim.nvmlsymbols import SUCCESS, SYMBOLS, Fail, Impl, address, code, set_pointer
 from healthd.sim.repairs import after_reboot, after_reset, resettable
-from healthd.sim.sessions import Sessions
 
 Clock = Callable[[], float]
 _HANDLE_BASE = 0x7E57_0000  # fake device "pointers": never dereferenced, only compared
@@ -96,7 +95,6 @@ class FakeNvmlLibrary:
         # machine, this one first; None: the machine is this process's alone.
         self.publish: Callable[[dict[str, Any]], None] | None = None
         self.inits = 0  # nvmlInit calls that succeeded, ever
-        self.on_sessions: Callable[[Sessions], None] | None = None  # told of each change
         self.event_sets: dict[int, EventSet] = {}
         self.calls: dict[str, int] = {}  # symbol -> times called (for tests and benchmarks)
         self._cond = threading.Condition(threading.RLock())
@@ -275,9 +273,10 @@ class FakeNvmlLibrary:
             return Sessions(self.refcount, self.inits, len(self.event_sets))
 
     def sessions_changed(self) -> None:
-        """Tell `on_sessions` what this process holds now (called with the lock held)."""
-        if self.on_sessions is not None:
-            self.on_sessions(self.sessions())
+        """Record what this process holds now on its machine (called with the lock
+        held)."""
+        if self.registry is not None:
+            self.registry.record(self.sessions())
 
     def _scheduled_xids(self) -> Iterator[ScheduledXid]:
         """Every XID the faults schedule, except those of an injected fault that were
@@ -293,14 +292,10 @@ class FakeNvmlLibrary:
     def session_changed(self, refcount: int) -> None:
         """The count of open nvmlInit calls is now `refcount`: a session begins at the
         first, ends at the last shutdown (or when the driver goes)."""
-        began, ended = self.refcount == 0 and refcount > 0, self.refcount > 0 and refcount == 0
+        ended = self.refcount > 0 and refcount == 0
         self.refcount = refcount
         if ended:
             self.event_sets.clear()
-        if self.registry is not None and began:
-            self.registry.opened()
-        elif self.registry is not None and ended:
-            self.registry.closed()
 
     def _boot_persistence(self) -> dict[int, bool]:
         return dict.fromkeys(range(self.spec.gpus.count), self.spec.gpus.persistence_mode)
@@ -420,7 +415,7 @@ class FakeNvml:
 
     def sessions(self) -> Sessions:
         """What this process holds of NVML now: sessions open, nvmlInit calls ever,
-        event sets (healthd.sim.sessions)."""
+        event sets (healthd.sim.holders.Sessions)."""
         return self.library.sessions()
 
     def inject(self, fault: GpuFault) -> None:

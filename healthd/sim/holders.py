@@ -38,13 +38,14 @@ import threading
 import zlib
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from healthd.repair.holders import DeviceUser
 from healthd.sim.gpustate import GpuState
 from healthd.sim.machine import MachineSpec
 from healthd.sim.nvmlsymbols import busy_pids
+from healthd.sim.shared import machine_root
 
 HOLDERS = "holders"
 NAMED_PID_BASE = 50000  # a named holder's pid: 50000 + a hash of its name, below 60000
@@ -77,35 +78,69 @@ def _own_name() -> str:
         return "python"
 
 
+@dataclass(frozen=True)
+class Sessions:
+    """One process's NVML: sessions open, nvmlInit calls ever, event sets not freed."""
+
+    open: int = 0
+    inits: int = 0
+    event_sets: int = 0
+
+    @property
+    def holding(self) -> bool:
+        """Whether the process holds the GPUs (a session or an event set)."""
+        return self.open > 0 or self.event_sets > 0
+
+
 class NvmlSessions:
-    """The NVML sessions of the machine whose directory is `root`: one file per process."""
+    """What each process holds of NVML on the machine whose directory is `root`: one
+    file per process that ever opened NVML there (`holders/nvml-<pid>`), written by its
+    fake library at each change, so that every other process (the simulated
+    nvidia-smi, a test) can tell."""
 
     def __init__(self, root: Path) -> None:
         self.folder = root / HOLDERS
 
-    def opened(self) -> None:
-        """This process's session began."""
+    def record(self, sessions: Sessions) -> None:
+        """What this process holds now (its file stays once it let go: `inits` counts
+        on)."""
         pid = os.getpid()
         self.folder.mkdir(parents=True, exist_ok=True)
-        record = {"pid": pid, "start": _start_time(pid), "name": _own_name()}
-        (self.folder / f"nvml-{pid}").write_text(json.dumps(record))
+        body = {"pid": pid, "start": _start_time(pid), "name": _own_name(), **asdict(sessions)}
+        path = self.folder / f"nvml-{pid}"
+        draft = path.with_suffix(".tmp")
+        draft.write_text(json.dumps(body))
+        draft.replace(path)  # atomic: a reader never sees half a file
 
-    def closed(self) -> None:
-        """This process's session ended."""
-        (self.folder / f"nvml-{os.getpid()}").unlink(missing_ok=True)
-
-    def live(self) -> list[Process]:
-        """The processes whose session is open now, by pid."""
-        found: list[Process] = []
+    def every(self) -> dict[int, tuple[Process, Sessions]]:
+        """Per process that ever opened NVML here, what it holds now: a process that is
+        gone (its pid gone, a zombie, or another process now) holds nothing, its inits
+        kept."""
+        found: dict[int, tuple[Process, Sessions]] = {}
         for path in sorted(self.folder.glob("nvml-*")):
+            if path.suffix == ".tmp":
+                continue
             try:
-                record = json.loads(path.read_text())
-                pid, start, name = int(record["pid"]), record["start"], str(record["name"])
+                body = json.loads(path.read_text())
+                pid, start, name = int(body["pid"]), body["start"], str(body["name"])
+                sessions = Sessions(int(body["open"]), int(body["inits"]),
+                                    int(body["event_sets"]))
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # written meanwhile, or not ours: holds nothing
-            if start is not None and _start_time(pid) == start:
-                found.append(Process(pid, name))
-        return sorted(found, key=lambda p: p.pid)
+            if start is None or _start_time(pid) != start:
+                sessions = Sessions(inits=sessions.inits)
+            found[pid] = (Process(pid, name), sessions)
+        return found
+
+    def live(self) -> list[Process]:
+        """The processes that hold NVML now, by pid."""
+        return [p for p, sessions in self.every().values() if sessions.holding]
+
+
+def nvml_sessions(control: Path) -> dict[int, Sessions]:
+    """Per process (pid) that ever opened NVML on the machine `control` names, what it
+    holds now (a process that is gone: nothing, its inits kept)."""
+    return {pid: s for pid, (_, s) in NvmlSessions(machine_root(control)).every().items()}
 
 
 def named_pid(name: str) -> int:

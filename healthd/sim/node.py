@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -34,7 +33,6 @@ from checks.rdma import SYSFS_INFINIBAND, RdmaCheck, SysfsRdmaReader
 from healthd.check.plans import Planned
 from healthd.config import Config
 from healthd.config.agent import KernelLogSettings
-from healthd.sim import sessions
 from healthd.sim.aer import NotRecordedAer, SimAer, SimAerReader
 from healthd.sim.control import ControlFile, apply
 from healthd.sim.cuda import SimBandwidthProbe
@@ -261,7 +259,7 @@ def simulate(source: str | Path | MachineSpec,
     the machine starts now and its files are gone after; with it, it is the machine
     that control file names (healthd.sim.shared: its clock and files outlive the
     process), the file's changes are followed meanwhile (healthd.sim.control), and what
-    this process holds of NVML is written beside it (healthd.sim.sessions)."""
+    this process holds of NVML is written beside it (healthd.sim.holders)."""
     try:
         spec = source if isinstance(source, MachineSpec) else load_machine_spec(source)
     except MachineSpecError as exc:
@@ -276,8 +274,6 @@ def simulate(source: str | Path | MachineSpec,
         registered = None if control is None else NvmlSessions(workdir)
         fake = stack.enter_context(install(spec, clock=monotonic_clock(elapsed),
                                            sessions=registered))
-        if control is not None:  # what this process holds, for the machine's other processes
-            fake.library.on_sessions = sessions.recorder(workdir, os.getpid())
         probe = SimBandwidthProbe(spec, clock=fake.clock, faults=fake.faults_for)
         node = SimulatedNode(spec, fake, probe, control=None if control is None
                              else Path(control))

@@ -12,7 +12,6 @@ on one machine, whose state lives in the directory beside FILE (`FILE.machine/`)
   an XID that fired before a process registered for it never reaches that process;
 - the machine's files (healthd.sim.node): the kernel log, the agent's position in it
   and the RDMA sysfs tree;
-- `nvml-sessions/`: what each process holds of NVML (healthd.sim.sessions).
 
 Another spec on the same FILE is another machine (a node re-imaged): its directory
 starts afresh. Without a control file each process is a machine of its own, started

@@ -20,8 +20,8 @@ import pytest
 
 from healthd.published import Repair
 from healthd.sim.apiserver import ApiEmulator
+from healthd.sim.holders import Sessions, nvml_sessions
 from healthd.sim.machine import GpuFault, RemappedRowsFault
-from healthd.sim.sessions import Sessions, nvml_sessions
 from tests.agent.harness import (
     KEYS,
     NODE,

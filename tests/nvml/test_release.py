@@ -19,8 +19,8 @@ import pytest
 
 from checks.nvml_reader import NvmlReader, XidUnavailable
 from healthd.sim.fakenvml import FakeNvml, install
+from healthd.sim.holders import Sessions
 from healthd.sim.machine import load_machine_spec
-from healthd.sim.sessions import Sessions
 from tests.agent.harness import eventually
 
 REASON = "NVML released for a GPU reset"
