@@ -23,7 +23,7 @@ E2E_TIMEOUT_S = 300  # a story on real programs waits on their own clocks (60 s 
 # Running on the healthy node within its minute, though the repair itself passed;
 # alone, and first, it passes.
 REPAIR_FILES = ("test_repairs.py", "test_repair_guards.py", "test_repair_leader.py",
-                "test_repair_reboots.py")
+                "test_repair_reboots.py", "test_repair_operands.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -3,9 +3,11 @@ a watch delivers (a poll could miss one that lasted a moment), and the Events se
 
 `Recorder` lists the objects (the baseline), then watches them from the list's
 resourceVersion in a thread and keeps, per object, every distinct value that
-`extract` gives, in order. `published` is what healthd publishes on a Node (its
-labels, its annotations, the GPUUnhealthy condition); `lending_limit` is the slack
-queue's. `EventLog` tells which Events about some objects were sent since it began.
+`extract` gives, in order; `on_event`, when given, sees every object as it comes,
+deletions included, to act on it there and then. `published` is what healthd
+publishes on a Node (its labels, its annotations, the GPUUnhealthy condition);
+`lending_limit` is the slack queue's. `EventLog` tells which Events about some
+objects were sent since it began.
 """
 
 from __future__ import annotations
@@ -72,12 +74,15 @@ def lending_limit(queue: Obj) -> str | None:
 
 class Recorder:
     """See the module docstring. `list_call(**kwargs)` lists (and, with `watch=True`,
-    watches) the objects; `name_of` keys them."""
+    watches) the objects; their names key them. `on_event(type, object)` is called,
+    in the recorder's thread, for each object listed ("ADDED") or delivered by the
+    watch ("ADDED", "MODIFIED", "DELETED"), before it is recorded."""
 
     def __init__(self, client: k8s.ApiClient, list_call: Callable[..., Any],
                  extract: Callable[[Obj], Any], *, names: Iterable[str] | None = None,
-                 **kwargs: Any) -> None:
+                 on_event: Callable[[str, Obj], None] | None = None, **kwargs: Any) -> None:
         self._client, self._list, self._extract, self._kwargs = client, list_call, extract, kwargs
+        self._on_event = on_event or (lambda kind, obj: None)
         self._names = None if names is None else set(names)
         self.history: dict[str, list[Any]] = {}
         self.seen_at: dict[str, list[float]] = {}  # when each value arrived (time.time())
@@ -109,6 +114,7 @@ class Recorder:
     def _relist(self) -> str:
         listing = self._as_dict(self._list(**self._kwargs))
         for item in listing.get("items") or []:
+            self._on_event("ADDED", item)
             self._record(item)
         return str(listing["metadata"]["resourceVersion"])
 
@@ -120,6 +126,7 @@ class Recorder:
                     if event["type"] == "ERROR":
                         raise k8s.ApiException(status=event["raw_object"].get("code"))
                     obj = self._as_dict(event["object"])
+                    self._on_event(event["type"], obj)
                     if event["type"] in ("ADDED", "MODIFIED"):
                         self._record(obj)
                     self._version = obj["metadata"].get("resourceVersion") or self._version

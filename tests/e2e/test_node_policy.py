@@ -5,7 +5,12 @@ an agent Pod, and the agent, with a token bound to that Pod, updates the Node to
 the agent writes; the kubelet's fields too, runtime handlers and features). The
 cases of a field no Kubernetes has yet are left out: the server drops such a field.
 What the table says is allowed goes through; everything else is refused (403), and the
-Node is left as it was."""
+Node is left as it was.
+
+The controller's policy (controller-node-policy.yaml) is checked the same way for the
+one label write it allows: while it resets a node's GPUs the controller may set the
+GPU Operator's operand labels the node carries to "false" and put them back, and
+change no other label, nor add or remove one."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from typing import Any
 
 from kubernetes import client as k8s
 
+from healthd.sim.operands import OPERANDS
 from tests.deploy.node_policy_cases import CASES as ALL_CASES
 from tests.deploy.node_policy_cases import Case
 from tests.e2e.healthd import GPU_NODE_LABEL, Healthd, eventually
@@ -143,3 +149,42 @@ def test_every_case_of_the_policy_table_on_the_real_api_server(healthd: Healthd,
             assert _content(healthd.node(name)) == _content(before), case.description
     expected = {case.description: "allowed" if case.allowed else "refused 403" for case in CASES}
     assert outcomes == expected
+
+
+DCGM, EXPORTER, PLUGIN = (OPERANDS[name] for name in (
+    "nvidia-dcgm", "nvidia-dcgm-exporter", "nvidia-device-plugin-daemonset"))
+# The controller's label writes, in order, each a merge patch of labels (None removes).
+CONTROLLER_LABEL_WRITES: list[tuple[str, dict[str, str | None], bool]] = [
+    ("pauses the operands", {DCGM: "false", EXPORTER: "false"}, True),
+    ("puts one back", {DCGM: "true"}, True),
+    ("adds an operand label the node lacks", {PLUGIN: "false"}, False),
+    ("removes an operand label", {EXPORTER: None}, False),
+    ("changes another label", {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}, False),
+    ("changes the verdict", {"autopilot.ibm.com/gpuhealth": "PASS"}, False),
+    ("adds another label", {"example.com/owner": "healthd"}, False),
+    ("puts the other back", {EXPORTER: "true"}, True),
+]
+
+
+def test_the_controller_changes_only_the_operand_labels_values_on_the_real_api_server(
+        healthd: Healthd) -> None:
+    name = f"policy-{uuid.uuid4().hex[:5]}"
+    healthd.add_nodes(name)
+    healthd.core.patch_node(name, {"metadata": {"labels": {  # as the admin and agent left it
+        DCGM: "true", EXPORTER: "true", "autopilot.ibm.com/gpuhealth": "ERR"}}})
+    pod = healthd.running_pod("app.kubernetes.io/name=healthd-controller")
+    controller = k8s.CoreV1Api(healthd.client_for(healthd.token_for(pod, "healthd-controller")))
+    healthd.wait_for_node_policy(controller, name)
+    outcomes = {}
+    for what, labels, _ in CONTROLLER_LABEL_WRITES:
+        before = healthd.node(name)["metadata"]["labels"]
+        try:
+            controller.patch_node(name, {"metadata": {"labels": labels}})
+            outcomes[what] = "allowed"
+        except k8s.ApiException as exc:
+            outcomes[what] = f"refused {exc.status}"
+            assert healthd.node(name)["metadata"]["labels"] == before, what
+    assert outcomes == {what: "allowed" if allowed else "refused 403"
+                        for what, _, allowed in CONTROLLER_LABEL_WRITES}
+    labels = healthd.node(name)["metadata"]["labels"]
+    assert (labels[DCGM], labels[EXPORTER], PLUGIN in labels) == ("true", "true", False)

@@ -12,7 +12,8 @@ survives reboots too; everything else a reset clears, a reboot clears as well), 
 the config makes one: the driver's recovery action NODE_REBOOT, which a GPU reset
 does not carry out, is given the remedy `reset` (`controller.repair.remedies`, as an
 admin who tries the cheap repair first would): two resets fail their validation,
-then exactly one reboot request is made from the template; the node reboots, its
+each followed by the pause before the next attempt (`RepairWaiting`), then exactly
+one reboot request is made from the template; the node reboots, its
 request is deleted, it validates, PASS.
 
 (c) A fault that survives reboots (a pending row remap on a GPU marked `hardware`):
@@ -35,15 +36,19 @@ from tests.e2e.repairs import (
     watching,
 )
 
-# Quick checks of the driver's recovery action; one reboot before humans.
+# Quick checks of the driver's recovery action; one reboot before humans; a short
+# pause after an attempt that did not pass (the default minute, doubled, would
+# outlast the test).
 REBOOT_CONFIG: dict[str, object] = {
     "checks": {"recovery": {"interval": "1s"}},
-    "controller": {"repair": {"max_gpu_resets": 2, "max_reboots": 1,
+    "controller": {"repair": {"max_gpu_resets": 2, "max_reboots": 1, "attempt_pause": "5s",
                               "remedies": {"RECOVERY_NODE_REBOOT": "reset"}}},
 }
-# What the node shows of two GPU resets that did not clear the fault.
-RESETS_FAILED = ["resetting", "validating", ""] * 2
-RESET_FAILED_EVENTS = [("GPUReset", 1), ("RepairValidating", 1), ("RepairFailed", 1)] * 2
+# What the node shows of two GPU resets that did not clear the fault, each followed
+# by the pause before the next attempt.
+RESETS_FAILED = ["resetting", "validating", "", "waiting"] * 2
+RESET_FAILED_EVENTS = [("GPUReset", 1), ("RepairValidating", 1), ("RepairFailed", 1),
+                       ("RepairWaiting", 1)] * 2
 CHAIN_S = 3 * REPAIRED_S  # two resets and a reboot, each validated
 QUIET_S = 10  # how long the node in hardware inspection is watched for a new step
 CONDITION = "GPUUnhealthy"
