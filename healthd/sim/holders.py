@@ -48,7 +48,10 @@ from healthd.sim.nvmlsymbols import busy_pids
 from healthd.sim.shared import machine_root
 
 HOLDERS = "holders"
-NAMED_PID_BASE = 50000  # a named holder's pid: 50000 + a hash of its name, below 60000
+# A named holder's pid: above Linux's largest (4194304), so it is never a real process's,
+# plus a hash of its name in a range wide enough that a few names do not share one.
+NAMED_PID_BASE = 5_000_000
+NAMED_PIDS = 1_000_000
 _DEVICE = re.compile(r"nvidia(\d+)")
 
 
@@ -145,7 +148,7 @@ def nvml_sessions(control: Path) -> dict[int, Sessions]:
 
 def named_pid(name: str) -> int:
     """The pid a named holder has on the machine."""
-    return NAMED_PID_BASE + zlib.crc32(name.encode()) % 10000
+    return NAMED_PID_BASE + zlib.crc32(name.encode()) % NAMED_PIDS
 
 
 class MachineHolders:
