@@ -390,12 +390,12 @@ class Repair(Document):
     reason: str = ""  # why (a decision's reason, a failure)
     gpus: tuple[str, ...] = ()  # the GPUs the step is about
     job: str = ""  # the GPU reset Job (namespace/name) while resetting
-    started: str = ""  # RFC 3339: when that Job was created (all had let go of the GPUs)
     run_id: str = ""  # the validation request's id while validating
     boot_id: str = ""  # the node's boot id when a reboot was requested
     request: str = ""  # the reboot request object (kind namespace/name)
     attempts: tuple[RepairAttempt, ...] = ()
     checks: tuple[str, ...] = ()  # the check keys that raised the findings being repaired
+    started: str = ""  # RFC 3339: when the GPU-reset Job was created (all had let go)
     # While resetting: the GPU Operator's operand labels the controller set to "false"
     # on the node, with the values it found, to be put back whatever the outcome.
     operands: Mapping[str, str] = field(default_factory=_frozen)
