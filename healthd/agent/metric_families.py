@@ -63,8 +63,8 @@ class Latest:
     ended_at: float
 
 
-# One check key's `kept` values: (value key, entity) -> the greatest value given.
-Kept = Mapping[tuple[str, Entity], float]
+Slot = tuple[str, Entity]  # a `kept` value: (value key, entity)
+Kept = Mapping[Slot, float]  # one check key's `kept` values: the greatest each was given
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,8 @@ class Snapshot:
     kept: Mapping[str, Kept] = field(default_factory=dict)  # per check key
 
 
-def kept_values(before: Kept, result: CheckResult, measures: Iterable[Measure]) -> dict[
-        tuple[str, Entity], float]:
+def kept_values(before: Kept, result: CheckResult,
+                measures: Iterable[Measure]) -> dict[Slot, float]:
     """The `kept` measures' values once `result` is in: the greatest each entity was
     ever given. An entity of a kind the result names others of, but not it, is gone
     (a GPU no longer on the node) and its values go; a result that names no entity of
@@ -221,7 +221,7 @@ class SnapshotCollector:
         declared = self._class_of(key)
         for measure in declared.MEASURES if declared is not None else ():
             for (value, entity), given in sorted(kept.items()):
-                if value == measure.value:
+                if measure.kept and value == measure.value:
                     self._measure(out, measure, _complete(entity, identities), {value: given})
 
     def _measure(
