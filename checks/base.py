@@ -256,7 +256,9 @@ class Measure:
     network (else the pod network's); `texts` are labels whose values are text
     values of the entity (`(("action", "recovery_action"),)`: label `action` reads
     the value `recovery_action`), so an enumeration is one series named by its
-    state."""
+    state. `kept`: a value that only moves forward (when something last happened):
+    the agent exports the greatest any run of the check gave an entity, for as long
+    as the check's runs name the entity, whether or not the latest run gave it."""
 
     family: str
     help: str
@@ -266,6 +268,7 @@ class Measure:
     scale: float = 1.0
     secondary: bool = False
     texts: tuple[tuple[str, str], ...] = ()
+    kept: bool = False
 
 
 def measures(family: str, help: str, label: str, values: Mapping[str, str], *,

@@ -32,8 +32,10 @@ disturbed either) and after it (a GPU that became busy meanwhile: the measuremen
 discarded). Either way the GPU is SKIPPED "busy: <evidence>; not judged". A busy GPU
 is tried again within the run, `busy_retry_s` later, then twice that, up to
 `busy_retries` times while the run's deadline leaves room; a GPU still busy waits
-for the next scheduled run. Each GPU's row carries `last_judged`, when this process
-last judged a measurement of it, so a GPU that stays busy for a day shows. With
+for the next scheduled run. Each GPU's row carries `last_judged`, when this check
+last judged a measurement of it, so a GPU that stays busy for a day shows; the value
+is `kept`, so the agent's metric is the latest of every run's (an on-demand run's
+check starts with no memory of its own, and never erases the periodic one's). With
 `free_gpus_only`, nothing is measured while any pod on the node holds a GPU.
 """
 
@@ -127,7 +129,7 @@ class PcieBwCheck(GpuCheck[PcieBwParams]):
                 "link_gbps"),
         Measure("healthd_gpu_pcie_bandwidth_last_judged_timestamp_seconds",
                 "When pciebw last judged a measurement of the GPU (Unix time); a busy GPU "
-                "is not judged.", "last_judged"),
+                "is not judged.", "last_judged", kept=True),
     )
     AUTOPILOT: ClassVar[AutopilotGauge | None] = AutopilotGauge("pciebw", value="h2d_gbps")
     CODES: ClassVar[tuple[str, ...]] = ("PCIE_BW_LOW", "GPU_MISSING")

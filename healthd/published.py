@@ -1,7 +1,9 @@
 """The documents healthd publishes on a Node, as frozen models: the `health`
-annotation (with its ping view) and the `last-run` answer to an on-demand request.
+annotation (with its ping view), the `last-run` answer to an on-demand request, the
+`repair` record and the `clearing` clear in flight.
 
-The agent writes the first two (healthd.agent.node_view, healthd.requests), the
+The agent writes the `health`, `last-run` and `clearing` documents
+(healthd.agent.node_view, healthd.requests, healthd.agent.ondemand), the
 controller the `repair` annotation (its repairs); the controller,
 `healthd status`, `healthd trigger`, network blame and the demo read them, all
 through this module. Their JSON is a published interface (dashboards and other
@@ -21,6 +23,7 @@ A field may be added; none changes meaning.
     repair      state, since, [reason], [gpus[]], [job], [run_id], [boot_id],
                 [request], [checks[]], attempts[]
       attempts[] remedy, at, [gpus[]], outcome
+    clearing    id, request, start
 
 Decoding is tolerant, as a reader of a shared interface must be: annotations are
 anyone's to write (node-patch rights, an older or a newer agent). The text goes
@@ -344,6 +347,9 @@ REPAIR_STATES = ("", "waiting", "held", "resetting", "validating", "reboot-reque
 # While a repair holds the GPUs or checks them, the node shows TESTING, under this key
 # in the health document's `testing[]` (beside any exclusive diagnostic's check key).
 TESTING_REPAIR_STATES = frozenset({"resetting", "validating"})
+# While a repair is in one of these states, it holds the node until the controller
+# closes it: an admin's clear releases nothing meanwhile (healthd.agent.ondemand).
+HOLDING_REPAIR_STATES = TESTING_REPAIR_STATES | {"reboot-requested"}
 REPAIR_TESTING = "repair"
 REBOOT_NEEDED = "reboot needed"  # how a `held` repair's reason starts when only a reboot helps
 
@@ -405,6 +411,12 @@ class Repair(Document):
         return self.state in TESTING_REPAIR_STATES
 
     @property
+    def holds_node(self) -> bool:
+        """Whether the repair holds the node until the controller closes it: it resets
+        or validates the GPUs, or waits for the reboot it requested."""
+        return self.state in HOLDING_REPAIR_STATES
+
+    @property
     def resetting(self) -> bool:
         """Whether the GPU-reset Job may run: the agent lets go of NVML meanwhile."""
         return self.state == "resetting"
@@ -452,6 +464,29 @@ class Repair(Document):
                    operands=_text_map(body.get("operands")))
 
 
+# -- the clearing annotation -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Clearing(Document):
+    """The `clearing` annotation: a clear the agent took and has not answered yet. It
+    is written in the patch that takes the clear and removed in the write that
+    answers it, so an agent that stops in between leaves it to the next one, which
+    carries the clear out and answers it under the same id."""
+
+    id: str  # the clear's id (`healthd.io/run-id` written with it, or derived)
+    request: str  # its text
+    start: str  # RFC 3339: when it was taken
+
+    def to_json(self) -> Json:
+        return {"id": self.id, "request": self.request, "start": self.start}
+
+    @classmethod
+    def from_json(cls, body: Json) -> Clearing:
+        return cls(id=_str(body, "id"), request=_str(body, "request"),
+                   start=_str(body, "start"))
+
+
 # -- reading them from an object -------------------------------------------------------
 
 
@@ -469,6 +504,12 @@ def read_last_run(obj: Mapping[str, Any], keys: Keys) -> LastRun | Undecodable |
 def read_repair(obj: Mapping[str, Any], keys: Keys) -> Repair | Undecodable | None:
     """The node's repair document, as `read_health` reads the health document."""
     return Repair.read(obj, keys.repair)
+
+
+def read_clearing(obj: Mapping[str, Any], keys: Keys) -> Clearing | Undecodable | None:
+    """The clear the node's agent took and has not answered, as `read_health` reads
+    the health document."""
+    return Clearing.read(obj, keys.clearing)
 
 
 def awaits_validation(obj: Mapping[str, Any], keys: Keys) -> bool:

@@ -4,14 +4,16 @@ The format is shared: the agent serves requests, `healthd trigger` writes and
 watches them.
 
 Admins (or `healthd trigger`) ask for checks by writing `healthd.io/run` (`all`,
-`pciebw,remapped`, `dcgm:3`, optionally with `healthd.io/run-id`) or
-`healthd.io/clear=true` on the Node. The agent sees them on its node watch:
+`pciebw,remapped`, `dcgm:3`) or `healthd.io/clear=true` on the Node, optionally with
+`healthd.io/run-id`: the id of the run, or of a clear written without a run. The
+agent sees them on its node watch:
 
 - `read_requests` parses them (pure): a malformed value, an unknown check or an
   argument its check rejects (`dcgm:9`) becomes `Request.error`, never an exception;
 - `take` removes a request with a JSON patch whose `test` guards the value that was
   read, so a request is consumed once and a newer one written meanwhile is never
-  lost (the test fails and the caller re-reads);
+  lost (the test fails and the caller re-reads); the same patch may write what the
+  agent keeps of the request while it runs (a clear's `healthd.io/clearing`);
 - `answer` builds the `healthd.io/last-run` JSON (healthd.published.LastRun).
 """
 
@@ -77,7 +79,7 @@ def read_requests(
     version = resource_version_of(node_obj) or ""
     out: list[Request] = []
     if keys.clear in annotations:
-        out.append(_clear_request(str(annotations[keys.clear]), keys, version))
+        out.append(_clear_request(annotations, keys, version))
     if keys.run in annotations:
         out.append(_run_request(annotations, keys, registry, version))
     return out
@@ -97,11 +99,16 @@ def _run_request(annotations: Mapping[str, Any], keys: Keys,
                    annotation=keys.run, explicit_id=bool(given))
 
 
-def _clear_request(text: str, keys: Keys, version: str) -> Request:
+def _clear_request(annotations: Mapping[str, Any], keys: Keys, version: str) -> Request:
+    """The clear; `run-id` is its id when no run is written with it (with one, the id
+    is the run's: the controller's validation writes a clear, a run and the run's id)."""
+    text = str(annotations[keys.clear])
     error = "" if text.strip().lower() == "true" else (
         f"{keys.clear} must be true (got {text!r})")
-    return Request(derived_id("clear", version, text), text, "clear", [], error,
-                   annotation=keys.clear)
+    given = annotations.get(keys.run_id) if keys.run not in annotations else None
+    request_id = str(given) if given else derived_id("clear", version, text)
+    return Request(request_id, text, "clear", [], error, annotation=keys.clear,
+                   explicit_id=bool(given))
 
 
 def derived_id(kind: str, resource_version: str, text: str) -> str:
@@ -131,8 +138,10 @@ def pointer(key: str, field: str = "annotations") -> str:
     return f"/metadata/{field}/" + key.replace("~", "~0").replace("/", "~1")
 
 
-def take_ops(request: Request, keys: Keys) -> list[dict[str, Any]]:
-    """JSON-patch ops that remove the request only if it still reads the same."""
+def take_ops(request: Request, keys: Keys,
+             also: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """JSON-patch ops that remove the request only if it still reads the same, and
+    set the annotations `also` in the same write."""
     key = request.annotation or (keys.run if request.kind == "run" else keys.clear)
     guarded = [(key, request.text)]
     if request.explicit_id:
@@ -141,6 +150,8 @@ def take_ops(request: Request, keys: Keys) -> list[dict[str, Any]]:
     for name, value in guarded:
         ops.append({"op": "test", "path": pointer(name), "value": value})
         ops.append({"op": "remove", "path": pointer(name)})
+    ops += [{"op": "add", "path": pointer(name), "value": value}
+            for name, value in (also or {}).items()]
     return ops
 
 
@@ -150,12 +161,14 @@ class NodePatcher(Protocol):
     async def patch_annotations(self, ops: list[dict[str, Any]]) -> dict[str, Any]: ...
 
 
-async def take(publisher: NodePatcher, request: Request, keys: Keys) -> bool:
-    """Consume `request`: True when it was removed by this call. False when it changed
-    meanwhile (a newer request is on the node: re-read it) or the server cannot be
-    reached now (the request stays on the node and the next node event retries)."""
+async def take(publisher: NodePatcher, request: Request, keys: Keys,
+               also: Mapping[str, str] | None = None) -> bool:
+    """Consume `request`, writing the annotations `also` with it: True when it was
+    removed by this call. False when it changed meanwhile (a newer request is on the
+    node: re-read it) or the server cannot be reached now (the request stays on the
+    node and the next node event retries)."""
     try:
-        await publisher.patch_annotations(take_ops(request, keys))
+        await publisher.patch_annotations(take_ops(request, keys, also))
     except (Invalid, NotFound):
         return False
     except KubeError as exc:

@@ -4,7 +4,7 @@
 #   deploy/helm/remove-node-state.sh                       # the default prefixes
 #   LABEL_PREFIX=shadow.healthd.io/ deploy/helm/remove-node-state.sh   # another prefix
 # Removes the labels <LABEL_PREFIX>gpuhealth and <LABEL_PREFIX>dcgm.level.1-4, the
-# annotations <OWN_PREFIX>health, last-run, nvml-released, run, run-id, clear, peers
+# annotations <OWN_PREFIX>health, last-run, nvml-released, clearing, run, run-id, clear, peers
 # (the controller's ping peers), and the GPUUnhealthy condition. Other owners' keys are not touched.
 # While healthd still runs, its agents and controller write their keys back:
 # uninstall first. Before removing autopilot.ibm.com/gpuhealth,
@@ -17,7 +17,7 @@ KUBECTL=${KUBECTL:-kubectl}
 labels=("${LABEL_PREFIX}gpuhealth-")
 for level in 1 2 3 4; do labels+=("${LABEL_PREFIX}dcgm.level.${level}-"); done
 annotations=()
-for key in health last-run nvml-released run run-id clear peers; do annotations+=("${OWN_PREFIX}${key}-"); done
+for key in health last-run nvml-released clearing run run-id clear peers; do annotations+=("${OWN_PREFIX}${key}-"); done
 
 # One patch per node for the labels, one for the annotations (a missing key is no error).
 "$KUBECTL" label nodes --all "${labels[@]}" >/dev/null

@@ -6,8 +6,9 @@ ending (TESTING), a clear. The pure verdict machine (healthd.agent.verdict) fold
 into the state, the metrics see the new state, and the publisher
 (healthd.agent.node_status) gets the desired Node. Besides the state it keeps what
 else the Node shows: the DCGM level labels deep runs leave, the answer to the
-latest on-demand request (`last-run`) and the GPU-reset Job the agent let go of NVML
-for (`nvml-released`, healthd.agent.nvml_release).
+latest on-demand request (`last-run`), whether the clear in flight (`clearing`,
+written with its take) stays, and the GPU-reset Job the agent let go of NVML for
+(`nvml-released`, healthd.agent.nvml_release).
 
 The parts that change the node's health (the runner's results, healthd.agent.deepruns,
 healthd.agent.ondemand, the event runs) are handed this object directly.
@@ -16,8 +17,9 @@ A restart changes nothing on the Node. The verdict is shown only once the node i
 judged: the agent has resumed what its Node showed (`resume`, at the first copy of the
 Node) and every check due at start has ended its first turn (`first_round_done`), or
 a holding that only a clear ends is held (no later result of the round can lower
-it). Until then only the answer to an on-demand request and `nvml-released` are
-written (a GPU reset waits for the latter, not for a judgement).
+it). Until then only the answer to an on-demand request (with the removal of the
+clear it answers) and `nvml-released` are written (a GPU reset waits for the latter,
+not for a judgement).
 """
 
 from __future__ import annotations
@@ -82,6 +84,9 @@ class NodeHealth:
         self.keys, self.node, self.clock = keys, node, clock
         self.state: HealthState = initial(clock())
         self.last_run: str | None = None  # the answer to the latest on-demand request
+        # The `clearing` annotation: None left as the Node shows it (nothing decided
+        # yet), True kept (a clear in flight), False removed (answered).
+        self.clearing: bool | None = None
         self.repair = ""  # what the controller's repair does now, while it holds TESTING
         self.repair_note = ""  # what the condition says of a repair that keeps the node out
         # The controller validates a node that has no repair record before it is PASS
@@ -182,9 +187,18 @@ class NodeHealth:
         self.set_state(state)
         return sorted(keys)
 
+    def keep_clearing(self, keep: bool) -> None:
+        """A clear is in flight (`keep`): the `clearing` annotation its take wrote stays
+        until the answer; not: the next write removes it."""
+        self.clearing = keep
+        self.publish()
+
     async def answer(self, last_run: str, flush_s: float) -> None:
-        """Publish `last-run` with the state, waiting up to `flush_s` for the write."""
+        """Publish `last-run` with the state, and the removal of the clear in flight in
+        the same write; wait up to `flush_s` for it."""
         self.last_run = last_run
+        if self.clearing:
+            self.clearing = False
         self.publish()
         await self.publisher.flush(flush_s)
 
@@ -209,24 +223,29 @@ class NodeHealth:
         self.publish()
 
     def publish(self) -> None:
-        release = self._release_annotation()
+        own = {**self._release_annotation(), **self._clearing_annotation()}
         if not self.showing:  # not judged yet: only an answer and the release may go out
             answer = {self.keys.last_run: self.last_run} if self.last_run is not None else {}
-            if answer or release:
-                self.publisher.want(DesiredNode(annotations={**answer, **release}), None)
+            if answer or own:
+                self.publisher.want(DesiredNode(annotations={**answer, **own}), None)
             return
         if self._shown is not None:
             self._shown.set()
         desired = desired_from(self.state, self.keys, node=self.node,
                                dcgm_levels=self.dcgm_levels, last_run=self.last_run,
                                repair=self.repair, repair_note=self.repair_note)
-        self.publisher.want(replace(desired, annotations={**desired.annotations, **release}),
+        self.publisher.want(replace(desired, annotations={**desired.annotations, **own}),
                             self.state)
 
     def _release_annotation(self) -> dict[str, str | None]:
         """`nvml-released` (None removes it) once decided since the start; until then
         the Node keeps what it shows (a predecessor's release still holds)."""
         return {self.keys.nvml_released: self.nvml_released} if self._release_known else {}
+
+    def _clearing_annotation(self) -> dict[str, str | None]:
+        """`clearing` removed once the clear is answered; else left alone (the take
+        writes it, and a predecessor's waits for this agent to carry it out)."""
+        return {self.keys.clearing: None} if self.clearing is False else {}
 
     def _label_level(self, level: int | None, result: CheckResult, at: float) -> None:
         """A deep run of a labelled level that could tell leaves pass or fail, and when."""

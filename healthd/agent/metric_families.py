@@ -7,14 +7,17 @@ Autopilot compatibility gauge (each class's `AUTOPILOT`), the node verdict. The 
 classes come from the registry the collector is given, so a new check's values are
 exported without a line here. Because nothing is kept between scrapes, a
 GPU, peer or storage class missing from a check's latest result simply has no series
-any more. The family table is in healthd.agent.metrics, which owns the counters and
-feeds this collector.
+any more. The one exception is a `kept` measure (`Measure.kept`, when something last
+happened): its greatest value per entity is kept across results (`kept_values`), for
+as long as the check's results name the entity, so a run that could not tell (or a
+check instance with no memory, as an on-demand run's) never erases it. The family
+table is in healthd.agent.metrics, which owns the counters and feeds this collector.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -60,10 +63,35 @@ class Latest:
     ended_at: float
 
 
+Slot = tuple[str, Entity]  # a `kept` value: (value key, entity)
+Kept = Mapping[Slot, float]  # one check key's `kept` values: the greatest each was given
+
+
 @dataclass(frozen=True)
 class Snapshot:
     latest: Mapping[str, Latest]
     state: HealthState | None
+    kept: Mapping[str, Kept] = field(default_factory=dict)  # per check key
+
+
+def kept_values(before: Kept, result: CheckResult,
+                measures: Iterable[Measure]) -> dict[Slot, float]:
+    """The `kept` measures' values once `result` is in: the greatest each entity was
+    ever given. An entity of a kind the result names others of, but not it, is gone
+    (a GPU no longer on the node) and its values go; a result that names no entity of
+    a kind (it could not tell at all) takes nothing away."""
+    wanted = [m for m in measures if m.kept]
+    named = {s.entity for s in result.entities}
+    kinds = {e.kind for e in named}
+    out = {(value, entity): v for (value, entity), v in before.items()
+           if entity in named or entity.kind not in kinds}
+    for status in result.entities:
+        for m in wanted:
+            given = number(status.values.get(m.value))
+            if status.entity.kind == m.kind and given is not None:
+                slot = (m.value, status.entity)
+                out[slot] = max(out.get(slot, given), given)
+    return out
 
 
 def number(value: Value | None) -> float | None:
@@ -140,6 +168,7 @@ class SnapshotCollector:
         for key, entry in sorted(snap.latest.items()):
             self._check(out, key, entry)
             self._entities(out, key, entry.result, identities)
+            self._kept(out, key, snap.kept.get(key, {}), identities)
         self._autopilot(out, snap.latest, identities)
         for key, entry in sorted(snap.latest.items()):
             if (declared := self._class_of(key)) is not None and declared.REACHABILITY:
@@ -184,7 +213,16 @@ class SnapshotCollector:
             out.add("healthd_check_entity_status",
                     "Status of each entity in the check's latest run (value 1).", labels, 1.0)
             for measure in measures:
-                self._measure(out, measure, entity, status.values)
+                if not measure.kept:  # those come from what is kept (`_kept`)
+                    self._measure(out, measure, entity, status.values)
+
+    def _kept(self, out: _Families, key: str, kept: Kept,
+              identities: Mapping[str, Entity]) -> None:
+        declared = self._class_of(key)
+        for measure in declared.MEASURES if declared is not None else ():
+            for (value, entity), given in sorted(kept.items()):
+                if measure.kept and value == measure.value:
+                    self._measure(out, measure, _complete(entity, identities), {value: given})
 
     def _measure(
         self, out: _Families, m: Measure, entity: Entity, values: Mapping[str, Value]

@@ -9,7 +9,9 @@ of family, following client_python's advice for snapshots:
   measured values, the Autopilot compatibility gauge, the verdict) is built at scrape
   time by healthd.agent.metric_families from the latest CheckResult of every check
   key. A GPU, peer or storage class absent from a check's latest result therefore
-  has no series any more: nothing stale is left behind.
+  has no series any more: nothing stale is left behind. A `kept` value (when pciebw
+  last judged a GPU) is the one exception: the greatest any run gave is kept while the
+  check's runs name the entity (healthd.agent.metric_families.kept_values).
 
 Every healthd family carries a `node` label (dcgm-exporter calls it `Hostname`; we
 use `node`, the name Kubernetes and kube-state-metrics use). GPU series carry
@@ -33,7 +35,7 @@ dcgm-exporter's labels so joins with it work: `gpu` (index), `UUID`, `pci_bus_id
 | `healthd_node_flaps_total` | counter | node | findings that came back after one or more clean runs (each makes the finding's hold four times as long, up to the cap) |
 | `healthd_gpu_pcie_bandwidth_gbps` | gauge | GPU labels, direction | measured copy bandwidth in GB/s, `h2d` / `d2h` (pciebw) |
 | `healthd_gpu_pcie_link_bandwidth_gbps` | gauge | GPU labels | GB/s the current PCIe link can carry (pciebw) |
-| `healthd_gpu_pcie_bandwidth_last_judged_timestamp_seconds` | gauge | GPU labels | when pciebw last judged a measurement of the GPU (Unix time); a busy GPU is not judged, so `time() - this` shows one not judged for a day; absent until this agent has judged the GPU (pciebw) |
+| `healthd_gpu_pcie_bandwidth_last_judged_timestamp_seconds` | gauge | GPU labels | when pciebw last judged a measurement of the GPU (Unix time); a busy GPU is not judged, so `time() - this` shows one not judged for a day; absent until this agent has judged the GPU; every kind of run keeps it (a run that does not judge the GPU, on-demand ones included, leaves the latest time), until pciebw's runs no longer name the GPU (pciebw) |
 | `healthd_gpu_pcie_link_generation` | gauge | GPU labels, link | PCIe generation, `current` / `max` (pcie) |
 | `healthd_gpu_pcie_link_width` | gauge | GPU labels, link | PCIe lanes, `current` / `max` (pcie) |
 | `healthd_gpu_pcie_aer_errors` | gauge | GPU labels, kind, where | PCIe AER errors the kernel counted since boot, `kind` `correctable` / `nonfatal` / `fatal`, `where` `gpu` (the GPU's own function) or `upstream` (the bridges above it, summed) (aer) |
@@ -84,12 +86,15 @@ from checks import kernel_log
 from checks.base import BaseCheck, CheckResult, Counted, Finding
 from healthd.agent.metric_families import (
     ENTITY_LABELS,
+    Kept,
     Latest,
     SkippedLinesCollector,
     Snapshot,
     SnapshotCollector,
     UndecodableCollector,
+    check_name,
     entity_labels,
+    kept_values,
     number,
 )
 from healthd.kube.decoding import UNDECODABLE, UndecodableObjects
@@ -143,6 +148,7 @@ class AgentMetrics:
         self._clock = clock
         self._lock = threading.Lock()  # a scrape may run in another thread than updates
         self._latest: dict[str, Latest] = {}
+        self._kept: dict[str, Kept] = {}  # per check key: its `kept` measures' values
         self._seq = 0
         self._state: HealthState | None = None
         self._runs = Counter(
@@ -154,6 +160,7 @@ class AgentMetrics:
             ["node", "check"], buckets=DURATION_BUCKETS, registry=registry,
         )
         known = checks.REGISTRY if known is None else known
+        self._measures = {name: cls.MEASURES for name, cls in known.items()}
         self._counters = {name: [(c, _counter(c, registry)) for c in cls.COUNTS]
                           for name, cls in known.items() if cls.COUNTS}
         self._fault_to_label = Histogram(
@@ -195,9 +202,11 @@ class AgentMetrics:
         for counted, counter in self._counters.get(result.check, ()):
             for finding in result.findings:
                 _count(counter, counted, self.node, finding)
+        measures = self._measures.get(check_name(key), ())
         with self._lock:
             self._seq += 1
             self._latest[key] = Latest(self._seq, result, ended)
+            self._kept[key] = kept_values(self._kept.get(key, {}), result, measures)
 
     def observe_state(self, state: HealthState) -> None:
         """The node's verdict state, read back at scrape time."""
@@ -220,7 +229,7 @@ class AgentMetrics:
     def snapshot(self) -> Snapshot:
         """What a scrape describes: the latest result per check key and the state."""
         with self._lock:
-            return Snapshot(dict(self._latest), self._state)
+            return Snapshot(dict(self._latest), self._state, dict(self._kept))
 
 
 def _counter(counted: Counted, registry: CollectorRegistry) -> Counter:

@@ -120,7 +120,8 @@ class Keys:
 
     @property
     def run_id(self) -> str:
-        """Annotation written with `run` by tools that wait for the answer."""
+        """Annotation written with `run` (or with `clear` alone) by tools that wait for
+        the answer: its id."""
         return f"{self.own_prefix}run-id"
 
     @property
@@ -132,6 +133,13 @@ class Keys:
     def clear(self) -> str:
         """Annotation written by admins: `true` re-runs what holds the node bad."""
         return f"{self.own_prefix}clear"
+
+    @property
+    def clearing(self) -> str:
+        """Annotation written by the agent with the take of a clear, removed with its
+        answer: the clear in flight (healthd.published.Clearing), which a restarted
+        agent carries out and answers."""
+        return f"{self.own_prefix}clearing"
 
     @property
     def repair(self) -> str:

@@ -111,15 +111,7 @@ class Harness:
 
     def annotate(self, **annotations: str | None) -> None:
         """What `kubectl annotate node` does (a merge patch), outside the agent."""
-        node = self.node()
-        current = dict(node["metadata"].get("annotations") or {})
-        for key, value in annotations.items():
-            if value is None:
-                current.pop(key, None)
-            else:
-                current[key] = value
-        node["metadata"]["annotations"] = current
-        self.api.put(node)
+        annotate(self.api, **annotations)
 
     def request(self, text: str, run_id: str | None = None) -> None:
         extra = {KEYS.run_id: run_id} if run_id else {}
@@ -135,6 +127,19 @@ class Harness:
             f"http://127.0.0.1:{self.agent.port}{path}"
         ) as resp:
             return resp.status, (await resp.text()).strip()
+
+
+def annotate(api: ApiEmulator, **annotations: str | None) -> None:
+    """What `kubectl annotate node` does to NODE (None removes), outside any agent."""
+    node = api.get("Node", NODE)
+    current = dict(node["metadata"].get("annotations") or {})
+    for key, value in annotations.items():
+        if value is None:
+            current.pop(key, None)
+        else:
+            current[key] = value
+    node["metadata"]["annotations"] = current
+    api.put(node)
 
 
 def scraped(port: int, name: str, **labels: str) -> float | None:

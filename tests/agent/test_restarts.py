@@ -7,7 +7,8 @@ slowdown), the agent is run until the node is held, then replaced twice by a fre
 process that may no longer see the evidence. Across each restart: the label and the
 condition stay as they were, no Event is sent, and the agent writes nothing. Then the
 edges: what the Node shows cannot be read, a fresh node is judged before it is shown,
-and a resumed hold still ends only the way the rules say.
+a resumed hold still ends only the way the rules say, and a clear the agent took
+before it stopped is carried out and answered by the next one.
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ from tests.agent.harness import (
     NODE,
     ROUND_S,
     Harness,
+    annotate,
     eventually,
     fast_config,
     node_object,
     running_agent,
     with_intervals,
 )
+from tests.agent.test_process import HEALTHD, clean_env
 
 pytestmark = pytest.mark.anyio
 
@@ -234,3 +237,75 @@ async def test_a_resumed_damped_holding_is_released_by_clean_runs(
         await eventually(lambda: h.verdict() == "PASS", 20, "PASS once the port stays up")
         assert await h.parts.publisher.flush(10)  # the Event follows the label's write
         assert [e["message"].split(":")[0] for e in h.events()][-1] == "GPU health ERR -> PASS"
+
+
+async def test_a_clear_interrupted_by_a_restart_is_carried_out_and_answered_once(
+        api: ApiEmulator, tmp_path: Path) -> None:
+    """The clear re-runs a slow diagnostic; the agent is replaced while it runs. The
+    next agent carries the clear out and answers it under the id written with it."""
+    family = next(f for f in FAMILIES if f.name == "dcgm")
+    config = with_intervals(fast_config(), **family.intervals)
+    async with running_agent(api, tmp_path, spec=family.faulty, config=config) as h:
+        await _held(h, family)
+    slow = _spec(dcgm={"sleep_s": 60})  # the clear's re-run outlives this agent
+    async with running_agent(api, tmp_path, spec=slow, config=config, seed=False,
+                             wait_ready=False) as h:  # not ready: its first dcgm run is slow
+        h.annotate(**{KEYS.clear: "true", KEYS.run_id: "clear-7"})
+        await eventually(lambda: KEYS.clear not in h.annotations(), 10, "the clear taken")
+        await eventually(lambda: '"clear_requested":true' in h.annotations()[KEYS.health],
+                         10, "the clear under way")
+    in_flight = json.loads(api.get("Node", NODE)["metadata"]["annotations"][KEYS.clearing])
+    assert (in_flight["id"], in_flight["request"]) == ("clear-7", "true")
+    async with running_agent(api, tmp_path, spec=family.after, config=config,
+                             seed=False) as h:
+        answer = await eventually(lambda: h.last_run(), 20, "the clear answered")
+        assert (answer["id"], answer["kind"], answer["accepted"]) == ("clear-7", "clear", True)
+        assert answer["start"] == in_flight["start"]
+        assert answer["checks"] == {"dcgm": "PASS"} and answer["verdict"] == "PASS"
+        assert KEYS.clearing not in h.annotations()
+        await eventually(lambda: h.verdict() == "PASS", 10, "PASS once judged")
+        cleared = await eventually(lambda: h.events("HealthCleared"), 10, "HealthCleared")
+        assert len(cleared) == 1 and "(clear-7)" in cleared[0]["message"]
+        await _rounds(h, ROUNDS_AFTER_START)
+        assert len(h.events("HealthCleared")) == 1
+
+
+async def test_a_clear_taken_by_an_agent_killed_at_once_is_carried_out_and_answered(
+        api: ApiEmulator, tmp_path: Path) -> None:
+    """SIGKILL (an OOM kill) as soon as the clear is taken: the take wrote the clear in
+    flight, and the next agent answers it."""
+    family = next(f for f in FAMILIES if f.name == "dcgm")
+    config = with_intervals(fast_config(), **family.intervals)
+    async with running_agent(api, tmp_path, spec=family.faulty, config=config) as h:
+        await _held(h, family)
+    (tmp_path / "slow.json").write_text(_spec(dcgm={"sleep_s": 60}).model_dump_json())
+    (tmp_path / "healthd.json").write_text(config.model_dump_json(exclude_unset=True))
+    argv = [*HEALTHD, "agent", "--sim", str(tmp_path / "slow.json"), "--node", NODE,
+            "--kubeconfig", str(api.write_kubeconfig(tmp_path / "kubeconfig")),
+            "--http-port", "0", "--config", str(tmp_path / "healthd.json")]
+    annotate(api, **{KEYS.clear: "true", KEYS.run_id: "clear-9"})
+    async with await anyio.open_process(argv, env=clean_env(tmp_path)) as proc:
+        try:
+            await eventually(lambda: KEYS.clearing in api.get("Node", NODE)["metadata"][
+                "annotations"], 30, "the clear taken")
+        finally:
+            proc.kill()
+    async with running_agent(api, tmp_path, spec=family.after, config=config,
+                             seed=False) as h:
+        answer = await eventually(lambda: h.last_run(), 20, "the clear answered")
+        assert (answer["id"], answer["accepted"], answer["checks"]) == (
+            "clear-9", True, {"dcgm": "PASS"})
+        await eventually(lambda: h.verdict() == "PASS", 10, "PASS once judged")
+        assert len(await eventually(lambda: h.events("HealthCleared"), 10, "Event")) == 1
+
+
+async def test_a_clear_answers_under_the_run_id_written_with_it(
+        api: ApiEmulator, tmp_path: Path) -> None:
+    async with running_agent(api, tmp_path, spec=FAMILIES[1].faulty) as h:
+        await _held(h, FAMILIES[1])
+        h.annotate(**{KEYS.clear: "true", KEYS.run_id: "clear-by-tool"})
+        answer = await eventually(lambda: h.last_run(), 10, "the clear answered")
+        assert (answer["id"], answer["kind"], answer["accepted"]) == (
+            "clear-by-tool", "clear", True)
+        assert KEYS.run_id not in h.annotations()
+        await eventually(lambda: h.events("HealthCleared"), 10, "HealthCleared")

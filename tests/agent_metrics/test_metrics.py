@@ -23,6 +23,7 @@ from tests.agent_metrics.conftest import (
     MODEL,
     NODE,
     builder,
+    gpu,
     gpu_labels,
     pciebw,
     remapped,
@@ -120,6 +121,30 @@ def test_gpu_that_disappears_loses_its_series(
     assert entity_status(registry, "pciebw", 2, "PASS") is None
     assert autopilot(registry, "pciebw", "2") is None
     assert autopilot(registry, "pciebw", "1") == 25.0
+
+
+def judged(times: dict[int, float | None]) -> CheckResult:
+    """pciebw's result with each GPU's `last_judged` (None: the run's check has none:
+    busy since it started, an on-demand run's fresh check)."""
+    b = builder("pciebw")
+    for index, when in times.items():
+        b.seen(gpu(index), **({"last_judged": when} if when is not None else {}))
+    return stamped(b.build())
+
+
+def test_when_a_gpu_was_last_judged_is_kept_while_the_gpu_is_there(
+    metrics: AgentMetrics, registry: CollectorRegistry
+) -> None:
+    family = "healthd_gpu_pcie_bandwidth_last_judged_timestamp_seconds"
+    metrics.observe_result("pciebw", judged({0: 100.0, 1: 200.0, 2: 300.0}))
+    metrics.observe_result("pciebw", judged({0: None, 1: 150.0, 2: 300.0}))
+    assert registry.get_sample_value(family, gpu_labels(0)) == 100  # not given: kept
+    assert registry.get_sample_value(family, gpu_labels(1)) == 200  # never moves back
+    metrics.observe_result("pciebw", stamped(CheckResult.unknown("pciebw", "no driver")))
+    assert registry.get_sample_value(family, gpu_labels(2)) == 300  # could not tell
+    metrics.observe_result("pciebw", judged({0: None, 1: None}))
+    assert registry.get_sample_value(family, gpu_labels(2)) is None  # GPU 2 is gone
+    assert registry.get_sample_value(family, gpu_labels(0)) == 100
 
 
 def test_peer_that_disappears_loses_its_series(

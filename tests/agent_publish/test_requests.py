@@ -90,6 +90,15 @@ def test_run_and_clear_together_are_two_requests_the_clear_first() -> None:
     assert [r.kind for r in requests] == ["clear", "run"]
 
 
+def test_a_clear_alone_takes_the_run_id_and_a_run_written_with_it_keeps_it() -> None:
+    alone = one({KEYS.clear: "true", KEYS.run_id: "clear-1"})
+    assert (alone.id, alone.explicit_id) == ("clear-1", True)
+    clear, run = read_requests(node_with({KEYS.clear: "true", KEYS.run: "xid",
+                                          KEYS.run_id: "repair-2"}), KEYS, REGISTRY)
+    assert clear.id.startswith("clear-") and not clear.explicit_id
+    assert (run.id, run.explicit_id) == ("repair-2", True)
+
+
 def test_request_id_comes_from_run_id_or_is_derived_stably() -> None:
     assert one({KEYS.run: "all", KEYS.run_id: "abc-1"}).id == "abc-1"
     first = read_requests(node_with({KEYS.run: "all"}, rv="7"), KEYS, REGISTRY)[0].id

@@ -116,6 +116,8 @@ AGENT_WRITES: dict[str, Callable[[Obj], Any]] = {
     "last-run annotation": lambda n: annotations(n).update({"healthd.io/last-run": "{}"}),
     "nvml-released annotation": lambda n: annotations(n).update(
         {"healthd.io/nvml-released": "healthd-system-repair/healthd-gpu-reset-gpu-7-1"}),
+    "clearing annotation": lambda n: annotations(n).update(
+        {"healthd.io/clearing": '{"id":"c1","request":"true","start":"2026-01-01T00:00:00Z"}'}),
     "condition added": lambda n: conditions(n).append(GPU_UNHEALTHY),
     "nothing": lambda n: None,
 }
@@ -198,6 +200,12 @@ def _cases() -> list[Case]:
         Case("agent: consumes a request and its id",
              _with(**{"healthd.io/run": "dcgm:3", "healthd.io/run-id": "r1"})(), node(), True),
         Case("agent: consumes a clear", _with(**{"healthd.io/clear": "true"})(), node(), True),
+        Case("agent: takes a clear, keeping it in flight",
+             _with(**{"healthd.io/clear": "true", "healthd.io/run-id": "c1"})(),
+             _with(**{"healthd.io/clearing": "{}"})(), True),
+        Case("agent: removes the clear in flight with its answer",
+             _with(**{"healthd.io/clearing": "{}"})(),
+             _with(**{"healthd.io/last-run": "{}"})(), True),
         Case("agent: withdraws its nvml-released annotation",
              _with(**{"healthd.io/nvml-released": "healthd-system-repair/j-1"})(), node(), True),
         Case("agent: first verdict on a node without labels",

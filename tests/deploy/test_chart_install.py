@@ -39,7 +39,8 @@ KEPT_LABELS = {"team": "blue", "autopilot.ibm.com/gpuhealth": "PASS"}
 AGENT_LABELS = {"autopilot.ibm.com/gpuhealth": "EVICT",
                 "autopilot.ibm.com/dcgm.level.3": "ERR_2026-11-24_10.00.00UTC"}
 AGENT_ANNOTATIONS = {"healthd.io/health": "{}", "healthd.io/last-run": "{}",
-                     "healthd.io/nvml-released": "healthd-system-repair/reset-1"}
+                     "healthd.io/nvml-released": "healthd-system-repair/reset-1",
+                     "healthd.io/clearing": "{}"}
 MONITORING_CRD = "servicemonitors.monitoring.coreos.com"
 POLL_S = 1.0
 

@@ -57,7 +57,7 @@ def test_removes_healthds_keys_and_condition_only(emulator: ThreadedEmulator,
         node("gpu-a", {**OTHERS_LABELS, **ours},
              {**OTHERS_ANNOTATIONS, "healthd.io/health": "{}", "healthd.io/last-run": "{}",
               "healthd.io/nvml-released": "healthd-system-repair/reset-1",
-              "healthd.io/peers": '{"epoch":1,"peers":[]}'},
+              "healthd.io/clearing": "{}", "healthd.io/peers": '{"epoch":1,"peers":[]}'},
              [READY, {"type": "GPUUnhealthy", "status": "True"}]),
         node("gpu-b", dict(OTHERS_LABELS), dict(OTHERS_ANNOTATIONS), [READY]),  # nothing of ours
     )

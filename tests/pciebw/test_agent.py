@@ -1,7 +1,8 @@
 """pciebw in the agent: on a machine with a busy GPU that measures low, 20 runs never
-change the node's label (an idle GPU measuring as low turns it WARN); and the agent's
-RSS does not move while pciebw measures with a 256 MiB buffer: the buffer lives in
-the child, not in the agent."""
+change the node's label (an idle GPU measuring as low turns it WARN); an on-demand run
+that finds every GPU busy keeps when each was last judged; and the agent's RSS does
+not move while pciebw measures with a 256 MiB buffer: the buffer lives in the child,
+not in the agent."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from healthd.config import Config
 from healthd.sim.apiserver import ApiEmulator
-from healthd.sim.machine import MachineSpec, parse_machine_spec
+from healthd.sim.machine import BusyFault, GpuFault, MachineSpec, parse_machine_spec
 from tests.agent.harness import KEYS, NODE, eventually, node_object, running_agent
 
 pytestmark = pytest.mark.anyio
@@ -86,6 +87,25 @@ async def test_an_idle_gpu_measuring_as_low_turns_the_node_warn(
     labels, judged = await over_pciebw_runs(api, tmp_path, machine(SLOW_GPU_1), 4)
     assert labels[-1] == "WARN"  # PCIE_BW_LOW, raised after 2 of 3 runs
     assert set(judged) == {"0", "1"}
+
+
+async def test_an_on_demand_run_on_busy_gpus_keeps_when_each_was_last_judged(
+        api: ApiEmulator, tmp_path: Path) -> None:
+    """The periodic run judged both GPUs; then work holds them and an admin asks for
+    pciebw: the GPUs are not judged, and the time they last were stays (the alert on
+    a GPU not judged for a day reads it)."""
+    config = Config.model_validate(pciebw_config(3600.0, busy_retries=0))
+    async with running_agent(api, tmp_path, spec=machine(), config=config) as h:
+        await eventually(partial(ran, h.metric, 1), 30, "the periodic pciebw run")
+        judged = last_judged(h.agent.registry)
+        assert set(judged) == {"0", "1"}
+        for gpu in (0, 1):
+            h.sim.nvml.inject(GpuFault(gpu=gpu, busy=BusyFault(processes=1, pcie_rx_gbps=24.8)))
+        h.request("pciebw", run_id="busy")
+        answer = await eventually(lambda: (a := h.last_run()) and a["id"] == "busy" and a,
+                                  30, "the answer")
+        assert answer["checks"] == {"pciebw": "SKIPPED"}
+        assert last_judged(h.agent.registry) == judged
 
 
 def free_port() -> int:

@@ -1,7 +1,8 @@
 """Reading what was written gives back what was meant, for any document (hypothesis):
 `decode(encode(x)) == x` for the health annotation (with its ping view), the
-last-run answer and the repair annotation. And reading never fails with an exception,
-whatever the annotation holds: anyone with node-patch rights can write it."""
+last-run answer, the repair annotation and the clear in flight. And reading never
+fails with an exception, whatever the annotation holds: anyone with node-patch rights
+can write it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from healthd.published import (
     CheckStatus,
+    Clearing,
     Health,
     Holding,
     LastRun,
@@ -49,6 +51,8 @@ attempts = st.builds(RepairAttempt, text, text, st.lists(names, max_size=3).map(
 repairs = st.builds(Repair, text, text, text, st.lists(names, max_size=3).map(tuple), text,
                     text, text, text, st.lists(attempts, max_size=4).map(tuple))
 
+clearings = st.builds(Clearing, text, text, text)
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | text,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(text, inner, max_size=4),
@@ -79,6 +83,11 @@ def test_a_repair_document_reads_back_as_written(doc: Repair) -> None:
     assert Repair.decode(doc.encode()) == doc
 
 
+@given(clearings)
+def test_a_clear_in_flight_reads_back_as_written(doc: Clearing) -> None:
+    assert Clearing.decode(doc.encode()) == doc
+
+
 @given(healths)
 def test_the_encoding_is_compact_ascii_json(doc: Health) -> None:
     encoded = doc.encode()
@@ -88,7 +97,7 @@ def test_the_encoding_is_compact_ascii_json(doc: Health) -> None:
 
 @given(shaped)
 def test_any_json_reads_as_a_document_or_says_why(value: Any) -> None:
-    for model in (Health, LastRun, Repair):
+    for model in (Health, LastRun, Repair, Clearing):
         decoded = model.decode(json.dumps(value))
         assert isinstance(decoded, model | Undecodable)
         if isinstance(decoded, Undecodable):
@@ -102,3 +111,4 @@ def test_any_text_reads_as_a_document_or_says_why(raw: str | bytes) -> None:
     assert isinstance(Health.decode(raw), Health | Undecodable)
     assert isinstance(LastRun.decode(raw), LastRun | Undecodable)
     assert isinstance(Repair.decode(raw), Repair | Undecodable)
+    assert isinstance(Clearing.decode(raw), Clearing | Undecodable)
