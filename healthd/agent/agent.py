@@ -7,7 +7,8 @@ Parts (each handed what it uses at construction):
   result, TESTING and clear goes through it to the metrics and the publisher;
 - the runner (healthd.agent.runner) and the planned runs over it
   (healthd.agent.deepruns: exclusive checks as Jobs, only when no pod holds the
-  node's GPUs);
+  node's GPUs); the diagnostics an earlier agent left running
+  (healthd.agent.deepresume), found before the first judgement is shown;
 - the publisher (healthd.agent.node_status), the one writer of the Node;
 - the node watch (healthd.agent.node_watch): its first copy of the Node is what the
   node's health resumes (healthd.agent.resume), before anything is written; on-demand requests
@@ -19,17 +20,20 @@ Parts (each handed what it uses at construction):
 
 Activities (tasks of one task group, all children of `Agent.run`): the schedule
 (healthd.agent.schedule): periodic rounds through the runner; the node watch; the
-request handler; finding this node's own agent pod once (the `nic` check's
-interfaces, healthd.agent.peers); an event run per check that declares an event
-source (healthd.agent.event_runs); the Warnings about unusable checks; a small loop
-that reports the publisher's health to the metrics; one that tells the node's health
-when the first round has ended (the verdict is shown only from then on); the NVML
+request handler; finishing the diagnostics an earlier agent left running; finding
+this node's own agent pod once (the `nic` check's interfaces, healthd.agent.peers); an
+event run per check that declares an event source (healthd.agent.event_runs); the
+Warnings about unusable checks; a small loop that reports the publisher's health to
+the metrics; one that tells the node's health when the first round has ended and the
+diagnostics left running are known (the verdict is shown only from then on); the NVML
 release; and the publisher's own loop. /readyz comes from the schedule's progress
-(healthd.agent.readiness). The schedule's first round waits (briefly) for the Node and
-for the release to act on it.
+(healthd.agent.readiness). The schedule's first round waits (briefly) for the Node,
+for the release to act on it and for the diagnostics left running to hold the GPUs.
 
 `stop()` is the graceful end (SIGTERM): cancel the checks (their subprocesses die
-with them), give the publisher `shutdown_flush_s` to write the last state, return.
+with them) but leave a diagnostic Job in flight running, with the node TESTING, for
+the next agent to finish; give the publisher `shutdown_flush_s` to write the last
+state, return.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from checks.nvml_reader import NvmlReader
 from checks.probes import Probes
 from checks.snapshot import NvmlGpuSource
 from healthd.agent.deepdiag import DeepDiagnostic
+from healthd.agent.deepresume import ResumedDiagnostics
 from healthd.agent.deepruns import DeepRuns, deep_job_env
 from healthd.agent.event_runs import Activity, Feeds, effective_config, event_loops
 from healthd.agent.health import NodeHealth, policy_of, validates_new_nodes
@@ -98,6 +103,7 @@ class Parts:
     runner: Runner
     runs: DeepRuns
     requests: RequestHandler
+    resumed: ResumedDiagnostics
     own_pod: OwnPod
     peers: PublishedPeers
     release: NvmlRelease
@@ -158,8 +164,11 @@ class Agent:
     # -- lifecycle ---------------------------------------------------------------------
 
     def stop(self) -> None:
-        """End `run()` gracefully: cancel the checks, flush the last state, return."""
+        """End `run()` gracefully: cancel the checks, flush the last state, return. A
+        diagnostic Job in flight is left running for the next agent."""
         self._stopping = True
+        if self.parts is not None:
+            self.parts.runs.diag.hand_over()
         if self._work is not None:
             self._work.cancel()
 
@@ -233,20 +242,22 @@ class Agent:
         plan = partial(planned_check, self.config, probes=self.probes)
         requests = RequestHandler(health, runs, watch=node_watch, publisher=publisher,
                                   events=events, plan=plan, keys=self.keys)
+        resumed = ResumedDiagnostics(runs, watch=node_watch, plan=plan, known=_known_check,
+                                     answer=requests.answer_resumed, keys=self.keys)
         own_pod = OwnPod(kube, self.node, namespace=self.settings.peers.namespace,
                          label_selector=self.settings.peers.label_selector,
                          on_attachments=self._attachments_changed,
                          pod_name=self.config.pod_name)
         return Parts(kube, publisher, node_watch, events, unavailable, health, runner, runs,
-                     requests, own_pod, peers, release)
+                     requests, resumed, own_pod, peers, release)
 
     def _activities(self, parts: Parts, gpus: NvmlGpuSource, jobs: list[Job]) -> list[Activity]:
         """What runs until stopped, besides the publisher (which outlives them to flush)."""
         feeds = Feeds(gpus, self.kernel_log, run=partial(_run_on_event, parts.runner),
                       label_shown=parts.health.label_shown)
         return [partial(parts.node_watch.run, parts.kube), parts.requests.serve,
-                parts.own_pod.run, parts.unavailable.run, partial(self._report_publisher, parts),
-                parts.release.run,
+                parts.resumed.run, parts.own_pod.run, parts.unavailable.run,
+                partial(self._report_publisher, parts), parts.release.run,
                 partial(self._start_schedule, parts, jobs), partial(self._first_round, parts),
                 *event_loops(self.config, feeds, self.probes)]
 
@@ -260,15 +271,18 @@ class Agent:
 
     async def _start_schedule(self, parts: Parts, jobs: list[Job]) -> None:
         # The GPU count may come from the Node, and NVML opens only once the Node is
-        # read (it may say a GPU reset is under way): wait briefly for both.
+        # read (it may say a GPU reset is under way); a diagnostic an earlier agent left
+        # running holds the GPUs: wait briefly for all three.
         with anyio.move_on_after(self.settings.api_timeout_s):
             await parts.node_watch.seen.wait()
             await parts.release.decided.wait()
+            await parts.resumed.looked.wait()
         self.readiness.start(jobs, self.clock())
         await Schedule(jobs).run(partial(self._fire, parts))
 
     async def _first_round(self, parts: Parts) -> None:
         await self.readiness.first_round.wait()
+        await parts.resumed.looked.wait()  # a diagnostic left running keeps the node TESTING
         parts.health.first_round_done()
 
     async def _fire(self, parts: Parts, job: Job) -> None:

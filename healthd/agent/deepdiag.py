@@ -14,7 +14,11 @@ shared with the controller's GPU resets.
 Whatever happens (no pod within the schedule deadline, the pod dies, the API fails,
 the caller is cancelled) the Job is deleted in a shielded `finally`, and a failure
 is a `DiagOutcome` with a readable `error` plus a Warning Event on the Node, never
-an exception.
+an exception. One exception: a stopping agent (`hand_over`) leaves the Job it follows
+running. The run belongs to the node: the Job carries what it is for
+(healthd.agent.deeprecord), and the next agent finds it (`find`), follows it to its
+end (`resume`), reads its result once and deletes it. A Job whose pod is gone
+without a result is a run without a result, never a pass.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import anyio
 
 from checks.base import Check, CheckContext, CheckResult
 from checks.catalog import Catalog
+from healthd.agent.deeprecord import DeepRecord
 from healthd.check.termination import SummaryError, parse_summary
 from healthd.kube.conventions import Keys, Reason
 from healthd.kube.errors import KubeError
@@ -38,13 +43,16 @@ from healthd.kube.jobs import (
     TERMINATION_LOG,
     PodPlacement,
     gpu_job,
+    job_end,
     label_value,
 )
 from healthd.kube.objects import (
     JOBS,
     PODS,
+    annotations_of,
     condition_of,
     container_statuses_of,
+    dicts,
     meta,
     name_of,
     node_name_of,
@@ -99,9 +107,11 @@ def container_security() -> Obj:
 
 
 def job_manifest(node: str, key: str, gpu_count: int, settings: DeepDiagSettings,
-                 keys: Keys, env: Mapping[str, str] | None = None) -> Obj:
+                 keys: Keys, env: Mapping[str, str] | None = None,
+                 record: DeepRecord | None = None) -> Obj:
     """The Job that runs check `key` on `node` with all `gpu_count` GPUs reserved;
-    `env` reaches its container (e.g. the agent's DCGM host engine)."""
+    `env` reaches its container (e.g. the agent's DCGM host engine), `record` says
+    what the run is for (so another agent can finish it)."""
     labels = {keys.diagnostic: "true", keys.node: label_value(node)}
     container = {
         "name": "diagnostic",
@@ -113,7 +123,8 @@ def job_manifest(node: str, key: str, gpu_count: int, settings: DeepDiagSettings
     }
     metadata = {"generateName": job_name_prefix(node), "namespace": settings.namespace,
                 "labels": {**labels, keys.check: label_value(key)},
-                "annotations": {keys.node_name: node}}
+                "annotations": {keys.node_name: node,
+                                **({keys.diagnostic_run: record.encode()} if record else {})}}
     return gpu_job(metadata=metadata, node=node, gpu_count=gpu_count, container=container,
                    placement=placement_of(settings, pod_security()), pod_labels=labels,
                    deadline_s=settings.schedule_deadline_s + settings.run_deadline_s)
@@ -197,32 +208,96 @@ class DeepDiagnostic:
         self.job_env = dict(job_env or {})
         self.events = events
         self.catalog = catalog or Catalog()
+        self._handing_over = False
+        self._created: set[str] = set()  # names of the Jobs this process created
+        self.left: set[str] = set()  # keys whose Job was left running for the next agent
 
-    async def run(self, key: str, gpu_count: int) -> DiagOutcome:
-        """Create the Job, follow its pod to the end, read the result, delete the Job."""
+    def hand_over(self) -> None:
+        """The agent is stopping: a run cancelled from now on leaves its Job running
+        (and its node TESTING) for the next agent, which finishes it."""
+        self._handing_over = True
+
+    async def run(self, key: str, gpu_count: int,
+                  record: DeepRecord | None = None) -> DiagOutcome:
+        """Create the Job (carrying `record`), follow its pod to the end, read the
+        result, delete the Job."""
         started = time.time()
-        job: Obj | None = None
         if gpu_count < 1:  # a Job asking for no GPU would reserve nothing: not exclusive
-            outcome = DiagOutcome(None, f"no GPUs to reserve (gpu_count={gpu_count})")
-            await self._warn(key, outcome.error)
-            return outcome
+            return await self._failed(key, f"no GPUs to reserve (gpu_count={gpu_count})")
         try:
             job = await self.kube.create(JOBS, job_manifest(self.node, key, gpu_count,
                                                             self.settings, self.keys,
-                                                            self.job_env))
-            result = await self._follow(job, key.partition(":")[0])
-            outcome = DiagOutcome(result.timed(started, result.duration_s), "")
+                                                            self.job_env, record))
         except KubeError as exc:
-            outcome = DiagOutcome(None, f"cannot create the diagnostic Job: {exc}")
-        except DiagnosticFailed as exc:
-            outcome = DiagOutcome(None, str(exc))
+            return await self._failed(key, f"cannot create the diagnostic Job: {exc}")
+        self._created.add(name_of(job))
+        return await self._finish(job, key, started)
+
+    async def resume(self, job: Obj, key: str, started: float) -> DiagOutcome:
+        """Follow a Job an earlier agent created (at `started`) to its end, read the
+        result, delete the Job. A Job that ended while no agent watched, its pod gone,
+        has no result."""
+        return await self._finish(job, key, started, resumed=True)
+
+    async def find(self) -> list[Obj]:
+        """This node's diagnostic Jobs that this process did not create: those earlier
+        agents left (KubeError when they cannot be listed)."""
+        selector = f"{self.keys.diagnostic}=true,{self.keys.node}={label_value(self.node)}"
+        listing = await self.kube.list(JOBS, self.settings.namespace, label_selector=selector)
+        return [job for job in dicts(listing.get("items"))
+                if annotations_of(job).get(self.keys.node_name) == self.node
+                and name_of(job) not in self._created]
+
+    async def discard(self, job: Obj, why: str) -> None:
+        """Delete a Job of this node that cannot be finished, saying why."""
+        await self.warn("cleanup", f"diagnostic Job {name_of(job)} {why}: deleted")
+        with anyio.CancelScope(shield=True):
+            await self._delete(job)
+
+    async def _finish(self, job: Obj, key: str, started: float, *,
+                      resumed: bool = False) -> DiagOutcome:
+        outcome: DiagOutcome | None = None
+        try:
+            outcome = await self._read(job, key, started, resumed=resumed)
         finally:
-            if job is not None:
+            if outcome is None and self._handing_over:
+                self.left.add(key)  # cancelled while stopping: the next agent finishes it
+            else:
                 with anyio.CancelScope(shield=True):
                     await self._delete(job)
         if outcome.error:
-            await self._warn(key, outcome.error)
+            await self.warn(key, outcome.error)
         return outcome
+
+    async def _read(self, job: Obj, key: str, started: float, *, resumed: bool) -> DiagOutcome:
+        try:
+            if resumed:
+                await self._pod_left(job)
+            result = await self._follow(job, key.partition(":")[0])
+        except DiagnosticFailed as exc:
+            return DiagOutcome(None, str(exc))
+        except KubeError as exc:
+            return DiagOutcome(None, f"cannot follow the diagnostic Job: {exc}")
+        return DiagOutcome(result.timed(started, result.duration_s), "")
+
+    async def _failed(self, key: str, error: str) -> DiagOutcome:
+        await self.warn(key, error)
+        return DiagOutcome(None, error)
+
+    async def _pod_left(self, job: Obj) -> None:
+        """A resumed Job that has ended must still have its pod, whose termination
+        message holds the result; DiagnosticFailed when it is gone (a drain, its TTL).
+        When the API cannot say, the pod is followed as usual."""
+        end = job_end(job)
+        if not end:
+            return
+        selector = f"controller-uid={meta(job).get('uid', '')}"
+        try:
+            pods = await self.kube.list(PODS, self.settings.namespace, label_selector=selector)
+        except KubeError:
+            return
+        if not pods.get("items"):
+            raise DiagnosticFailed(f"the diagnostic pod is gone without a result (Job {end})")
 
     async def _follow(self, job: Obj, check: str) -> CheckResult:
         """Watch the Job's pod: scheduled within the schedule deadline, finished
@@ -258,9 +333,10 @@ class DeepDiagnostic:
                 await self.kube.delete(JOBS, name_of(job), self.settings.namespace,
                                        propagation="Background")
         except (KubeError, TimeoutError) as exc:
-            await self._warn("cleanup", f"cannot delete diagnostic Job {name_of(job)}: {exc}")
+            await self.warn("cleanup", f"cannot delete diagnostic Job {name_of(job)}: {exc}")
 
-    async def _warn(self, key: str, message: str) -> None:
+    async def warn(self, key: str, message: str) -> None:
+        """A Warning Event on the Node: diagnostic `key` failed, and why."""
         involved = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.node}}
         with anyio.CancelScope(shield=True), anyio.move_on_after(DELETE_TIMEOUT_S):
             await self.events.record(involved, type="Warning", reason=Reason.DIAGNOSTIC_FAILED,
@@ -269,10 +345,15 @@ class DeepDiagnostic:
 
 class DeepCheck:
     """An exclusive check run as a Job: the runner sees an ordinary exclusive check,
-    so the gate keeps every other check off the GPUs while it runs."""
+    so the gate keeps every other check off the GPUs while it runs. It creates its Job
+    (carrying `record`), or follows `resumed`, a Job an earlier agent created at
+    `started`."""
 
-    def __init__(self, check: Check, diag: DeepDiagnostic, key: str, gpu_count: int) -> None:
+    def __init__(self, check: Check, diag: DeepDiagnostic, key: str, gpu_count: int, *,
+                 record: DeepRecord | None = None, resumed: Obj | None = None,
+                 started: float = 0.0) -> None:
         self.inner, self.diag, self.key, self.gpu_count = check, diag, key, gpu_count
+        self.record, self.resumed, self.started = record, resumed, started
         self.NAME = check.NAME
         self.params = check.params
 
@@ -290,7 +371,9 @@ class DeepCheck:
         return self.inner.labelled_level
 
     async def run(self, ctx: CheckContext) -> CheckResult:
-        outcome = await self.diag.run(self.key, self.gpu_count)
+        outcome = await (self.diag.resume(self.resumed, self.key, self.started)
+                         if self.resumed is not None
+                         else self.diag.run(self.key, self.gpu_count, self.record))
         if outcome.result is None:  # DeepDiagnostic already told the node (an Event)
             return CheckResult.unknown(self.NAME, outcome.error)
         return outcome.result

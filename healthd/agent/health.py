@@ -119,7 +119,7 @@ class NodeHealth:
             log.warning("not resumed from the node: %s", note, extra={"node": self.node})
         self.resumed = True
         state = resume(self.state, taken.held, taken.checks, shown=taken.shown,
-                       since=taken.since, at=self.clock())
+                       since=taken.since, at=self.clock(), testing=taken.testing)
         log.info("resumed from the node: label %s, %d holding(s)%s",
                  taken.shown.value if taken.shown else "none", len(taken.held),
                  "".join(f"; {h.code} on {h.entity} ({h.severity.value})" for h in taken.held),

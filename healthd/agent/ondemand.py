@@ -34,6 +34,7 @@ from typing import Any
 
 import checks
 from checks.base import CheckResult, Severity
+from healthd.agent.deeprecord import Asked
 from healthd.agent.deepruns import DeepRuns
 from healthd.agent.health import NodeHealth
 from healthd.agent.node_events import NodeEvents
@@ -133,23 +134,29 @@ class RequestHandler:
             if request.error:
                 raise Refused(request.error)
             if request.kind == "clear":
-                results = await self._clear()
+                results = await self._clear(Asked(request, start))
             else:
-                results = await self._run(request)
+                results = await self._run(Asked(request, start))
         except Refused as exc:
             await self._answer(request, start, error=str(exc), results={})
             return
         await self._answer(request, start, error="", results=results)
 
-    async def _run(self, request: Request) -> Results:
-        planned = self._plan([str(s) for s in request.selected])
-        await self._refuse_if_busy(planned)
-        return await self.runs.run_planned(planned, Trigger.ON_DEMAND)
+    async def answer_resumed(self, request: Request, start: float, results: Results) -> None:
+        """Answer a request whose diagnostic an earlier agent started and this one
+        finished (healthd.agent.deepresume)."""
+        with log_context(request_id=request.id):
+            await self._answer(request, start, error="", results=results)
 
-    async def _clear(self) -> Results:
+    async def _run(self, asked: Asked) -> Results:
+        planned = self._plan([str(s) for s in asked.request.selected])
+        await self._refuse_if_busy(planned)
+        return await self.runs.run_planned(planned, Trigger.ON_DEMAND, asked)
+
+    async def _clear(self, asked: Asked) -> Results:
         planned = self._plan(self.health.start_clear())
         await self._refuse_if_busy(planned)
-        return await self.runs.run_planned(planned, Trigger.CLEAR)
+        return await self.runs.run_planned(planned, Trigger.CLEAR, asked)
 
     def _plan(self, keys: list[str]) -> list[Planned]:
         try:

@@ -12,6 +12,9 @@ So before its first write the agent reads its Node and resumes:
   in a steady state; a resumed hold is at least what its flaps make it;
 - each check's last published status, so the first round rewrites nothing that did
   not change;
+- the exclusive diagnostics it showed running (`testing`): the node stays TESTING
+  until the agent has found their Jobs and followed them to their end, or found none
+  (healthd.agent.deepresume);
 - the label: ERR or EVICT on the label that the resumed holdings do not explain (the
   annotation is missing, garbage, or says less) is held as `VERDICT_RESUMED` at that
   severity until an admin clears it. A verdict is never turned into a PASS by an
@@ -36,6 +39,7 @@ from healthd.capacity.health import verdict_of
 from healthd.kube.conventions import Keys, Verdict
 from healthd.kube.shapes import Node, view
 from healthd.published import (
+    REPAIR_TESTING,
     CheckStatus,
     Health,
     Holding,
@@ -60,6 +64,7 @@ class Resumed:
     shown: Verdict | None = None  # the verdict label (None: none, or not one of ours)
     since: float | None = None  # when the Node's verdict last changed
     notes: tuple[str, ...] = ()  # what was not resumed, and why
+    testing: frozenset[str] = frozenset()  # exclusive diagnostics the Node showed running
 
 
 def resumed_from(node: Mapping[str, Any], keys: Keys, *, known: Callable[[str], bool],
@@ -84,7 +89,22 @@ def resumed_from(node: Mapping[str, Any], keys: Keys, *, known: Callable[[str], 
     unexplained = _unexplained(shown, held, doc, at)
     if unexplained is not None:
         held.append(unexplained)
-    return Resumed(tuple(held), MappingProxyType(checks), shown, since, tuple(notes))
+    return Resumed(tuple(held), MappingProxyType(checks), shown, since, tuple(notes),
+                   _diagnostics(doc, known))
+
+
+def diagnostics_shown(node: Mapping[str, Any], keys: Keys, *,
+                      known: Callable[[str], bool]) -> frozenset[str]:
+    """The check keys of the exclusive diagnostics `node` shows running (`testing` in
+    its health document, the repair's key left out), of checks this agent has."""
+    return _diagnostics(read_health(node, keys), known)
+
+
+def _diagnostics(doc: Health | Undecodable | None,
+                 known: Callable[[str], bool]) -> frozenset[str]:
+    if not isinstance(doc, Health):
+        return frozenset()
+    return frozenset(key for key in doc.testing if key != REPAIR_TESTING and known(key))
 
 
 def _with_probed(checks: dict[str, CheckState], doc: Health) -> dict[str, CheckState]:

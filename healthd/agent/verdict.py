@@ -7,7 +7,8 @@ a `HealthState` and returns a new one:
 - `apply(state, key, result, ...)`: one finished run of a check (any trigger);
 - `start_testing` / `end_testing`: an exclusive diagnostic holds the GPUs;
 - `request_clear`: an admin asked to clear what holds the node bad;
-- `resume`: what the Node showed before this process started (healthd.agent.resume).
+- `resume`: what the Node showed before this process started (healthd.agent.resume),
+  the exclusive checks it showed running among it.
 
 Rules:
 - Findings are tracked per (check key, code, entity): the same code on gpu1 and gpu3
@@ -47,7 +48,9 @@ Rules:
   PASS but publishers leave the label alone: UNKNOWN never changes the label.
 - Resuming. A restarted agent takes back the holdings its Node showed (`resume`):
   each keeps its severity, stickiness, pending clear and flaps, and a track so later
-  sightings count as before; its clean-run count starts over. A holding of check
+  sightings count as before; its clean-run count starts over. An exclusive check the
+  Node showed running stays in `testing` (its Job outlives the process) until its
+  result, or the news that it has none, ends it. A holding of check
   `RESUMED` stands for a verdict the Node showed that nothing else explains: a clear
   releases it at once (there is no check to re-run).
 """
@@ -293,19 +296,22 @@ def request_clear(state: HealthState, *, at: float) -> tuple[HealthState, frozen
 
 
 def resume(state: HealthState, held: Iterable[Held], checks: Mapping[str, CheckState], *,
-           shown: Verdict | None, since: float | None, at: float) -> HealthState:
+           shown: Verdict | None, since: float | None, at: float,
+           testing: frozenset[str] = frozenset()) -> HealthState:
     """Take back what the Node showed before this process started: the holdings
-    `state` does not hold yet (each with a track, so its flaps carry on) and the last
-    state of checks that have not run since. `shown`: the verdict the Node showed
-    (None: none), which counts as a judgement; `since`: when it last changed, kept
-    while the verdict is the same."""
+    `state` does not hold yet (each with a track, so its flaps carry on), the last
+    state of checks that have not run since, and the exclusive checks it showed
+    running (`testing`: their runs outlive the process). `shown`: the verdict the
+    Node showed (None: none), which counts as a judgement; `since`: when it last
+    changed, kept while the verdict is the same."""
     have = {h.key for h in state.held}
     taken = tuple(h for h in held if h.key not in have)
     tracks = dict(state.tracks)
     for h in taken:
         tracks.setdefault(h.key, Track(recent=(True,), flaps=h.flaps, gap=h.gap))
     new = _settle(state, at, held=(*state.held, *taken), checks={**checks, **state.checks},
-                  tracks=tracks, judged=state.judged or shown is not None or bool(taken))
+                  tracks=tracks, judged=state.judged or shown is not None or bool(taken),
+                  testing=state.testing | testing)
     if since is not None and new.verdict is shown:
         new = replace(new, since=since)
     return new

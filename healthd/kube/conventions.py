@@ -182,6 +182,13 @@ class Keys:
         return f"{self.own_prefix}check"
 
     @property
+    def diagnostic_run(self) -> str:
+        """Annotation on a diagnostic Job: what its run is for (the check key, the
+        trigger, the request to answer; healthd.agent.deeprecord), so whichever agent
+        runs on the node when it ends can finish it."""
+        return f"{self.own_prefix}diagnostic-run"
+
+    @property
     def probe(self) -> str:
         """Label on the pvc check's test PVCs and pods: `pvc`."""
         return f"{self.own_prefix}probe"

@@ -90,3 +90,16 @@ def gpu_job(*, metadata: Obj, node: str, gpu_count: int, container: Obj,
             "template": {"metadata": {"labels": dict(pod_labels)}, "spec": pod_spec},
         },
     }
+
+
+def job_end(job: Mapping[str, Any]) -> str:
+    """How a Job ended, as its True `Complete` or `Failed` condition says
+    (`Failed: BackoffLimitExceeded`); "" while it runs."""
+    status = job.get("status")
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    for cond in conditions if isinstance(conditions, list) else ():
+        if (isinstance(cond, dict) and cond.get("type") in ("Complete", "Failed")
+                and cond.get("status") == "True"):
+            why = cond.get("reason") or cond.get("message")
+            return f"{cond['type']}: {why}" if why else str(cond["type"])
+    return ""

@@ -7,8 +7,11 @@ on, directly on the emulator's store (its own writes stay out of the request log
 - Job controller: for each new Job, one pod from the template (labels `job-name`,
   `controller-uid`, owner reference); the Job's status follows the pod
   (`active`, then `succeeded`/`failed` with a Complete/Failed condition);
-  `activeDeadlineSeconds` kills the pod (reason DeadlineExceeded); deleting the Job
-  deletes its pods, as the garbage collector does.
+  `activeDeadlineSeconds` kills the pod (reason DeadlineExceeded); a pod deleted
+  before it ended (a drain, an admin) counts as failed, and with no retry
+  (`backoffLimit: 0`, which every healthd Job sets) fails the Job (reason
+  BackoffLimitExceeded); deleting the Job deletes its pods, as the garbage
+  collector does.
 - Scheduler: binds the pod to the node its affinity names (`matchFields`
   metadata.name In [...], `nodeName` or the hostname node selector) when that Node
   exists and has the GPUs free (`status.allocatable`, minus live pods holding GPUs);
@@ -211,11 +214,29 @@ class FakeKubelet:
             self._set_job_status(job, active=1, startTime=now_text())
             deadline = job["spec"].get("activeDeadlineSeconds")
             with anyio.move_on_after(float(deadline) if deadline else float("inf")) as timer:
-                ended = await self._play_pod(pod)
+                ended = await self._play_unless_deleted(pod)
             if timer.cancelled_caught:
                 ended = self._terminate(pod, Termination(137), reason="DeadlineExceeded")
+            if ended is None:  # deleted before it ended: a failure, and no retry
+                self._finish_job(job, True, "BackoffLimitExceeded")
+                return
             failed = ended["status"]["phase"] == "Failed"
             self._finish_job(job, failed, "DeadlineExceeded" if timer.cancelled_caught else "")
+
+    async def _play_unless_deleted(self, pod: Obj) -> Obj | None:
+        """The pod played to its end, or None when it is deleted first."""
+        ended: Obj | None = None
+        async with anyio.create_task_group() as group:
+            async def play() -> None:
+                nonlocal ended
+                ended = await self._play_pod(pod)
+                group.cancel_scope.cancel()
+            group.start_soon(play)
+            meta = pod["metadata"]
+            while self.api.get("Pod", meta["name"], meta["namespace"]) is not None:
+                await anyio.sleep(0.1)
+            group.cancel_scope.cancel()
+        return ended
 
     def _create_pod(self, job: Obj) -> Obj:
         meta, template = job["metadata"], job["spec"].get("template") or {}

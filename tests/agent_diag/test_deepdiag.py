@@ -15,11 +15,12 @@ import anyio
 import pytest
 
 from checks.base import Entity, Severity
-from healthd.agent.deepdiag import DeepDiagnostic, DiagOutcome
+from healthd.agent.deepdiag import DeepDiagnostic, DiagOutcome, job_manifest
 from healthd.config.agent import DeepDiagSettings
 from healthd.kube.client import Kube
-from healthd.kube.conventions import COMPONENT, GPU_RESOURCE, Reason
+from healthd.kube.conventions import COMPONENT, GPU_RESOURCE, Keys, Reason
 from healthd.kube.events import EventRecorder
+from healthd.kube.objects import JOBS
 from healthd.sim.apiserver import ApiEmulator
 from healthd.sim.kubelet import FakeKubelet, HealthdRunner, Mode, Termination
 
@@ -194,3 +195,37 @@ async def test_no_gpus_no_job(api: ApiEmulator, kube: Kube) -> None:
     outcome = await diagnostic(kube).run("dcgm:3", 0)
     await expect_failure(api, outcome, "no GPUs to reserve")
     assert api.writes("POST", JOBS_PATH) == []
+
+
+async def test_a_job_handed_over_is_found_and_finished_by_another(api: ApiEmulator,
+                                                                  kube: Kube) -> None:
+    """A stopping agent leaves its Job running and says nothing; the next one finds it
+    (not another node's), reads the result and deletes it."""
+    release = anyio.Event()
+
+    async def held(pod: dict[str, Any]) -> Termination:
+        await release.wait()
+        return await HealthdRunner("healthy-8xh100")(pod)
+
+    api.seed(node(), node("gpu-node-10"))
+    stopping = diagnostic(kube)
+    others = await kube.create(JOBS, job_manifest("gpu-node-10", "dcgm:3", 8,
+                                                  stopping.settings, Keys()))
+    async with kubelet(api, runner=held):
+        async with anyio.create_task_group() as group:
+            group.start_soon(stopping.run, "dcgm:3", 8)
+            await until(lambda: sum(p["status"]["phase"] == "Running"
+                                    for p in api.list("Pod", DIAG_NS)) == 2)
+            stopping.hand_over()
+            group.cancel_scope.cancel()
+        assert stopping.left == {"dcgm:3"} and len(api.list("Job", DIAG_NS)) == 2
+        assert node_events(api) == []
+        next_agent = diagnostic(kube)
+        (job,) = await next_agent.find()
+        assert job["metadata"]["name"] != others["metadata"]["name"]
+        release.set()
+        outcome = await next_agent.resume(job, "dcgm:3", started=1.0)
+    assert outcome.error == "" and outcome.result is not None
+    assert outcome.result.status is Severity.PASS and outcome.result.started_at == 1.0
+    assert [j["metadata"]["name"] for j in api.list("Job", DIAG_NS)] == \
+        [others["metadata"]["name"]]
