@@ -556,7 +556,8 @@ class RepairReactor:
         if holding:
             waited = now - (parse_time(repair.since) or now)
             if waited < self._repair.release_timeout:
-                self._follow_pods(current.name)
+                if repair.operands:
+                    self._follow_pods(current.name)
                 self._later(current.name, self._repair.release_timeout - waited)
                 return
             self._stop_following_pods(current.name)
@@ -564,7 +565,7 @@ class RepairReactor:
                                   f"{'; '.join(holding)} did not let go of the GPUs within "
                                   f"{self._repair.release_timeout:g} s", now)
             return
-        if self._following_pods(current.name) is None:
+        if repair.operands and self._following_pods(current.name) is None:
             self._follow_pods(current.name)  # a new term: read the node's pods first
             return
         self._stop_following_pods(current.name)
@@ -629,7 +630,6 @@ class RepairReactor:
                         pods[key] = view(Pod, event.object)
                     if node in self._node_pods:
                         self._work.mark(node)
-            self._node_pods.pop(node, None)
 
         self._group.start_soon(follow)
 
