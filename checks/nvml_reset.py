@@ -41,6 +41,7 @@ class GpuView:
     persistence: bool | None = None  # None: could not be read
     processes: tuple[tuple[int, str], ...] = ()  # (pid, "compute" or "graphics")
     problem: str = ""  # what could not be read; "" when everything was
+    together: str = ""  # why it resets only with every GPU of the board; "": alone
 
 
 def _call(fn: Callable[..., T], *args: Any) -> T:
@@ -92,7 +93,18 @@ class NvmlGpus:
             processes += [(int(p.pid), kind) for p in found]
         persistence = None if mode is None else mode == pynvml.NVML_FEATURE_ENABLED
         return GpuView(uuid, None if minor is None else int(minor), persistence,
-                       tuple(processes), "; ".join(problems))
+                       tuple(processes), "; ".join(problems), _together(handle))
+
+    def board(self) -> list[str]:
+        """The UUIDs of every GPU NVML sees (what a reset of the whole board resets);
+        [] when they cannot be listed."""
+        try:
+            count = int(_call(pynvml.nvmlDeviceGetCount))
+            return [str(_call(pynvml.nvmlDeviceGetUUID,
+                              _call(pynvml.nvmlDeviceGetHandleByIndex, i)))
+                    for i in range(count)]
+        except _Failed:
+            return []
 
     def set_persistence(self, uuid: str, enabled: bool) -> str:
         """Turn the GPU's persistence mode on or off: "" when done, else why not."""
@@ -110,6 +122,45 @@ class NvmlGpus:
         except _Failed as exc:
             return str(exc)
         return "" if found == uuid else f"nvmlDeviceGetUUID: {found}, not {uuid}"
+
+
+def _together(handle: Any) -> str:
+    """Why the GPU can be reset only together with the board's other GPUs ("": alone,
+    or NVML cannot say, and nvidia-smi decides): from Hopper on, every GPU resets
+    alone; an Ampere GPU on NVSwitches (A100 HGX) resets with every GPU and the
+    switches; before Ampere, GPUs joined by NVLink reset together."""
+    try:
+        arch = int(_call(pynvml.nvmlDeviceGetArchitecture, handle))
+    except _Failed:
+        return ""
+    if arch >= pynvml.NVML_DEVICE_ARCH_HOPPER or arch == pynvml.NVML_DEVICE_ARCH_UNKNOWN:
+        return ""
+    links = _links(handle)
+    if arch == pynvml.NVML_DEVICE_ARCH_AMPERE:
+        switched = any(_quiet(pynvml.nvmlDeviceGetNvLinkRemoteDeviceType, handle, link)
+                       == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH for link in links)
+        return "an Ampere GPU on NVSwitches resets only with every GPU of the board" \
+            if switched else ""
+    return "a GPU joined by NVLink before Ampere resets only with the GPUs it is joined " \
+        "to" if links else ""
+
+
+def _links(handle: Any) -> list[int]:
+    """The NVLinks the GPU has (up or down), by number."""
+    found = []
+    for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+        if _quiet(pynvml.nvmlDeviceGetNvLinkState, handle, link) is None:
+            break
+        found.append(link)
+    return found
+
+
+def _quiet(fn: Callable[..., T], *args: Any) -> T | None:
+    """`fn(*args)`, or None when it fails."""
+    try:
+        return _call(fn, *args)
+    except _Failed:
+        return None
 
 
 def _optional(problems: list[str], fn: Callable[..., T], *args: Any) -> T | None:

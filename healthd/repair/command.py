@@ -10,7 +10,11 @@ for the GPUs named (each once, in the order given):
    `nvidia-smi -pm 0` does);
 2. it shuts NVML down (its own session would hold every GPU) and runs
    `nvidia-smi --gpu-reset -i UUID` for each GPU, one at a time: a failure on one
-   must not hide the others' results;
+   must not hide the others' results. Where NVML says a GPU cannot be reset alone
+   (an A100 on NVSwitches, GPUs joined by NVLink before Ampere: checks.nvml_reset),
+   it lets go of every GPU of the board and runs one `nvidia-smi --gpu-reset` for
+   all of them, reporting each (the Job holds every GPU of the node, so none is in a
+   pod's use);
 3. whatever happened (a refusal, a failure, an exception), it turns persistence mode
    back on for exactly the GPUs it turned it off for, and reads each GPU back through
    NVML: a GPU is reset only if it then answers with its UUID.
@@ -127,11 +131,13 @@ def targets(given: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(given))
 
 
-def run_nvidia_smi(command: Sequence[str], uuid: str, timeout_s: float) -> tuple[int | None, str]:
-    """`nvidia-smi --gpu-reset -i UUID`: its exit status (None: it did not finish or
-    could not start) and what it said."""
+def run_nvidia_smi(command: Sequence[str], uuid: str | None,
+                   timeout_s: float) -> tuple[int | None, str]:
+    """`nvidia-smi --gpu-reset -i UUID` (without `-i` for None: every GPU of the board):
+    its exit status (None: it did not finish or could not start) and what it said."""
+    which = ["-i", uuid] if uuid is not None else []
     try:
-        proc = subprocess.run([*command, "--gpu-reset", "-i", uuid], capture_output=True,
+        proc = subprocess.run([*command, "--gpu-reset", *which], capture_output=True,
                               text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
         return None, f"no answer within {timeout_s:g} s"
@@ -151,6 +157,8 @@ class _Reset:
     runs: dict[str, tuple[int | None, str]] = field(default_factory=dict)
     restored: dict[str, bool] = field(default_factory=dict)
     answers: dict[str, str] = field(default_factory=dict)
+    together: str = ""  # why the whole board is reset at once ("": each GPU alone)
+    board: list[str] = field(default_factory=list)  # then: every GPU of it
 
 
 def look(node: Node, uuids: Sequence[str], state: _Reset, *, let_go: bool) -> None:
@@ -159,15 +167,24 @@ def look(node: Node, uuids: Sequence[str], state: _Reset, *, let_go: bool) -> No
     try:
         with node.nvml.session():
             for uuid in uuids:
-                view = state.views[uuid] = node.nvml.view(uuid)
-                state.holders[uuid] = holders(view, node.users, own_pid=os.getpid(),
-                                              dev=node.dev)
-                if let_go and view.persistence:
-                    _persistence_off(node, uuid, state)
+                _look_at(node, uuid, state, let_go=let_go)
+            together = next((v.together for v in state.views.values() if v.together), "")
+            if let_go and together:  # the board resets as one: let go of all of it
+                state.together, state.board = together, node.nvml.board() or list(uuids)
+                for uuid in state.board:
+                    if uuid not in state.views:
+                        _look_at(node, uuid, state, let_go=True)
     except NvmlUnavailable as exc:
         for uuid in uuids:
             state.views.setdefault(uuid, GpuView(uuid, problem=str(exc)))
             state.holders.setdefault(uuid, [])
+
+
+def _look_at(node: Node, uuid: str, state: _Reset, *, let_go: bool) -> None:
+    view = state.views[uuid] = node.nvml.view(uuid)
+    state.holders[uuid] = holders(view, node.users, own_pid=os.getpid(), dev=node.dev)
+    if let_go and view.persistence:
+        _persistence_off(node, uuid, state)
 
 
 def _persistence_off(node: Node, uuid: str, state: _Reset) -> None:
@@ -202,11 +219,16 @@ def reset_gpus(node: Node, uuids: Sequence[str]) -> ResetReport:
     state = _Reset()
     try:
         look(node, uuids, state, let_go=True)
+        if state.together:  # one reset of every GPU of the board, said for each
+            code, output = run_nvidia_smi(node.nvidia_smi, None, node.timeout_s)
+            said = f"reset with every GPU of the board ({state.together}): {output}"
+            state.runs = dict.fromkeys(state.board, (code, said))
         for uuid in uuids:
-            state.runs[uuid] = run_nvidia_smi(node.nvidia_smi, uuid, node.timeout_s)
+            if uuid not in state.runs:
+                state.runs[uuid] = run_nvidia_smi(node.nvidia_smi, uuid, node.timeout_s)
     finally:
         afterwards(node, state)
-    return ResetReport.of([_result(uuid, state) for uuid in uuids])
+    return ResetReport.of([_result(uuid, state) for uuid in state.runs])
 
 
 def _result(uuid: str, state: _Reset) -> GpuResult:

@@ -388,6 +388,46 @@ def _pages_pending(_lib: FakeNvmlLibrary, gpu: GpuState, out: Any) -> int:
     return SUCCESS
 
 
+# A GPU's architecture, by the model names NVML reports (the first that matches).
+_ARCHITECTURES = (
+    (re.compile(r"\b(B100|B200|B300|GB200|GB300)\b", re.I), pynvml.NVML_DEVICE_ARCH_BLACKWELL),
+    (re.compile(r"\b(H100|H200|H800|H20|GH200)\b", re.I), pynvml.NVML_DEVICE_ARCH_HOPPER),
+    (re.compile(r"\b(L4|L40S?|L20)\b", re.I), pynvml.NVML_DEVICE_ARCH_ADA),
+    (re.compile(r"\b(A100|A800|A30|A40|A10G?|A16|A2)\b", re.I), pynvml.NVML_DEVICE_ARCH_AMPERE),
+    (re.compile(r"\bT4\b", re.I), pynvml.NVML_DEVICE_ARCH_TURING),
+    (re.compile(r"\bV100\b", re.I), pynvml.NVML_DEVICE_ARCH_VOLTA),
+    (re.compile(r"\b(P100|P40|P4)\b", re.I), pynvml.NVML_DEVICE_ARCH_PASCAL),
+)
+
+
+def architecture(model: str, page_retirement: bool) -> int:
+    """The architecture NVML reports for a GPU of `model` (a board that retires pages
+    instead of remapping rows is from before Ampere: Volta, when the name says nothing)."""
+    for pattern, arch in _ARCHITECTURES:
+        if pattern.search(model):
+            return int(arch)
+    return int(pynvml.NVML_DEVICE_ARCH_VOLTA if page_retirement
+               else pynvml.NVML_DEVICE_ARCH_UNKNOWN)
+
+
+@symbol("nvmlDeviceGetArchitecture")
+def _architecture(_lib: FakeNvmlLibrary, gpu: GpuState, out: Any) -> int:
+    _out(out, architecture(gpu.model, gpu.page_retirement))
+    return SUCCESS
+
+
+@symbol("nvmlDeviceGetNvLinkRemoteDeviceType")
+def _nvlink_remote_type(_lib: FakeNvmlLibrary, gpu: GpuState, link: Any, out: Any) -> int:
+    """An NVSwitch at the far end of every link of a board with a fabric, else a GPU."""
+    if gpu.nvlink_count == 0:
+        return code("NOT_SUPPORTED")
+    if not 0 <= val(link) < gpu.nvlink_count:
+        return code("INVALID_ARGUMENT")
+    _out(out, pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH if gpu.fabric is not None
+         else pynvml.NVML_NVLINK_DEVICE_TYPE_GPU)
+    return SUCCESS
+
+
 @symbol("nvmlDeviceGetNvLinkState")
 def _nvlink_state(_lib: FakeNvmlLibrary, gpu: GpuState, link: Any, out: Any) -> int:
     if gpu.nvlink_count == 0:

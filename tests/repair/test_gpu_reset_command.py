@@ -155,21 +155,47 @@ def test_a_busy_gpu_is_refused_naming_its_processes_and_the_others_are_reset(
     assert on.lines("gpu_reset") == [{"op": "gpu_reset", "gpu": 0}]
 
 
-def test_a_mig_gpu_with_instances_and_a_gpu_that_resets_only_with_the_others_fail(
-        tmp_path: Path) -> None:
+def test_a_mig_gpu_with_instances_fails(tmp_path: Path) -> None:
     mig = machine(tmp_path / "mig", **NO_PERSISTENCE,
                   faults=[{"gpu": 0, "mig": True, "gpu_instances": 1}])
     done = gpu_reset(mig, mig.uuid(0))
     assert done.returncode == 1
     assert "GPU instances exist" in last_json(done)["gpus"][0]["output"]
-    a100 = machine(tmp_path / "a100", gpus={"model": "NVIDIA A100-SXM4-80GB"},
-                   fabric={"state": "completed"})
-    done = gpu_reset(a100, a100.uuid(0))
-    assert done.returncode == 1
-    gpu = last_json(done)["gpus"][0]
-    assert (gpu["outcome"], gpu["persistence_restored"]) == ("failed", True)
-    assert "cannot be reset alone" in gpu["output"]
+
+
+A100_HGX = {"gpus": {"model": "NVIDIA A100-SXM4-80GB"}, "fabric": {"state": "completed"}}
+
+
+def test_a_gpu_that_resets_only_with_its_board_is_reset_with_every_gpu_of_it(
+        tmp_path: Path) -> None:
+    a100 = machine(tmp_path / "a100", **A100_HGX)
+    done = gpu_reset(a100, a100.uuid(3))
+    assert done.returncode == 0, done.stdout + done.stderr
+    gpus = last_json(done)["gpus"]
+    assert [g["uuid"] for g in gpus] == [a100.uuid(i) for i in range(8)]
+    assert {(g["outcome"], g["persistence_restored"]) for g in gpus} == {("reset", True)}
+    assert "reset with every GPU of the board (an Ampere GPU on NVSwitches" in gpus[3]["output"]
+    assert sorted(line["gpu"] for line in a100.lines("gpu_reset")) == list(range(8))
     assert all(persistence(a100))
+
+
+def test_a_board_with_one_gpu_held_is_refused_whole(tmp_path: Path) -> None:
+    a100 = machine(tmp_path / "a100", **A100_HGX,
+                   holders=[{"name": "nv-hostengine", "gpus": [6]}])
+    done = gpu_reset(a100, a100.uuid(3))
+    assert done.returncode == 75
+    gpus = last_json(done)["gpus"]
+    assert {g["outcome"] for g in gpus} == {"refused"}
+    assert any("nv-hostengine" in h for h in gpus[6]["holders"])
+    assert a100.lines("gpu_reset") == [] and all(persistence(a100))
+
+
+def test_a_hopper_gpu_on_nvswitches_is_reset_alone(tmp_path: Path) -> None:
+    h100 = machine(tmp_path / "h100", base="hgx-h100-sxid-fatal", **NO_PERSISTENCE)
+    done = gpu_reset(h100, h100.uuid(3))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [g["uuid"] for g in last_json(done)["gpus"]] == [h100.uuid(3)]
+    assert h100.lines("gpu_reset") == [{"op": "gpu_reset", "gpu": 3}]
 
 
 def test_a_name_that_is_no_gpu_uuid_is_a_usage_error_and_runs_nothing(tmp_path: Path) -> None:
