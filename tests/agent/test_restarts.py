@@ -236,7 +236,8 @@ async def test_a_resumed_damped_holding_is_released_by_clean_runs(
                              seed=False) as h:
         await eventually(lambda: h.verdict() == "PASS", 20, "PASS once the port stays up")
         assert await h.parts.publisher.flush(10)  # the Event follows the label's write
-        assert [e["message"].split(":")[0] for e in h.events()][-1] == "GPU health ERR -> PASS"
+        # (Events carry whole seconds: the ones of one second have no order to check.)
+        assert "GPU health ERR -> PASS" in [e["message"].split(":")[0] for e in h.events()]
 
 
 async def test_a_clear_interrupted_by_a_restart_is_carried_out_and_answered_once(
