@@ -50,13 +50,7 @@ from healthd.sim.kubelet import HealthdRunner, terminated_status
 from healthd.sim.machine import MachineSpec
 from healthd.sim.shared import SUFFIX
 from tests.e2e.healthd import HEALTHD, NAMESPACE, Healthd, eventually, merge
-from tests.realcluster.processes import (
-    Program,
-    end_with_this_process,
-    free_port,
-    http_ok,
-    log_tail,
-)
+from tests.realcluster.processes import Program, free_port, http_ok, log_tail
 
 Obj = dict[str, Any]
 FINALIZER = "e2e.healthd.io/container-running"  # the Pod's process has not stopped yet
@@ -194,7 +188,6 @@ class Kubelet:
         self.errors: list[str] = []
 
     def __enter__(self) -> Kubelet:
-        end_with_this_process()  # its thread starts programs: tie them to this run first
         self._thread.start()
         return self
 

@@ -39,7 +39,7 @@ def _up(args: argparse.Namespace) -> int:
         print(f"realcluster: a control plane is already up in {folder} "
               f"(`python -m tests.realcluster down` first)", file=sys.stderr)
         return 1
-    plane = ControlPlane(folder, outlive=True)  # until `down`
+    plane = ControlPlane(folder)
     try:
         plane.start()
     except Exception as exc:

@@ -3,9 +3,7 @@ service-account tokens, admission with ValidatingAdmissionPolicy and webhooks),
 kube-controller-manager, kube-scheduler, kwok, Kueue and the AppWrapper operator.
 
 `ControlPlane(root).start()` brings everything up in `root` (certificates, data,
-logs, kubeconfigs) and waits until each part answers; `stop()` ends them all, and so
-does the end of the process that started them, however it ends (unless `outlive`:
-tests.realcluster.processes). Restarts
+logs, kubeconfigs) and waits until each part answers; `stop()` ends them all. Restarts
 of single parts (`restart("kube-apiserver")`, `restart("etcd", wipe=True)`) and an etcd
 backup put back (`backup_etcd`, `restore_etcd`) let tests try what a control plane does
 to its clients.
@@ -76,10 +74,9 @@ class ControlPlane:
 
     def __init__(self, root: Path, *, with_addons: bool = True, kwok_parallelism: int = 4,
                  kubelet_report_ms: tuple[int, int] = KUBELET_REPORT_MS,
-                 node_lease_s: int = NODE_LEASE_S, outlive: bool = False) -> None:
+                 node_lease_s: int = NODE_LEASE_S) -> None:
         self.root = root
         self.with_addons = with_addons
-        self.outlive = outlive  # its programs keep running after this process (`up`)
         # kwok's workers per kind (its default 4): at 5,000 nodes a busy server's
         # latency, not its CPU, bounds how fast 4 workers bring nodes up.
         self.kwok_parallelism = kwok_parallelism
@@ -109,8 +106,7 @@ class ControlPlane:
     # -- the programs -------------------------------------------------------------------
 
     def _program(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Program:
-        program = Program(name, argv, self.logs / f"{name}.log", env or {},
-                          outlive=self.outlive)
+        program = Program(name, argv, self.logs / f"{name}.log", env or {})
         self.programs[name] = program
         return program
 
