@@ -95,7 +95,13 @@ def test_stale_check_alert_fires(live: Live) -> None:
 
 
 def test_autopilot_dashboard_query_shows_the_gpu_with_a_pending_remap(live: Live) -> None:
-    samples = live.prometheus.query('autopilot_health_checks{health="remapped"}')
-    values = {(s["metric"]["node"], s["metric"]["deviceid"]): s["value"][1] for s in samples}
+    deadline = time.monotonic() + RULE_ROUNDS_S  # every agent scraped since its first run
+    while True:
+        samples = live.prometheus.query('autopilot_health_checks{health="remapped"}')
+        values = {(s["metric"]["node"], s["metric"]["deviceid"]): s["value"][1]
+                  for s in samples}
+        if len(values) >= 8 * len(AGENTS) or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
     assert len(values) == 8 * len(AGENTS)  # 8 GPUs on each agent's node
     assert {k for k, v in values.items() if v == "1"} == {("gpu-node-a", "3")}
