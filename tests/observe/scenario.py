@@ -87,6 +87,7 @@ CONFIG = {
                    "repair": {"enabled": True}},
 }
 INSPECTED = "gpu-node-g"  # an earlier repair handed it to humans
+OPT_OUT = "remediation.medik8s.io/exclude-from-remediation"
 # Not a timing claim: a guard against a scenario that hangs (a process stuck, a fact
 # that can never come about). A loaded machine takes longer, never this long.
 HANG_S = 600.0
@@ -138,7 +139,11 @@ def cluster() -> list[dict[str, Any]]:
     inspected["metadata"]["annotations"] = {KEYS.repair: json.dumps(
         {"state": "hardware-inspection", "since": "2026-01-01T00:00:00Z",
          "reason": "no repair clears these findings", "attempts": []})}
-    return [*(gpu_node(n) for n in AGENTS),
+    # gpu-node-a keeps its pending remap on view: opted out of repairs, its GPUs are not
+    # reset (a reset would have its agent let go of NVML, and the GPU series with it).
+    nodes = [gpu_node(n) for n in AGENTS]
+    nodes[0]["metadata"]["labels"][OPT_OUT] = "true"
+    return [*nodes,
             *(gpu_node(n, "PASS") for n in IDLE_NODES if n != INSPECTED), inspected,
             *appwrapper("train-ok", "gpu-node-b"), *appwrapper(DOOMED, "gpu-node-b"),
             queue, flavor, storage]
