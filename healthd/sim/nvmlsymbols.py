@@ -410,6 +410,15 @@ def architecture(model: str, page_retirement: bool) -> int:
                else pynvml.NVML_DEVICE_ARCH_UNKNOWN)
 
 
+def _no_such_link(gpu: GpuState, link: Any) -> int | None:
+    """What NVML answers a link query about a link the GPU lacks (None: it has it)."""
+    if gpu.nvlink_count == 0:
+        return code("NOT_SUPPORTED")
+    if not 0 <= val(link) < gpu.nvlink_count:
+        return code("INVALID_ARGUMENT")
+    return None
+
+
 @symbol("nvmlDeviceGetArchitecture")
 def _architecture(_lib: FakeNvmlLibrary, gpu: GpuState, out: Any) -> int:
     _out(out, architecture(gpu.model, gpu.page_retirement))
@@ -419,10 +428,8 @@ def _architecture(_lib: FakeNvmlLibrary, gpu: GpuState, out: Any) -> int:
 @symbol("nvmlDeviceGetNvLinkRemoteDeviceType")
 def _nvlink_remote_type(_lib: FakeNvmlLibrary, gpu: GpuState, link: Any, out: Any) -> int:
     """An NVSwitch at the far end of every link of a board with a fabric, else a GPU."""
-    if gpu.nvlink_count == 0:
-        return code("NOT_SUPPORTED")
-    if not 0 <= val(link) < gpu.nvlink_count:
-        return code("INVALID_ARGUMENT")
+    if (refused := _no_such_link(gpu, link)) is not None:
+        return refused
     _out(out, pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH if gpu.fabric is not None
          else pynvml.NVML_NVLINK_DEVICE_TYPE_GPU)
     return SUCCESS
@@ -430,10 +437,8 @@ def _nvlink_remote_type(_lib: FakeNvmlLibrary, gpu: GpuState, link: Any, out: An
 
 @symbol("nvmlDeviceGetNvLinkState")
 def _nvlink_state(_lib: FakeNvmlLibrary, gpu: GpuState, link: Any, out: Any) -> int:
-    if gpu.nvlink_count == 0:
-        return code("NOT_SUPPORTED")
-    if not 0 <= val(link) < gpu.nvlink_count:
-        return code("INVALID_ARGUMENT")
+    if (refused := _no_such_link(gpu, link)) is not None:
+        return refused
     _out(out, int(val(link) not in gpu.nvlinks_down))
     return SUCCESS
 
