@@ -30,6 +30,7 @@ from healthd.kube.jobs import (
     TERMINATION_LOG,
     PodPlacement,
     gpu_job,
+    job_end,
     label_value,
     object_name,
 )
@@ -85,11 +86,7 @@ def _condition(job: Obj, kind: str) -> Obj | None:
 
 def job_outcome(job: Obj) -> str:
     """"succeeded", "failed" (its deadline passed, its pod failed), or "" while it runs."""
-    if _condition(job, "Complete"):
-        return "succeeded"
-    if _condition(job, "Failed"):
-        return "failed"
-    return ""
+    return {"Complete": "succeeded", "Failed": "failed"}.get(job_end(job).partition(":")[0], "")
 
 
 def failed_gpus(message: str) -> str:
